@@ -1,0 +1,22 @@
+"""Base model for the custom resources' schemas: camelCase on the wire, snake_case in Python."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
+
+
+class ApiModel(BaseModel):
+    """Every API type: camelCase JSON aliases, unknown fields ignored (the CRD schema prunes them)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    def to_api(self) -> dict[str, object]:
+        """The object as the API server holds it: camelCase, unset optional fields left out."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+# For nested objects with defaults inside: the API server applies nested defaults only when the
+# object exists, so the object itself defaults to {} (e.g. spec.resources.gpus shows 0, not <none>).
+EMPTY_OBJECT_DEFAULT: JsonDict = {"default": {}}

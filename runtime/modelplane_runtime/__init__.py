@@ -1,0 +1,1 @@
+"""Modelplane's runtime: one OpenAI-compatible server with vLLM and transformers engines."""

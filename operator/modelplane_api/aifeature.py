@@ -96,7 +96,9 @@ FeaturePhase = Literal["Pending", "Stable", "Progressing", "Paused", "RolledBack
 
 class AnalysisResult(ApiModel):
     time: str
-    step: int
+    step: int = Field(description="Index into rollout.steps of the step that was analysed.")
+    canary_model: str | None = None
+    canary_weight: int | None = None
     verdict: Literal["advance", "hold", "promote", "rollback"]
     canary_requests: int = 0
     canary_error_rate: float | None = None
@@ -117,6 +119,11 @@ class AIFeatureStatus(ApiModel):
     failed_checks: int | None = None
     rolled_back_model: str | None = Field(
         default=None, description="A canary that was rolled back; it gets no traffic until spec changes."
+    )
+    rolled_back_generation: int | None = Field(
+        default=None,
+        description="metadata.generation when the rollback happened: the same model is tried again only "
+        "after the spec changes.",
     )
     weights: list[WeightedModel] = Field(default_factory=list, description="Current traffic split.")
     last_analysis: AnalysisResult | None = None

@@ -12,6 +12,8 @@ from modelplane_api._base import EMPTY_OBJECT_DEFAULT, ApiModel
 from modelplane_api.cel import cel_rules
 from modelplane_api.conditions import Condition
 
+# Children are named model-<name> and must stay valid DNS labels (63 characters).
+MAX_MODEL_NAME = 57
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # Kubernetes resource quantities, e.g. 500m, 2, 16Gi, 1.5G.
 QUANTITY = r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
@@ -188,6 +190,10 @@ class AIModelSpec(ApiModel):
     model_config = cel_rules(
         ("!(has(self.replicas) && has(self.autoscaling))", "set either replicas or autoscaling, not both"),
         (
+            "!has(self.autoscaling) || self.autoscaling.metric.type != 'CPU' || has(self.resources.cpu)",
+            "autoscaling on CPU utilisation needs resources.cpu, the request utilisation is measured against",
+        ),
+        (
             "self.engine == 'vllm' || !has(self.engineOptions) || !has(self.engineOptions.gpuMemoryUtilization)",
             "engineOptions.gpuMemoryUtilization applies to the vllm engine only",
         ),
@@ -224,6 +230,10 @@ class AIModelSpec(ApiModel):
             raise ValueError("set either replicas or autoscaling, not both")
         if self.autoscaling is not None and self.autoscaling.min_replicas > self.autoscaling.max_replicas:
             raise ValueError("autoscaling.minReplicas must not exceed autoscaling.maxReplicas")
+        if self.autoscaling is not None and self.autoscaling.metric.type == "CPU" and self.resources.cpu is None:
+            raise ValueError(
+                "autoscaling on CPU utilisation needs resources.cpu, the request utilisation is measured against"
+            )
         return self
 
 

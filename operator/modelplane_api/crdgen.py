@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from modelplane_api import GROUP, VERSION
 from modelplane_api.aifeature import AIFeatureSpec, AIFeatureStatus
-from modelplane_api.aimodel import AIModelSpec, AIModelStatus
+from modelplane_api.aimodel import MAX_MODEL_NAME, AIModelSpec, AIModelStatus
 
 # Keys of JSON Schema that a structural schema keeps as they are.
 _KEEP = {
@@ -95,7 +95,14 @@ def crd(
     spec: type[BaseModel],
     status: type[BaseModel],
     columns: list[dict[str, Any]],
+    max_name_length: int = 253,
 ) -> dict[str, Any]:
+    root_rules = [
+        {
+            "rule": f"self.metadata.name.size() <= {max_name_length}",
+            "message": f"metadata.name must be at most {max_name_length} characters",
+        }
+    ]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -122,6 +129,7 @@ def crd(
                         "openAPIV3Schema": {
                             "type": "object",
                             "required": ["spec"],
+                            "x-kubernetes-validations": root_rules,
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
@@ -162,6 +170,7 @@ def all_crds() -> dict[str, dict[str, Any]]:
                 _col("Endpoint", ".status.endpoint", priority=1),
                 AGE,
             ],
+            max_name_length=MAX_MODEL_NAME,
         ),
         "aifeatures.yaml": crd(
             "AIFeature", "aifeatures", ["aif", "aifeature"], AIFeatureSpec, AIFeatureStatus,

@@ -1,0 +1,1 @@
+"""Modelplane's operator: reconciles AIModel and AIFeature resources (kopf)."""

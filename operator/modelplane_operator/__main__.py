@@ -1,0 +1,5 @@
+import sys
+
+from modelplane_operator.main import main
+
+sys.exit(main())

@@ -1,0 +1,101 @@
+"""Kubernetes I/O at the edge: server-side apply, delete and status patches via the official client.
+
+The client is synchronous, so every call runs in a worker thread and the event loop never blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from modelplane_operator.labels import FIELD_MANAGER
+
+PLURALS = {
+    "Deployment": "deployments",
+    "Service": "services",
+    "HorizontalPodAutoscaler": "horizontalpodautoscalers",
+    "AIModel": "aimodels",
+    "AIFeature": "aifeatures",
+}
+
+
+def load_client() -> client.ApiClient:
+    """In-cluster credentials when running in a pod, else the kubeconfig ($KUBECONFIG)."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+def resource_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
+    prefix = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    path = f"{prefix}/namespaces/{namespace}/{PLURALS[kind]}"
+    return f"{path}/{name}" if name else path
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        content_type: str | None = None,
+        query: list[Any] | None = None,
+    ) -> dict[str, Any]:
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        method, url, headers, body, _ = self.api.param_serialize(
+            method, path, query_params=query or [], header_params=headers, body=body, auth_settings=["BearerToken"]
+        )
+        response = self.api.call_api(method, url, header_params=headers, body=body)
+        response.read()
+        if response.status >= 400:
+            raise ApiException(http_resp=response)
+        return dict(json.loads(response.data)) if response.data else {}
+
+    async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply with the operator's one field manager, taking over conflicting fields
+        (so a hand edit of an owned field is put back)."""
+        meta = obj["metadata"]
+        path = resource_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        return await asyncio.to_thread(
+            self._call, "PATCH", path, body=obj, content_type="application/apply-patch+yaml", query=query
+        )
+
+    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        """Deletes if present; True when something was deleted."""
+        try:
+            await asyncio.to_thread(self._call, "DELETE", resource_path(api_version, kind, namespace, name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def patch_status(
+        self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]
+    ) -> None:
+        """Merge-patches the status subresource (explicit nulls clear fields the status no longer has)."""
+        path = resource_path(api_version, kind, namespace, name) + "/status"
+        await asyncio.to_thread(
+            self._call, "PATCH", path, body={"status": status}, content_type="application/merge-patch+json"
+        )
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await asyncio.to_thread(self._call, "GET", resource_path(api_version, kind, namespace, name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise

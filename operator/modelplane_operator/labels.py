@@ -1,0 +1,31 @@
+"""Labels and names shared by builders, watches and the gateway."""
+
+from __future__ import annotations
+
+MODEL_LABEL = "modelplane.dev/model"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+OPERATOR_NAME = "modelplane-operator"
+FIELD_MANAGER = "modelplane-operator"
+CHILD_PREFIX = "model-"
+
+
+def child_name(model_name: str) -> str:
+    """Name of an AIModel's Deployment, Service and HPA (prefixed so they never take over a user's object)."""
+    return CHILD_PREFIX + model_name
+
+
+def selector_labels(model_name: str) -> dict[str, str]:
+    """Immutable Deployment selector: nothing version-dependent."""
+    return {MODEL_LABEL: model_name}
+
+
+def model_labels(model_name: str, engine: str) -> dict[str, str]:
+    return {
+        **selector_labels(model_name),
+        "app.kubernetes.io/name": "aimodel",
+        "app.kubernetes.io/instance": model_name,
+        "app.kubernetes.io/component": "model-server",
+        "app.kubernetes.io/part-of": "modelplane",
+        MANAGED_BY: OPERATOR_NAME,
+        "modelplane.dev/engine": engine,
+    }

@@ -1,0 +1,55 @@
+"""`modelplane-operator`: runs the kopf operator with Modelplane's handlers.
+
+Settings come from the environment (see settings.py); flags here cover how kopf runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import kopf
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="modelplane-operator", description=__doc__)
+    parser.add_argument(
+        "--namespace", "-n", action="append", default=[], help="watch only these namespaces (repeatable); default all"
+    )
+    parser.add_argument("--peering", default=None, help="kopf peering name; several replicas then share the work")
+    parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="kopf liveness endpoint URL")
+    parser.add_argument(
+        "--log-format", choices=["plain", "json"], default=os.environ.get("MODELPLANE_LOG_FORMAT", "json")
+    )
+    parser.add_argument("--verbose", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    namespaces = args.namespace or [n for n in os.environ.get("MODELPLANE_NAMESPACES", "").split(",") if n]
+    if namespaces:
+        os.environ["MODELPLANE_NAMESPACES"] = ",".join(namespaces)
+    # Imported after the environment is final: handlers read settings at import time.
+    import modelplane_operator.handlers  # noqa: F401
+
+    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
+    loop = asyncio.new_event_loop()
+    # Kubernetes calls run in threads; many models reconcile at once, so give them room.
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=32, thread_name_prefix="kube"))
+    kopf.run(
+        loop=loop,
+        standalone=args.peering is None,
+        peering_name=args.peering,
+        liveness_endpoint=args.liveness,
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Reconciling AIModels: build the children, apply them, write status. Pure parts live elsewhere."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
+
+import kopf
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from modelplane_api.aimodel import AIModel
+from modelplane_api.conditions import now_rfc3339
+from modelplane_operator import opmetrics
+from modelplane_operator.builders import endpoint_url, plan_children
+from modelplane_operator.kube import Kube
+from modelplane_operator.labels import child_name
+from modelplane_operator.observed import DeploymentView, PodView
+from modelplane_operator.settings import OperatorSettings
+from modelplane_operator.status import build_status
+
+ModelKey = tuple[str, str]
+
+
+def _body(body: Mapping[str, Any]) -> kopf.Body:
+    return kopf.Body(cast(kopf.RawBody, dict(body)))
+
+
+def parse_model(body: Mapping[str, Any]) -> AIModel:
+    try:
+        return AIModel.model_validate(dict(body))
+    except ValidationError as exc:
+        # The CRD schema rejects most bad specs; what gets here cannot be fixed by retrying.
+        raise kopf.PermanentError(f"invalid AIModel: {exc.errors()[0]['msg']}") from exc
+
+
+def _status_body(model: AIModel, deployment: DeploymentView | None, pods: Iterable[PodView], *,
+                 observed_generation: int | None, settings: OperatorSettings) -> dict[str, Any]:  # fmt: skip
+    status = build_status(
+        model,
+        deployment,
+        list(pods),
+        observed_generation=observed_generation,
+        endpoint=endpoint_url(model, settings.cluster_domain),
+        now=now_rfc3339(),
+    )
+    return status.model_dump(by_alias=True, mode="json")
+
+
+async def write_status(kube: Kube, body: Mapping[str, Any], model: AIModel, status: dict[str, Any]) -> bool:
+    """Patches status when it changed; posts an Event when the phase changed. True if written."""
+    old = model.status.model_dump(by_alias=True, mode="json")
+    if old == status:
+        return False
+    await kube.patch_status(model.api_version, model.kind, model.namespace, model.name, status)
+    opmetrics.STATUS_WRITES.labels("AIModel").inc()
+    if old.get("phase") != status.get("phase"):
+        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+        warn = status["phase"] in ("Degraded", "Failed")
+        reason = degraded["reason"] if warn else ready["reason"]
+        kopf.event(_body(body), type="Warning" if warn else "Normal", reason=reason, message=ready["message"])
+    return True
+
+
+async def reconcile(
+    body: Mapping[str, Any],
+    kube: Kube,
+    settings: OperatorSettings,
+    pods: Iterable[PodView],
+    *,
+    trigger: str,
+    known_deployment: DeploymentView | None = None,
+) -> None:
+    """Apply the model's children (server-side apply, one field manager) and write its status."""
+    started = time.perf_counter()
+    model = parse_model(body)
+    plan = plan_children(model, settings)
+    try:
+        applied = {obj["kind"]: await kube.apply(obj) for obj in plan.apply}
+        for api_version, kind in plan.delete:
+            await kube.delete(api_version, kind, model.namespace, child_name(model.name))
+    except ApiException as exc:
+        opmetrics.RECONCILES.labels("AIModel", trigger, "error").inc()
+        if exc.status == 422:
+            raise kopf.PermanentError(f"the API server rejected a child of {model.name}: {exc.body}") from exc
+        raise kopf.TemporaryError(f"applying children failed ({exc.status} {exc.reason})", delay=5) from exc
+    deployment = DeploymentView.parse(applied["Deployment"])
+    # Our apply changed the Deployment's spec (a new generation) although the AIModel did not change:
+    # someone had edited a field we own.
+    drifted = known_deployment is not None and known_deployment.generation != deployment.generation
+    if drifted and trigger == "resync":
+        opmetrics.DRIFT_CORRECTED.labels("Deployment").inc()
+        kopf.info(_body(body), reason="DriftCorrected", message="Restored hand-edited fields of the Deployment.")
+    generation = int(model.metadata.get("generation", 0))
+    status = _status_body(model, deployment, pods, observed_generation=generation, settings=settings)
+    await write_status(kube, body, model, status)
+    opmetrics.RECONCILES.labels("AIModel", trigger, "ok").inc()
+    opmetrics.RECONCILE_SECONDS.labels("AIModel").observe(time.perf_counter() - started)
+
+
+async def refresh_status(
+    body: Mapping[str, Any],
+    kube: Kube,
+    settings: OperatorSettings,
+    deployment: DeploymentView | None,
+    pods: Iterable[PodView],
+) -> None:
+    """Status follows the children between reconciles (keeps the reconciled observedGeneration)."""
+    model = parse_model(body)
+    status = _status_body(
+        model, deployment, pods, observed_generation=model.status.observed_generation, settings=settings
+    )
+    await write_status(kube, body, model, status)

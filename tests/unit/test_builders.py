@@ -1,0 +1,233 @@
+"""The pure builders: typed AIModel in, the objects Kubernetes gets out."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from modelplane_api.runtime_config import ENV_VAR, RuntimeConfig
+from modelplane_operator.builders import build_deployment, build_hpa, build_service, endpoint_url, plan_children
+from modelplane_operator.settings import OperatorSettings
+from tests.unit.conftest import make_model
+
+GPU_SPEC: dict[str, Any] = {
+    "source": {"uri": "hf://meta-llama/Llama-3.1-8B-Instruct@main", "credentialsSecret": "hf-token"},
+    "engine": "vllm",
+    "resources": {"gpus": 2, "cpu": "8", "memory": "64Gi"},
+    "engineOptions": {"dtype": "bfloat16", "maxModelLen": 8192, "gpuMemoryUtilization": 0.9,
+                      "extraArgs": ["--enable-prefix-caching"]},
+}  # fmt: skip
+CPU_SPEC: dict[str, Any] = {"source": {"uri": "/models/tiny"}, "engine": "transformers", "resources": {"cpu": "2"}}
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    containers: list[dict[str, Any]] = deployment["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def runtime_config(deployment: dict[str, Any]) -> RuntimeConfig:
+    env = {e["name"]: e.get("value") for e in container(deployment)["env"]}
+    return RuntimeConfig.model_validate_json(env[ENV_VAR])
+
+
+def test_gpu_model_requests_gpus_and_maps_options_to_the_runtime(settings: OperatorSettings) -> None:
+    dep = build_deployment(make_model(GPU_SPEC), settings)
+    c = container(dep)
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": "2", "cpu": "8", "memory": "64Gi"}
+    assert c["resources"]["requests"] == {"cpu": "8", "memory": "64Gi"}
+    assert c["image"] == "registry.local/modelplane-runtime:test"
+    assert c["envFrom"] == [{"secretRef": {"name": "hf-token"}}]
+    cfg = runtime_config(dep)
+    assert cfg.engine == "vllm"
+    assert cfg.tensor_parallel_size == 2
+    assert cfg.model_source == "hf://meta-llama/Llama-3.1-8B-Instruct@main"
+    assert cfg.served_model_name == "llama"
+    assert (cfg.dtype, cfg.max_model_len, cfg.gpu_memory_utilization) == ("bfloat16", 8192, 0.9)
+    assert cfg.extra_args == ["--enable-prefix-caching"]
+    pod = dep["spec"]["template"]["spec"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    # A surge pod would wait for the GPU the old pod holds: GPU models replace in place.
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+
+
+def test_cpu_model_has_no_gpu_and_surges_for_zero_downtime(settings: OperatorSettings) -> None:
+    dep = build_deployment(make_model(CPU_SPEC), settings)
+    c = container(dep)
+    assert "limits" not in c["resources"] or "nvidia.com/gpu" not in c["resources"]["limits"]
+    assert "tolerations" not in dep["spec"]["template"]["spec"]
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert runtime_config(dep).tensor_parallel_size == 1
+    assert runtime_config(dep).engine == "transformers"
+
+
+def test_custom_gpu_resource_name(settings: OperatorSettings) -> None:
+    spec = {**CPU_SPEC, "resources": {"gpus": 1, "gpuResourceName": "amd.com/gpu"}}
+    c = container(build_deployment(make_model(spec), settings))
+    assert c["resources"]["limits"] == {"amd.com/gpu": "1"}
+
+
+def test_probes_tolerate_slow_loads_and_pods_are_locked_down(settings: OperatorSettings) -> None:
+    dep = build_deployment(make_model(GPU_SPEC), settings)
+    c = container(dep)
+    startup = c["startupProbe"]
+    assert startup["httpGet"]["path"] == "/ready"
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 30 * 60
+    assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["terminationGracePeriodSeconds"] > c["lifecycle"]["preStop"]["sleep"]["seconds"]
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
+    assert "/tmp" in mounts and "/var/cache/modelplane" in mounts
+
+
+def test_labels_owner_and_selector(settings: OperatorSettings) -> None:
+    model = make_model(GPU_SPEC)
+    for obj in (build_deployment(model, settings), build_service(model)):
+        meta = obj["metadata"]
+        assert meta["name"] == "model-llama"
+        assert meta["namespace"] == "team-a"
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "modelplane-operator"
+        assert meta["labels"]["app.kubernetes.io/instance"] == "llama"
+        (owner,) = meta["ownerReferences"]
+        assert owner == {"apiVersion": "modelplane.dev/v1alpha1", "kind": "AIModel", "name": "llama",
+                         "uid": "uid-123", "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+    dep = build_deployment(model, settings)
+    assert dep["spec"]["selector"]["matchLabels"] == {"modelplane.dev/model": "llama"}
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert labels.items() >= dep["spec"]["selector"]["matchLabels"].items()
+    svc = build_service(model)
+    assert svc["spec"]["selector"] == {"modelplane.dev/model": "llama"}
+    assert svc["spec"]["ports"][0]["port"] == 8000
+    assert endpoint_url(model, "cluster.local") == "http://model-llama.team-a.svc.cluster.local:8000/v1"
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected_source", "claim"),
+    [
+        ("hf://Qwen/Qwen2.5-0.5B-Instruct@v1", "hf://Qwen/Qwen2.5-0.5B-Instruct@v1", None),
+        ("hf://Qwen/Qwen2.5-0.5B-Instruct", "hf://Qwen/Qwen2.5-0.5B-Instruct", None),
+        ("pvc://models-pvc/llama/8b", "/mnt/models/llama/8b", "models-pvc"),
+        ("pvc://models-pvc", "/mnt/models", "models-pvc"),
+        ("s3://bucket/models/llama", "s3://bucket/models/llama", None),
+        ("/opt/models/tiny", "/opt/models/tiny", None),
+    ],
+)
+def test_every_source_kind(settings: OperatorSettings, uri: str, expected_source: str, claim: str | None) -> None:
+    dep = build_deployment(make_model({**CPU_SPEC, "source": {"uri": uri}}), settings)
+    assert runtime_config(dep).model_source == expected_source
+    volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    if claim is None:
+        assert "model-source" not in volumes
+    else:
+        assert volumes["model-source"]["persistentVolumeClaim"] == {"claimName": claim, "readOnly": True}
+        mounts = {m["name"]: m for m in container(dep)["volumeMounts"]}
+        assert mounts["model-source"] == {"name": "model-source", "mountPath": "/mnt/models", "readOnly": True}
+
+
+def test_cache_volume_kinds(settings: OperatorSettings) -> None:
+    def cache_volume(cache: dict[str, Any] | None) -> dict[str, Any]:
+        spec = {**CPU_SPEC, **({"cache": cache} if cache else {})}
+        volumes = build_deployment(make_model(spec), settings)["spec"]["template"]["spec"]["volumes"]
+        return next(v for v in volumes if v["name"] == "model-cache")
+
+    assert cache_volume({"persistentVolumeClaim": "hf-cache"})["persistentVolumeClaim"] == {"claimName": "hf-cache"}
+    assert cache_volume({"emptyDirSizeLimit": "50Gi"})["emptyDir"] == {"sizeLimit": "50Gi"}
+    assert cache_volume(None)["emptyDir"] == {}
+
+
+def test_fixed_replicas_have_no_hpa(settings: OperatorSettings) -> None:
+    model = make_model({**CPU_SPEC, "replicas": 3})
+    assert build_deployment(model, settings)["spec"]["replicas"] == 3
+    assert build_hpa(model) is None
+    plan = plan_children(model, settings)
+    assert [o["kind"] for o in plan.apply] == ["Deployment", "Service"]
+    assert plan.delete == [("autoscaling/v2", "HorizontalPodAutoscaler")]
+
+
+def test_default_is_one_replica(settings: OperatorSettings) -> None:
+    assert build_deployment(make_model(CPU_SPEC), settings)["spec"]["replicas"] == 1
+
+
+def test_autoscaling_on_cpu_hands_replicas_to_the_hpa(settings: OperatorSettings) -> None:
+    model = make_model({**CPU_SPEC, "autoscaling": {"minReplicas": 2, "maxReplicas": 6}})
+    dep = build_deployment(model, settings)
+    assert "replicas" not in dep["spec"]  # the HPA owns it; applying it would fight the HPA
+    hpa = build_hpa(model)
+    assert hpa is not None
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "model-llama"}
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
+    assert hpa["spec"]["metrics"] == [
+        {"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}}}
+    ]
+    assert [o["kind"] for o in plan_children(model, settings).apply] == ["Deployment", "Service", "HorizontalPodAutoscaler"]
+
+
+def test_autoscaling_on_a_pods_metric(settings: OperatorSettings) -> None:
+    metric = {"type": "Pods", "name": "modelplane_requests_in_flight", "targetAverageValue": "8"}
+    model = make_model({**GPU_SPEC, "autoscaling": {"minReplicas": 1, "maxReplicas": 4, "metric": metric}})
+    hpa = build_hpa(model)
+    assert hpa is not None
+    assert hpa["spec"]["metrics"] == [{"type": "Pods", "pods": {
+        "metric": {"name": "modelplane_requests_in_flight"}, "target": {"type": "AverageValue", "averageValue": "8"}}}]  # fmt: skip
+
+
+def test_autoscaling_with_equal_bounds_is_a_fixed_count(settings: OperatorSettings) -> None:
+    model = make_model({**CPU_SPEC, "autoscaling": {"minReplicas": 2, "maxReplicas": 2}})
+    assert build_hpa(model) is None
+    assert build_deployment(model, settings)["spec"]["replicas"] == 2
+
+
+def test_scheduling_passes_through(settings: OperatorSettings) -> None:
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100"]}]}]}}}  # fmt: skip
+    spec = {**GPU_SPEC, "scheduling": {
+        "nodeSelector": {"pool": "gpu"}, "affinity": affinity, "priorityClassName": "inference",
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]}}  # fmt: skip
+    pod = build_deployment(make_model(spec), settings)["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "gpu"}
+    assert pod["affinity"] == affinity
+    assert pod["priorityClassName"] == "inference"
+    assert pod["tolerations"][0] == {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+
+
+def test_image_override_and_user_env(settings: OperatorSettings) -> None:
+    spec = {**CPU_SPEC, "image": "my/runtime:1", "env": [
+        {"name": "LOG_LEVEL", "value": "debug"},
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}  # fmt: skip
+    c = container(build_deployment(make_model(spec), settings))
+    assert c["image"] == "my/runtime:1"
+    env = {e["name"]: e for e in c["env"]}
+    assert env["LOG_LEVEL"] == {"name": "LOG_LEVEL", "value": "debug"}
+    assert env["TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "s", "key": "k"}}
+    assert json.loads(env[ENV_VAR]["value"])["served_model_name"] == "llama"
+
+
+def test_served_model_name_override(settings: OperatorSettings) -> None:
+    dep = build_deployment(make_model({**CPU_SPEC, "servedModelName": "llama-3.1-8b"}), settings)
+    assert runtime_config(dep).served_model_name == "llama-3.1-8b"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({**CPU_SPEC, "replicas": 2, "autoscaling": {"maxReplicas": 3}}, "either replicas or autoscaling"),
+        ({**CPU_SPEC, "autoscaling": {"minReplicas": 5, "maxReplicas": 3}}, "minReplicas must not exceed"),
+        ({**CPU_SPEC, "resources": {}, "autoscaling": {"maxReplicas": 3}}, "needs resources.cpu"),
+        ({**CPU_SPEC, "source": {"uri": "ftp://x/y"}}, "String should match pattern"),
+        ({**CPU_SPEC, "engine": "tgi"}, "Input should be 'vllm' or 'transformers'"),
+        ({**CPU_SPEC, "resources": {"gpus": -1}}, "greater than or equal to 0"),
+        ({"engine": "vllm"}, "Field required"),
+    ],
+)
+def test_bad_specs_are_rejected_with_a_reason(spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        make_model(spec)

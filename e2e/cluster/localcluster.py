@@ -6,6 +6,7 @@ Every wait polls with a deadline; each component logs to <workdir>/logs/<name>.l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -25,8 +26,15 @@ from e2e.cluster.nodes import FAKE_NODES
 
 HERE = Path(__file__).resolve().parent
 BINARIES = (
-    "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok", "kwok-stages", "helm",
-)  # fmt: skip
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kwok",
+    "kwok-stages",
+    "helm",
+)
 STATE_FILE = "cluster.json"
 
 
@@ -140,13 +148,23 @@ class LocalCluster:
 
     def _up_etcd(self, timeout: float) -> None:
         p, peer = self.ports["etcd"], self.ports["etcd_peer"]
-        proc = self._start("etcd", [
-            str(self.bins["etcd"]), "--name=node0", f"--data-dir={self.workdir / 'etcd'}",
-            f"--listen-client-urls=http://127.0.0.1:{p}", f"--advertise-client-urls=http://127.0.0.1:{p}",
-            f"--listen-peer-urls=http://127.0.0.1:{peer}", f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-cluster=node0=http://127.0.0.1:{peer}", "--unsafe-no-fsync=true",
-            "--auto-compaction-retention=1", "--quota-backend-bytes=8589934592", "--log-level=warn",
-        ])  # fmt: skip
+        proc = self._start(
+            "etcd",
+            [
+                str(self.bins["etcd"]),
+                "--name=node0",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{p}",
+                f"--advertise-client-urls=http://127.0.0.1:{p}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-cluster=node0=http://127.0.0.1:{peer}",
+                "--unsafe-no-fsync=true",
+                "--auto-compaction-retention=1",
+                "--quota-backend-bytes=8589934592",
+                "--log-level=warn",
+            ],
+        )
 
         def healthy() -> bool:
             with urllib.request.urlopen(f"http://127.0.0.1:{p}/health", timeout=2) as r:
@@ -156,17 +174,29 @@ class LocalCluster:
 
     def _up_apiserver(self, timeout: float) -> None:
         d = self.pki_dir
-        proc = self._start("kube-apiserver", [
-            str(self.bins["kube-apiserver"]), f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
-            "--bind-address=127.0.0.1", f"--secure-port={self.ports['apiserver']}", f"--cert-dir={self.workdir / 'certs'}",
-            f"--tls-cert-file={d / 'apiserver.crt'}", f"--tls-private-key-file={d / 'apiserver.key'}",
-            f"--client-ca-file={d / 'ca.crt'}", "--authorization-mode=Node,RBAC", "--allow-privileged=true",
-            "--service-cluster-ip-range=10.0.0.0/24", f"--service-account-key-file={d / 'sa.pub'}",
-            f"--service-account-signing-key-file={d / 'sa.key'}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--proxy-client-cert-file={d / 'admin.crt'}", f"--proxy-client-key-file={d / 'admin.key'}",
-            "--etcd-prefix=/registry", "--v=1",
-        ])  # fmt: skip
+        proc = self._start(
+            "kube-apiserver",
+            [
+                str(self.bins["kube-apiserver"]),
+                f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports['apiserver']}",
+                f"--cert-dir={self.workdir / 'certs'}",
+                f"--tls-cert-file={d / 'apiserver.crt'}",
+                f"--tls-private-key-file={d / 'apiserver.key'}",
+                f"--client-ca-file={d / 'ca.crt'}",
+                "--authorization-mode=Node,RBAC",
+                "--allow-privileged=true",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                f"--service-account-key-file={d / 'sa.pub'}",
+                f"--service-account-signing-key-file={d / 'sa.key'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--proxy-client-cert-file={d / 'admin.crt'}",
+                f"--proxy-client-key-file={d / 'admin.key'}",
+                "--etcd-prefix=/registry",
+                "--v=1",
+            ],
+        )
 
         def ready() -> bool:
             req = urllib.request.Request(self.server + "/readyz")
@@ -180,12 +210,18 @@ class LocalCluster:
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "local", "cluster": {"server": self.server, "certificate-authority": str(d / "ca.crt")}}],
-            "users": [{"name": "admin", "user": {
-                "client-certificate": str(d / "admin.crt"), "client-key": str(d / "admin.key")}}],
+            "clusters": [
+                {"name": "local", "cluster": {"server": self.server, "certificate-authority": str(d / "ca.crt")}}
+            ],
+            "users": [
+                {
+                    "name": "admin",
+                    "user": {"client-certificate": str(d / "admin.crt"), "client-key": str(d / "admin.key")},
+                }
+            ],
             "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
             "current-context": "local",
-        }  # fmt: skip
+        }
         self.kubeconfig.write_text(json.dumps(config, indent=2))  # JSON is valid kubeconfig YAML
 
     def _healthz(self, port: int) -> Callable[[], bool]:
@@ -199,16 +235,33 @@ class LocalCluster:
 
     def _up_controllers(self, timeout: float) -> None:
         kc, d = str(self.kubeconfig), self.pki_dir
-        common = [f"--kubeconfig={kc}", "--bind-address=127.0.0.1", "--leader-elect=false",
-                  "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics", "--v=1"]  # fmt: skip
-        kcm = self._start("kube-controller-manager", [
-            str(self.bins["kube-controller-manager"]), *common, f"--secure-port={self.ports['kcm']}",
-            f"--root-ca-file={d / 'ca.crt'}", f"--service-account-private-key-file={d / 'sa.key'}",
-            "--use-service-account-credentials=false", "--node-monitor-grace-period=40s",
-        ])  # fmt: skip
-        sched = self._start("kube-scheduler", [
-            str(self.bins["kube-scheduler"]), *common, f"--secure-port={self.ports['scheduler']}",
-        ])  # fmt: skip
+        common = [
+            f"--kubeconfig={kc}",
+            "--bind-address=127.0.0.1",
+            "--leader-elect=false",
+            "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+            "--v=1",
+        ]
+        kcm = self._start(
+            "kube-controller-manager",
+            [
+                str(self.bins["kube-controller-manager"]),
+                *common,
+                f"--secure-port={self.ports['kcm']}",
+                f"--root-ca-file={d / 'ca.crt'}",
+                f"--service-account-private-key-file={d / 'sa.key'}",
+                "--use-service-account-credentials=false",
+                "--node-monitor-grace-period=40s",
+            ],
+        )
+        sched = self._start(
+            "kube-scheduler",
+            [
+                str(self.bins["kube-scheduler"]),
+                *common,
+                f"--secure-port={self.ports['scheduler']}",
+            ],
+        )
         wait_for("kube-controller-manager", self._healthz(self.ports["kcm"]), timeout, kcm)
         wait_for("kube-scheduler", self._healthz(self.ports["scheduler"]), timeout, sched)
 
@@ -218,13 +271,24 @@ class LocalCluster:
         kwok_dir.mkdir(exist_ok=True)
         (kwok_dir / "kwok.yaml").write_text(stages)
         d, port = self.pki_dir, self.ports["kwok"]
-        proc = self._start("kwok", [
-            str(self.bins["kwok"]), f"--kubeconfig={self.kubeconfig}", f"--config={kwok_dir / 'kwok.yaml'}",
-            "--manage-all-nodes=false", "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-            f"--tls-cert-file={d / 'admin.crt'}", f"--tls-private-key-file={d / 'admin.key'}",
-            "--node-ip=127.0.0.1", "--node-name=localhost", f"--node-port={port}",
-            f"--server-address=127.0.0.1:{port}", "--node-lease-duration-seconds=40",
-        ], env={"KWOK_WORKDIR": str(kwok_dir), "HOME": str(kwok_dir)})  # fmt: skip
+        proc = self._start(
+            "kwok",
+            [
+                str(self.bins["kwok"]),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={kwok_dir / 'kwok.yaml'}",
+                "--manage-all-nodes=false",
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                f"--tls-cert-file={d / 'admin.crt'}",
+                f"--tls-private-key-file={d / 'admin.key'}",
+                "--node-ip=127.0.0.1",
+                "--node-name=localhost",
+                f"--node-port={port}",
+                f"--server-address=127.0.0.1:{port}",
+                "--node-lease-duration-seconds=40",
+            ],
+            env={"KWOK_WORKDIR": str(kwok_dir), "HOME": str(kwok_dir)},
+        )
 
         def healthy() -> bool:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
@@ -239,16 +303,23 @@ class LocalCluster:
         def all_ready() -> bool:
             nodes = self.api("GET", "/api/v1/nodes")["items"]
             ready = [
-                n for n in nodes
-                if any(c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))
-            ]  # fmt: skip
+                n
+                for n in nodes
+                if any(
+                    c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", [])
+                )
+            ]
             return len(ready) == len(FAKE_NODES)
 
         wait_for("KWOK nodes Ready", all_ready, timeout, self.procs["kwok"])
 
     # --- state, so `down` works from another process ---
     def _save_state(self) -> None:
-        state = {"pids": {n: p.pid for n, p in self.procs.items()}, "ports": self.ports, "kubeconfig": str(self.kubeconfig)}
+        state = {
+            "pids": {n: p.pid for n, p in self.procs.items()},
+            "ports": self.ports,
+            "kubeconfig": str(self.kubeconfig),
+        }
         (self.workdir / STATE_FILE).write_text(json.dumps(state, indent=2))
 
     def down(self, timeout: float = 20) -> None:
@@ -278,16 +349,12 @@ def _alive(pid: int) -> bool:
 
 def stop_process_groups(pids: list[int], timeout: float) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
     deadline = time.monotonic() + timeout
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)  # polling interval of a deadline-bounded wait
     for pid in pids:
         if _alive(pid):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass

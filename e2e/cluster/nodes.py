@@ -37,9 +37,19 @@ def _node(name: str, *, cpu: str, memory: str, gpus: int, labels: dict[str, str]
 
 
 FAKE_NODES = [
-    _node("gpu-node-1", cpu="64", memory="512Gi", gpus=8,
-          labels={"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}),
-    _node("gpu-node-2", cpu="64", memory="512Gi", gpus=8,
-          labels={"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}),
+    _node(
+        "gpu-node-1",
+        cpu="64",
+        memory="512Gi",
+        gpus=8,
+        labels={"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+    ),
+    _node(
+        "gpu-node-2",
+        cpu="64",
+        memory="512Gi",
+        gpus=8,
+        labels={"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+    ),
     _node("cpu-node-1", cpu="16", memory="64Gi", gpus=0, labels={"node-pool": "cpu"}),
-]  # fmt: skip
+]

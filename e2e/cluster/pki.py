@@ -40,9 +40,14 @@ def _name(cn: str, org: str | None = None) -> x509.Name:
 
 
 def _sign(
-    subject: x509.Name, key: rsa.RSAPrivateKey, issuer: x509.Name, issuer_key: rsa.RSAPrivateKey, *, ca: bool,
+    subject: x509.Name,
+    key: rsa.RSAPrivateKey,
+    issuer: x509.Name,
+    issuer_key: rsa.RSAPrivateKey,
+    *,
+    ca: bool,
     sans: list[x509.GeneralName] | None = None,
-) -> x509.Certificate:  # fmt: skip
+) -> x509.Certificate:
     now = datetime.datetime.now(datetime.UTC)
     builder = (
         x509.CertificateBuilder()

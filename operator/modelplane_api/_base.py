@@ -17,6 +17,10 @@ class ApiModel(BaseModel):
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
-# For nested objects with defaults inside: the API server applies nested defaults only when the
-# object exists, so the object itself defaults to {} (e.g. spec.resources.gpus shows 0, not <none>).
-EMPTY_OBJECT_DEFAULT: JsonDict = {"default": {}}
+def defaults_of(model: type[ApiModel]) -> JsonDict:
+    """JSON-schema extra for a nested object field: its default is the model's own defaults, written out.
+
+    The API server applies nested defaults only when the object exists, and validates CEL rules
+    against the default itself, so the default has to be complete rather than {}.
+    """
+    return {"default": model().model_dump(by_alias=True, exclude_none=True, mode="json")}

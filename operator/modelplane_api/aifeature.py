@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from modelplane_api._base import EMPTY_OBJECT_DEFAULT, ApiModel
+from modelplane_api._base import ApiModel, defaults_of
 from modelplane_api.aimodel import DNS_LABEL
 from modelplane_api.cel import cel_rules
 from modelplane_api.conditions import Condition
@@ -41,7 +41,7 @@ class Rollout(ApiModel):
 
     steps: list[int] = Field(default_factory=lambda: [5, 25, 50, 100], min_length=1, max_length=20)
     interval: str = Field(default="1m", pattern=DURATION, description="Time per step, e.g. 30s, 2m, 1h.")
-    analysis: Analysis = Field(default_factory=Analysis, json_schema_extra=EMPTY_OBJECT_DEFAULT)
+    analysis: Analysis = Field(default_factory=Analysis, json_schema_extra=defaults_of(Analysis))
     fixed_gpu_budget: bool = Field(
         default=False,
         description="Take the canary's replicas out of the stable model's replicas step by step "
@@ -79,8 +79,8 @@ class AIFeatureSpec(ApiModel):
 
     model: ModelName | None = Field(default=None, description="The AIModel that should serve this feature.")
     split: list[WeightedModel] | None = Field(default=None, min_length=1, max_length=16)
-    rollout: Rollout = Field(default_factory=Rollout, json_schema_extra=EMPTY_OBJECT_DEFAULT)
-    defaults: FeatureDefaults = Field(default_factory=FeatureDefaults, json_schema_extra=EMPTY_OBJECT_DEFAULT)
+    rollout: Rollout = Field(default_factory=Rollout, json_schema_extra=defaults_of(Rollout))
+    defaults: FeatureDefaults = Field(default_factory=FeatureDefaults, json_schema_extra=defaults_of(FeatureDefaults))
 
     @model_validator(mode="after")
     def _model_or_split(self) -> AIFeatureSpec:

@@ -6,9 +6,9 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from modelplane_api._base import EMPTY_OBJECT_DEFAULT, ApiModel
+from modelplane_api._base import ApiModel, defaults_of
 from modelplane_api.cel import cel_rules
 from modelplane_api.conditions import Condition
 
@@ -18,6 +18,9 @@ DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # Kubernetes resource quantities, e.g. 500m, 2, 16Gi, 1.5G.
 QUANTITY = r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
 SOURCE_URI = r"^(hf://[^/@\s]+/[^/@\s]+(@[^\s]+)?|pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/[^\s]*)?|s3://[^/\s]+(/[^\s]*)?|/[^\s]*)$"
+SOURCE_URI_MESSAGE = (
+    "source.uri must be hf://org/name[@revision], pvc://claim/path, s3://bucket/path, or an absolute path in the image"
+)
 Quantity = Annotated[str, Field(pattern=QUANTITY, max_length=32)]
 
 
@@ -40,6 +43,7 @@ class SourceKind(StrEnum):
 
 class ModelSource(ApiModel):
     model_config = cel_rules(
+        (f"self.uri.matches(r'{SOURCE_URI}')", SOURCE_URI_MESSAGE),
         (
             "!has(self.credentialsSecret) || self.uri.startsWith('hf://') || self.uri.startsWith('s3://')",
             "source.credentialsSecret applies only to hf:// and s3:// sources",
@@ -47,7 +51,6 @@ class ModelSource(ApiModel):
     )
 
     uri: str = Field(
-        pattern=SOURCE_URI,
         max_length=1024,
         description=(
             "Where the weights are: hf://org/name[@revision], pvc://claim/path, s3://bucket/path, "
@@ -61,6 +64,13 @@ class ModelSource(ApiModel):
         description="Secret in the same namespace whose keys become environment variables "
         "(HF_TOKEN for hf://, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY for s3://).",
     )
+
+    @field_validator("uri")
+    @classmethod
+    def _known_scheme(cls, uri: str) -> str:
+        if re.match(SOURCE_URI, uri) is None:
+            raise ValueError(SOURCE_URI_MESSAGE)
+        return uri
 
     @property
     def kind(self) -> SourceKind:
@@ -156,7 +166,9 @@ class Autoscaling(ApiModel):
 
     min_replicas: int = Field(default=1, ge=0, le=1000)
     max_replicas: int = Field(ge=1, le=1000)
-    metric: AutoscalingMetric = Field(default_factory=AutoscalingMetric, json_schema_extra=EMPTY_OBJECT_DEFAULT)
+    metric: AutoscalingMetric = Field(
+        default_factory=AutoscalingMetric, json_schema_extra=defaults_of(AutoscalingMetric)
+    )
 
 
 class EnvVar(ApiModel):
@@ -213,9 +225,9 @@ class AIModelSpec(ApiModel):
     )
     engine: Engine = Field(default=Engine.VLLM, description="vllm, or transformers for CPU and small GPUs.")
     task: Task = Field(default=Task.GENERATE, description="generate (chat/completions) or embed (embeddings).")
-    engine_options: EngineOptions = Field(default_factory=EngineOptions, json_schema_extra=EMPTY_OBJECT_DEFAULT)
-    resources: Resources = Field(default_factory=Resources, json_schema_extra=EMPTY_OBJECT_DEFAULT)
-    scheduling: Scheduling = Field(default_factory=Scheduling, json_schema_extra=EMPTY_OBJECT_DEFAULT)
+    engine_options: EngineOptions = Field(default_factory=EngineOptions, json_schema_extra=defaults_of(EngineOptions))
+    resources: Resources = Field(default_factory=Resources, json_schema_extra=defaults_of(Resources))
+    scheduling: Scheduling = Field(default_factory=Scheduling, json_schema_extra=defaults_of(Scheduling))
     replicas: int | None = Field(default=None, ge=0, le=1000, description="Fixed replica count (default 1).")
     autoscaling: Autoscaling | None = None
     image: str | None = Field(default=None, max_length=512, description="Runtime image override.")

@@ -20,9 +20,22 @@ from modelplane_api.aimodel import MAX_MODEL_NAME, AIModelSpec, AIModelStatus
 
 # Keys of JSON Schema that a structural schema keeps as they are.
 _KEEP = {
-    "type", "description", "enum", "default", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "minLength", "maxLength", "pattern", "minItems", "maxItems", "format", "x-kubernetes-validations",
-}  # fmt: skip
+    "type",
+    "description",
+    "enum",
+    "default",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minItems",
+    "maxItems",
+    "format",
+    "x-kubernetes-validations",
+}
 
 
 def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
@@ -159,7 +172,11 @@ def all_crds() -> dict[str, dict[str, Any]]:
     """File name → CRD object."""
     return {
         "aimodels.yaml": crd(
-            "AIModel", "aimodels", ["aim", "aimodel"], AIModelSpec, AIModelStatus,
+            "AIModel",
+            "aimodels",
+            ["aim", "aimodel"],
+            AIModelSpec,
+            AIModelStatus,
             [
                 _col("Engine", ".spec.engine"),
                 _col("GPUs", ".spec.resources.gpus", "integer"),
@@ -173,7 +190,11 @@ def all_crds() -> dict[str, dict[str, Any]]:
             max_name_length=MAX_MODEL_NAME,
         ),
         "aifeatures.yaml": crd(
-            "AIFeature", "aifeatures", ["aif", "aifeature"], AIFeatureSpec, AIFeatureStatus,
+            "AIFeature",
+            "aifeatures",
+            ["aif", "aifeature"],
+            AIFeatureSpec,
+            AIFeatureStatus,
             [
                 _col("Stable", ".status.stableModel"),
                 _col("Canary", ".status.canaryModel"),
@@ -183,7 +204,7 @@ def all_crds() -> dict[str, dict[str, Any]]:
                 AGE,
             ],
         ),
-    }  # fmt: skip
+    }
 
 
 def render(obj: dict[str, Any]) -> str:

@@ -35,8 +35,14 @@ def parse_model(body: Mapping[str, Any]) -> AIModel:
         raise kopf.PermanentError(f"invalid AIModel: {exc.errors()[0]['msg']}") from exc
 
 
-def _status_body(model: AIModel, deployment: DeploymentView | None, pods: Iterable[PodView], *,
-                 observed_generation: int | None, settings: OperatorSettings) -> dict[str, Any]:  # fmt: skip
+def _status_body(
+    model: AIModel,
+    deployment: DeploymentView | None,
+    pods: Iterable[PodView],
+    *,
+    observed_generation: int | None,
+    settings: OperatorSettings,
+) -> dict[str, Any]:
     status = build_status(
         model,
         deployment,

@@ -47,7 +47,8 @@ def test_schemas_are_structural() -> None:
 def test_printer_columns_and_names() -> None:
     model = all_crds()["aimodels.yaml"]["spec"]
     columns = [c["name"] for c in model["versions"][0]["additionalPrinterColumns"]]
-    assert columns[:5] == ["Engine", "GPUs", "Ready", "Desired", "Phase"] and "Age" in columns
+    assert columns[:5] == ["Engine", "GPUs", "Ready", "Desired", "Phase"]
+    assert "Age" in columns
     assert model["names"]["shortNames"] == ["aim", "aimodel"]
     assert "modelplane" in model["names"]["categories"]
     feature = all_crds()["aifeatures.yaml"]["spec"]

@@ -15,9 +15,19 @@ MODEL = make_model({"source": {"uri": "/models/x"}, "resources": {"gpus": 4}})
 GPU_MESSAGE = "0/3 nodes are available: 1 node(s) didn't tolerate taint, 2 Insufficient nvidia.com/gpu."
 
 
-def dep(desired: int = 2, ready: int = 2, updated: int = 2, gen: int = 1, observed: int = 1, **kw: Any) -> DeploymentView:
-    return DeploymentView(generation=gen, observed_generation=observed, desired=desired, replicas=desired,
-                          ready=ready, updated=updated, available=ready, deadline_exceeded=kw.get("deadline", False))  # fmt: skip
+def dep(
+    desired: int = 2, ready: int = 2, updated: int = 2, gen: int = 1, observed: int = 1, **kw: Any
+) -> DeploymentView:
+    return DeploymentView(
+        generation=gen,
+        observed_generation=observed,
+        desired=desired,
+        replicas=desired,
+        ready=ready,
+        updated=updated,
+        available=ready,
+        deadline_exceeded=kw.get("deadline", False),
+    )
 
 
 def pod(name: str = "p", unschedulable: str | None = None, reason: str | None = None) -> PodView:
@@ -34,7 +44,13 @@ def pod(name: str = "p", unschedulable: str | None = None, reason: str | None = 
         (dep(gen=2, observed=1), [], "Deploying", "Deploying", True),
         (dep(ready=0), [pod(unschedulable=GPU_MESSAGE)], "Degraded", "InsufficientGPU", False),
         (dep(ready=1), [pod(), pod("q", unschedulable=GPU_MESSAGE)], "Degraded", "InsufficientGPU", True),
-        (dep(ready=0), [pod(unschedulable="0/3 nodes: node(s) didn't match selector")], "Degraded", "Unschedulable", False),
+        (
+            dep(ready=0),
+            [pod(unschedulable="0/3 nodes: node(s) didn't match selector")],
+            "Degraded",
+            "Unschedulable",
+            False,
+        ),
         (dep(ready=0), [pod(reason="ImagePullBackOff")], "Degraded", "ImagePullBackOff", False),
         (dep(ready=0), [pod(reason="CrashLoopBackOff")], "Degraded", "CrashLoopBackOff", False),
         (dep(ready=0, deadline=True), [], "Failed", "ProgressDeadlineExceeded", False),
@@ -47,8 +63,14 @@ def test_phase(deployment: DeploymentView | None, pods: list[PodView], phase: st
 
 
 def test_insufficient_gpu_condition_carries_the_scheduler_message() -> None:
-    status = build_status(MODEL, dep(ready=0), [pod("model-x-abc", unschedulable=GPU_MESSAGE)],
-                          observed_generation=3, endpoint="http://e", now="2026-01-01T00:00:00Z")  # fmt: skip
+    status = build_status(
+        MODEL,
+        dep(ready=0),
+        [pod("model-x-abc", unschedulable=GPU_MESSAGE)],
+        observed_generation=3,
+        endpoint="http://e",
+        now="2026-01-01T00:00:00Z",
+    )
     conditions = {c.type: c for c in status.conditions}
     assert conditions["Ready"].status == "False"
     assert conditions["Degraded"].status == "True"
@@ -60,8 +82,14 @@ def test_insufficient_gpu_condition_carries_the_scheduler_message() -> None:
 
 
 def test_ready_status_fields() -> None:
-    status = build_status(MODEL, dep(desired=3, ready=3, updated=3), [], observed_generation=3,
-                          endpoint="http://model-x.ns.svc.cluster.local:8000/v1", now="t1")  # fmt: skip
+    status = build_status(
+        MODEL,
+        dep(desired=3, ready=3, updated=3),
+        [],
+        observed_generation=3,
+        endpoint="http://model-x.ns.svc.cluster.local:8000/v1",
+        now="t1",
+    )
     assert (status.phase, status.ready_replicas, status.desired_replicas) == ("Ready", 3, 3)
     assert status.endpoint == "http://model-x.ns.svc.cluster.local:8000/v1"
     assert status.served_model_name == "llama"
@@ -80,17 +108,33 @@ def test_transition_time_only_moves_when_a_condition_changes() -> None:
 
 
 def test_pod_view_parses_the_scheduler_condition_and_waiting_reasons() -> None:
-    raw = {"metadata": {"name": "p1"}, "status": {
-        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": GPU_MESSAGE}],
-        "containerStatuses": [{"state": {"waiting": {"reason": "ImagePullBackOff", "message": "pull failed"}}}]}}  # fmt: skip
+    raw = {
+        "metadata": {"name": "p1"},
+        "status": {
+            "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": GPU_MESSAGE}
+            ],
+            "containerStatuses": [{"state": {"waiting": {"reason": "ImagePullBackOff", "message": "pull failed"}}}],
+        },
+    }
     view = PodView.parse(raw)
     assert view == PodView("p1", GPU_MESSAGE, "ImagePullBackOff", "pull failed")
-    assert PodView.parse({"metadata": {"name": "ok"}, "status": {"phase": "Running"}}) == PodView("ok", None, None, None)
+    assert PodView.parse({"metadata": {"name": "ok"}, "status": {"phase": "Running"}}) == PodView(
+        "ok", None, None, None
+    )
 
 
 def test_deployment_view_parses_status() -> None:
-    raw = {"metadata": {"generation": 4, "resourceVersion": "9"}, "spec": {"replicas": 3},
-           "status": {"observedGeneration": 4, "replicas": 3, "readyReplicas": 2, "updatedReplicas": 3,
-                      "conditions": [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}]}}  # fmt: skip
+    raw = {
+        "metadata": {"generation": 4, "resourceVersion": "9"},
+        "spec": {"replicas": 3},
+        "status": {
+            "observedGeneration": 4,
+            "replicas": 3,
+            "readyReplicas": 2,
+            "updatedReplicas": 3,
+            "conditions": [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}],
+        },
+    }
     view = DeploymentView.parse(raw)
     assert (view.generation, view.desired, view.ready, view.updated, view.deadline_exceeded) == (4, 3, 2, 3, True)

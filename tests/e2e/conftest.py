@@ -1,0 +1,91 @@
+"""Session fixtures for e2e tests: the local control plane (or $E2E_KUBECONFIG), the CRDs, the operator."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import (
+    ARTIFACTS,
+    Kube,
+    OperatorProcess,
+    dump_namespace,
+    install_crds,
+    operator_rbac,
+    service_account_kubeconfig,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"e2e prerequisites missing in CI: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def kube() -> Iterator[Kube]:
+    existing = os.environ.get("E2E_KUBECONFIG")
+    if existing:
+        yield Kube(Path(existing))
+        return
+    if not os.environ.get("KUBEBUILDER_ASSETS") and shutil.which("go") is None:
+        _unavailable("no Go toolchain to build the local control plane (and no KUBEBUILDER_ASSETS, no E2E_KUBECONFIG)")
+    from e2e.cluster.localcluster import LocalCluster
+
+    workdir = ARTIFACTS / f"cluster-{uuid.uuid4().hex[:6]}"
+    cluster = LocalCluster(workdir)
+    cluster.up()
+    try:
+        yield Kube(cluster.kubeconfig)
+    finally:
+        cluster.down()
+        # Logs stay for a failed run; a passing session leaves nothing behind.
+        if not getattr(kube, "failed", False):
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def crds(kube: Kube) -> Kube:
+    install_crds(kube)
+    return kube
+
+
+@pytest.fixture(scope="session")
+def operator(crds: Kube) -> Iterator[OperatorProcess]:
+    operator_rbac(crds)
+    ARTIFACTS.mkdir(exist_ok=True)
+    kubeconfig = service_account_kubeconfig(crds, ARTIFACTS / "operator-sa.kubeconfig")
+    process = OperatorProcess(kubeconfig, ARTIFACTS / "operator.log")
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call":
+        item.stash[_FAILED] = report.failed
+        if report.failed:
+            kube.failed = True  # type: ignore[attr-defined]
+
+
+_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, crds: Kube) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    crds.core.create_namespace({"metadata": {"name": name}})
+    yield name
+    if request.node.stash.get(_FAILED, False):
+        dump_namespace(crds, name, ARTIFACTS / "dumps" / request.node.name)
+    crds.core.delete_namespace(name)

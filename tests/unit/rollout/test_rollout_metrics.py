@@ -1,0 +1,88 @@
+"""Histogram quantiles (as Prometheus estimates them), durations, and reading contract metrics text."""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from modelplane_api import metrics as contract
+from modelplane_operator.rollout import MetricsUnavailableError, ModelWindow
+from modelplane_operator.rollout.prometheus_reader import PrometheusReader
+from modelplane_operator.rollout.quantile import bucket_quantile
+from modelplane_operator.rollout.scrape_reader import _feature_series
+from modelplane_operator.rollout.timeutil import from_rfc3339, parse_duration, to_rfc3339
+
+INF = math.inf
+
+
+@pytest.mark.parametrize(
+    ("q", "buckets", "expected"),
+    [
+        # 90 observations <= 0.5, 10 in (2.5, 5]: rank 95 is half-way into the (2.5, 5] bucket.
+        (0.95, [(0.25, 0), (0.5, 90), (2.5, 90), (5, 100), (INF, 100)], 2.5 + 2.5 * 5 / 10),
+        # rank 50 inside the first bucket, which starts at 0.
+        (0.5, [(1, 100), (2, 100), (INF, 100)], 0.5),
+        # the rank falls into +Inf: the highest finite bound.
+        (0.95, [(1, 10), (2, 20), (INF, 100)], 2.0),
+        # unordered input and a count that dips (a window straddling a scrape) are tolerated.
+        (0.5, [(INF, 4), (2, 3), (1, 4)], 0.5),
+        (0.95, [(1, 0), (INF, 0)], None),
+        (0.95, [(1, 5)], None),  # no +Inf bucket: not a histogram
+    ],
+)
+def test_bucket_quantile(q: float, buckets: list[tuple[float, float]], expected: float | None) -> None:
+    result = bucket_quantile(q, buckets)
+    assert result == (pytest.approx(expected) if expected is not None else None)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("30s", 30), ("1m30s", 90), ("1.5h", 5400), ("500ms", 0.5)])
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "5", "1d", "m1", "1m 30s"])
+def test_parse_duration_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration(text)
+
+
+def test_rfc3339_round_trip() -> None:
+    moment = from_rfc3339("2025-03-01T12:00:07Z")
+    assert to_rfc3339(moment) == "2025-03-01T12:00:07Z"
+
+
+def test_error_rate() -> None:
+    assert ModelWindow(requests=0, errors=0).error_rate is None
+    assert ModelWindow(requests=40, errors=2).error_rate == pytest.approx(0.05)
+
+
+def test_feature_series_sums_other_labels_and_keeps_only_the_feature() -> None:
+    registry = CollectorRegistry()
+    requests = Counter(contract.REQUESTS, "requests", ["feature", "model", "code"], registry=registry)
+    errors = Counter(contract.ERRORS, "errors", ["feature", "model", "reason"], registry=registry)
+    latency = Histogram(
+        contract.LATENCY, "latency", ["feature", "model"], buckets=contract.LATENCY_BUCKETS, registry=registry
+    )
+    requests.labels("chat", "b", "200").inc(7)
+    requests.labels("chat", "b", "503").inc(3)
+    requests.labels("other", "b", "200").inc(100)
+    errors.labels("chat", "b", "status_5xx").inc(2)
+    errors.labels("chat", "b", "upstream_timeout").inc(1)
+    latency.labels("chat", "b").observe(0.3)
+    series = _feature_series(generate_latest(registry).decode(), "chat")
+    assert series[("requests", "b", "")] == 10
+    assert series[("errors", "b", "")] == 3
+    assert series[("latency", "b", "0.5")] == 1
+    assert series[("latency", "b", "0.25")] == 0
+    assert series[("latency", "b", "+Inf")] == 1
+    assert {key[0] for key in series} == {"requests", "errors", "latency"}
+
+
+async def test_prometheus_reader_unreachable_raises() -> None:
+    # Port 9 (discard) on loopback has no listener here: a real connection refusal.
+    reader = PrometheusReader("http://127.0.0.1:9", client=httpx.AsyncClient(timeout=2))
+    with pytest.raises(MetricsUnavailableError, match="Prometheus query failed"):
+        await reader.read("chat", ["b"], 60)

@@ -1,0 +1,148 @@
+"""The canary metric readers against a real gateway-contract endpoint: via a real Prometheus, and scraped directly."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import httpx
+import pytest
+from gateway_endpoint import GatewayMetrics
+
+from modelplane_api import metrics as contract
+from modelplane_operator.rollout import MetricsUnavailableError
+from modelplane_operator.rollout.prometheus_reader import PrometheusReader
+from modelplane_operator.rollout.scrape_reader import ScrapeReader
+
+DEADLINE_SECONDS = 60.0
+CANARY_REQUESTS, CANARY_ERRORS, STABLE_REQUESTS, STABLE_ERRORS = 200, 14, 100, 1
+# p95 by linear interpolation inside the bucket holding rank 0.95 * 200 = 190: 180 fast requests sit in
+# lower buckets, the 20 slow ones in (2.5, 5] for latency and (0.5, 1] for time to first token.
+EXPECTED_P95_LATENCY = 2.5 + (5 - 2.5) * (190 - 180) / 20
+EXPECTED_P95_TTFT = 0.5 + (1 - 0.5) * (190 - 180) / 20
+
+
+def _drive_chat_traffic(gateway: GatewayMetrics) -> None:
+    for i in range(CANARY_REQUESTS):
+        slow = i >= 180
+        gateway.serve("chat", "b", latency=3.0 if slow else 0.3, ttft=0.7 if slow else 0.04, error=i < CANARY_ERRORS)
+    for i in range(STABLE_REQUESTS):
+        gateway.serve("chat", "a", latency=0.1, ttft=0.02, error=i < STABLE_ERRORS)
+
+
+async def _until(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while time.monotonic() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(0.2)  # poll interval under a deadline
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+async def _query(client: httpx.AsyncClient, base_url: str, promql: str) -> list[float]:
+    response = await client.get(f"{base_url}/api/v1/query", params={"query": promql})
+    response.raise_for_status()
+    return [float(series["value"][1]) for series in response.json()["data"]["result"]]
+
+
+async def test_prometheus_reader_reads_error_rate_and_p95(gateway_metrics: GatewayMetrics, prometheus: str) -> None:
+    for model in ("a", "b"):
+        gateway_metrics.declare("chat", model)
+    selector = f'{contract.REQUESTS}{{feature="chat"}}'
+    async with httpx.AsyncClient(timeout=5) as client:
+
+        async def zero_samples_scraped() -> bool:
+            # Every request series scraped at 0, so increase() starts from a known 0.
+            counts = await _query(client, prometheus, f"count_over_time({selector}[1m])")
+            return len(counts) == 4 and min(counts) >= 1
+
+        await _until(zero_samples_scraped, "Prometheus to scrape the declared series")
+        scraper = ScrapeReader([gateway_metrics.url], client=client)
+        assert await scraper.read("chat", ["b", "a"], 60) is None  # its baseline, for the cross-check below
+        _drive_chat_traffic(gateway_metrics)
+
+        async def traffic_scraped() -> bool:
+            return await _query(client, prometheus, f"sum({selector})") == [CANARY_REQUESTS + STABLE_REQUESTS]
+
+        await _until(traffic_scraped, "Prometheus to scrape the traffic")
+        reader = PrometheusReader(prometheus, client=client)
+        metrics = await reader.read("chat", ["b", "a", "absent"], window_seconds=60)
+        scraped = await scraper.read("chat", ["b", "a"], 60)
+
+    canary, stable = metrics.models["b"], metrics.models["a"]
+    # increase() extrapolates every series of one scrape alike: counts may exceed the truth a little,
+    # ratios and quantiles do not move.
+    assert CANARY_REQUESTS <= canary.requests <= CANARY_REQUESTS * 1.5
+    assert canary.error_rate == pytest.approx(CANARY_ERRORS / CANARY_REQUESTS)
+    assert canary.p95_latency_seconds == pytest.approx(EXPECTED_P95_LATENCY)
+    assert canary.p95_ttft_seconds == pytest.approx(EXPECTED_P95_TTFT)
+    assert stable.error_rate == pytest.approx(STABLE_ERRORS / STABLE_REQUESTS)
+    assert metrics.models["absent"].requests == 0
+    assert metrics.models["absent"].p95_latency_seconds is None
+    # The direct scrape of the same endpoint agrees with Prometheus.
+    assert scraped is not None
+    assert scraped.models["b"].error_rate == pytest.approx(canary.error_rate)
+    assert scraped.models["b"].p95_latency_seconds == pytest.approx(canary.p95_latency_seconds)
+    assert scraped.models["b"].p95_ttft_seconds == pytest.approx(canary.p95_ttft_seconds)
+
+
+async def test_scrape_reader_windows_across_gateway_pods(
+    gateway_metrics: GatewayMetrics, second_gateway_metrics: GatewayMetrics
+) -> None:
+    targets = [gateway_metrics.url]
+
+    async def list_targets() -> list[str]:
+        return list(targets)
+
+    async with httpx.AsyncClient(timeout=5) as client:
+        reader = ScrapeReader(list_targets, client=client)
+        _drive_chat_traffic(gateway_metrics)  # before the baseline: not in any window
+        assert await reader.read("chat", ["b"], 60) is None
+
+        _drive_chat_traffic(gateway_metrics)
+        first = await reader.read("chat", ["b", "a"], 60)
+        assert first is not None
+        assert first.window_seconds > 0
+        canary = first.models["b"]
+        assert (canary.requests, canary.errors) == (CANARY_REQUESTS, CANARY_ERRORS)
+        assert canary.p95_latency_seconds == pytest.approx(EXPECTED_P95_LATENCY)
+        assert canary.p95_ttft_seconds == pytest.approx(EXPECTED_P95_TTFT)
+        assert first.models["a"].error_rate == pytest.approx(STABLE_ERRORS / STABLE_REQUESTS)
+
+        idle = await reader.read("chat", ["b"], 60)
+        assert idle is not None
+        assert (idle.models["b"].requests, idle.models["b"].error_rate, idle.models["b"].p95_latency_seconds) == (
+            0,
+            None,
+            None,
+        )
+
+        # A second gateway pod appears: its first scrape is its baseline, then both pods add up.
+        _drive_chat_traffic(second_gateway_metrics)
+        targets.append(second_gateway_metrics.url)
+        joined = await reader.read("chat", ["b"], 60)
+        assert joined is not None
+        assert joined.models["b"].requests == 0
+        _drive_chat_traffic(gateway_metrics)
+        _drive_chat_traffic(second_gateway_metrics)
+        both = await reader.read("chat", ["b"], 60)
+        assert both is not None
+        assert both.models["b"].requests == 2 * CANARY_REQUESTS
+        assert both.models["b"].p95_latency_seconds == pytest.approx(EXPECTED_P95_LATENCY)
+
+        # Another feature keeps its own baseline.
+        assert await reader.read("search", ["b"], 60) is None
+
+
+async def test_scrape_reader_skips_a_dead_pod_and_fails_when_all_are(gateway_metrics: GatewayMetrics) -> None:
+    dead = "http://127.0.0.1:9/metrics"  # nothing listens on the discard port here
+    async with httpx.AsyncClient(timeout=2) as client:
+        reader = ScrapeReader([gateway_metrics.url, dead], client=client)
+        assert await reader.read("chat", ["b"], 60) is None
+        _drive_chat_traffic(gateway_metrics)
+        metrics = await reader.read("chat", ["b"], 60)
+        assert metrics is not None
+        assert metrics.models["b"].requests == CANARY_REQUESTS
+        with pytest.raises(MetricsUnavailableError, match="none of 1"):
+            await ScrapeReader([dead], client=client).read("chat", ["b"], 60)

@@ -108,6 +108,11 @@ class AnalysisResult(ApiModel):
     message: str = ""
 
 
+class ModelReplicas(ApiModel):
+    model: ModelName
+    replicas: int = Field(ge=0)
+
+
 class AIFeatureStatus(ApiModel):
     observed_generation: int | None = None
     phase: FeaturePhase | None = None
@@ -126,6 +131,10 @@ class AIFeatureStatus(ApiModel):
         "after the spec changes.",
     )
     weights: list[WeightedModel] = Field(default_factory=list, description="Current traffic split.")
+    replica_overrides: list[ModelReplicas] = Field(
+        default_factory=list,
+        description="With rollout.fixedGpuBudget: the replicas each AIModel's Deployment runs during the rollout.",
+    )
     last_analysis: AnalysisResult | None = None
     analyses: list[AnalysisResult] = Field(default_factory=list, description="Recent analyses, newest last.")
     conditions: list[Condition] = Field(default_factory=list)

@@ -9,15 +9,17 @@ import kopf
 from prometheus_client import start_http_server
 
 from modelplane_api import GROUP, VERSION
-from modelplane_operator import models
+from modelplane_operator import features, models
 from modelplane_operator.kube import Kube, load_client
-from modelplane_operator.labels import MANAGED_BY, MODEL_LABEL, OPERATOR_NAME
+from modelplane_operator.labels import GATEWAY_SELECTOR, MANAGED_BY, MODEL_LABEL, OPERATOR_NAME
 from modelplane_operator.observed import DeploymentView, PodView
+from modelplane_operator.rollout import MetricsReader
+from modelplane_operator.rollout.prometheus_reader import PrometheusReader
+from modelplane_operator.rollout.scrape_reader import ScrapeReader
 from modelplane_operator.settings import OperatorSettings
 
 SETTINGS = OperatorSettings.from_env()
 OWNED = {MANAGED_BY: OPERATOR_NAME}
-ModelKey = tuple[str, str]
 
 
 @kopf.on.startup()
@@ -29,7 +31,23 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
     memo.kube = Kube(load_client())
+    memo.reader = canary_reader(SETTINGS, memo.kube)
     start_http_server(SETTINGS.metrics_port)
+
+
+def canary_reader(settings: OperatorSettings, kube: Kube) -> MetricsReader:
+    """Prometheus when configured, else the gateway pods' /metrics scraped directly."""
+    if settings.prometheus_url:
+        return PrometheusReader(settings.prometheus_url)
+    if settings.gateway_metrics_urls:
+        return ScrapeReader(list(settings.gateway_metrics_urls))
+
+    async def gateway_pods() -> list[str]:
+        pods = await kube.list_pods(GATEWAY_SELECTOR)
+        ips = [p["status"].get("podIP") for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+        return [f"http://{ip}:{settings.gateway_metrics_port}/metrics" for ip in ips if ip]
+
+    return ScrapeReader(gateway_pods)
 
 
 @kopf.index("apps", "v1", "deployments", labels=OWNED)
@@ -47,9 +65,18 @@ def aimodels_by_key(namespace: str | None, name: str, body: kopf.Body, **_: Any)
     return {(namespace, name): dict(body)}
 
 
-def _indexed(kwargs: dict[str, Any], index: str, key: ModelKey) -> list[Any]:
+def _indexed(kwargs: dict[str, Any], index: str, key: Any) -> list[Any]:
     """Entries of one of the indexes above (kopf passes indexes as keyword arguments by name)."""
     return list(kwargs[index].get(key, []))
+
+
+@kopf.index(GROUP, VERSION, "aifeatures")
+def aifeatures_by_namespace(namespace: str | None, body: kopf.Body, **_: Any) -> Any:
+    return {namespace: dict(body)}
+
+
+def _override(kwargs: dict[str, Any], namespace: str, name: str) -> int | None:
+    return features.replica_overrides(_indexed(kwargs, "aifeatures_by_namespace", namespace)).get(name)
 
 
 @kopf.on.resume(GROUP, VERSION, "aimodels")
@@ -57,7 +84,8 @@ def _indexed(kwargs: dict[str, Any], index: str, key: ModelKey) -> list[Any]:
 @kopf.on.update(GROUP, VERSION, "aimodels", field="spec")
 async def reconcile_model(body: kopf.Body, namespace: str | None, name: str, memo: Any, **kwargs: Any) -> None:
     pods = _indexed(kwargs, "pods_by_model", (namespace or "", name))
-    await models.reconcile(body, memo.kube, SETTINGS, pods, trigger="change")
+    override = _override(kwargs, namespace or "", name)
+    await models.reconcile(body, memo.kube, SETTINGS, pods, trigger="change", replicas_override=override)
 
 
 @kopf.timer(GROUP, VERSION, "aimodels", interval=SETTINGS.resync_seconds, initial_delay=SETTINGS.resync_seconds)
@@ -65,7 +93,10 @@ async def resync_model(body: kopf.Body, namespace: str | None, name: str, memo: 
     key = (namespace or "", name)
     known = next(iter(_indexed(kwargs, "deployments_by_model", key)), None)
     pods = _indexed(kwargs, "pods_by_model", key)
-    await models.reconcile(body, memo.kube, SETTINGS, pods, trigger="resync", known_deployment=known)
+    override = _override(kwargs, key[0], name)
+    await models.reconcile(
+        body, memo.kube, SETTINGS, pods, trigger="resync", known_deployment=known, replicas_override=override
+    )
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=OWNED)
@@ -77,3 +108,21 @@ async def child_changed(namespace: str | None, labels: kopf.Labels, memo: Any, *
         return  # the AIModel is gone; garbage collection removes the child
     deployment = next(iter(_indexed(kwargs, "deployments_by_model", key)), None)
     await models.refresh_status(owner, memo.kube, SETTINGS, deployment, _indexed(kwargs, "pods_by_model", key))
+
+
+@kopf.on.resume(GROUP, VERSION, "aifeatures")
+@kopf.on.create(GROUP, VERSION, "aifeatures")
+@kopf.on.update(GROUP, VERSION, "aifeatures", field="spec")
+@kopf.timer(GROUP, VERSION, "aifeatures", interval=SETTINGS.analysis_interval_seconds)
+async def reconcile_feature(body: kopf.Body, namespace: str | None, memo: Any, **kwargs: Any) -> None:
+    ns = namespace or ""
+    index = kwargs["aimodels_by_key"]
+    in_namespace = {name: next(iter(index[(n, name)])) for (n, name) in index if n == ns}
+    changed = await features.reconcile_feature(body, memo.kube, in_namespace, memo.reader)
+    # Fixed-GPU-budget shares moved: re-apply those models now rather than at their next resync.
+    for name, override in changed.items():
+        if name in in_namespace:
+            pods = _indexed(kwargs, "pods_by_model", (ns, name))
+            await models.reconcile(
+                in_namespace[name], memo.kube, SETTINGS, pods, trigger="budget", replicas_override=override
+            )

@@ -92,6 +92,19 @@ class Kube:
             self._call, "PATCH", path, body={"status": status}, content_type="application/merge-patch+json"
         )
 
+    async def patch_metadata(
+        self, api_version: str, kind: str, namespace: str, name: str, metadata: dict[str, Any]
+    ) -> None:
+        path = resource_path(api_version, kind, namespace, name)
+        await asyncio.to_thread(
+            self._call, "PATCH", path, body={"metadata": metadata}, content_type="application/merge-patch+json"
+        )
+
+    async def list_pods(self, label_selector: str) -> list[dict[str, Any]]:
+        query = [("labelSelector", label_selector)]
+        result = await asyncio.to_thread(self._call, "GET", "/api/v1/pods", query=query)
+        return list(result.get("items", []))
+
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return await asyncio.to_thread(self._call, "GET", resource_path(api_version, kind, namespace, name))

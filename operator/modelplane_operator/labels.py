@@ -29,3 +29,7 @@ def model_labels(model_name: str, engine: str) -> dict[str, str]:
         MANAGED_BY: OPERATOR_NAME,
         "modelplane.dev/engine": engine,
     }
+
+
+# The gateway pods, found by these labels when canary metrics are scraped without Prometheus.
+GATEWAY_SELECTOR = "app.kubernetes.io/component=gateway,app.kubernetes.io/part-of=modelplane"

@@ -78,11 +78,12 @@ async def reconcile(
     *,
     trigger: str,
     known_deployment: DeploymentView | None = None,
+    replicas_override: int | None = None,
 ) -> None:
     """Apply the model's children (server-side apply, one field manager) and write its status."""
     started = time.perf_counter()
     model = parse_model(body)
-    plan = plan_children(model, settings)
+    plan = plan_children(model, settings, replicas_override)
     try:
         applied = {obj["kind"]: await kube.apply(obj) for obj in plan.apply}
         for api_version, kind in plan.delete:

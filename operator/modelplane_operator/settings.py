@@ -18,6 +18,10 @@ class OperatorSettings(BaseModel):
     metrics_port: int = 9090
     prometheus_url: str | None = None
     analysis_interval_seconds: float = Field(default=10, gt=0, description="How often canaries are checked.")
+    gateway_metrics_urls: list[str] = Field(
+        default_factory=list, description="Gateway /metrics URLs to scrape without Prometheus; empty: find the pods."
+    )
+    gateway_metrics_port: int = Field(default=8080, description="Port of the gateway pods' /metrics.")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorSettings:
@@ -25,6 +29,10 @@ class OperatorSettings(BaseModel):
         values: dict[str, object] = {}
         if e.get("MODELPLANE_RUNTIME_IMAGE"):
             values["runtime_image"] = e["MODELPLANE_RUNTIME_IMAGE"]
+        if e.get("MODELPLANE_GATEWAY_METRICS_URLS"):
+            values["gateway_metrics_urls"] = [
+                u.strip() for u in e["MODELPLANE_GATEWAY_METRICS_URLS"].split(",") if u.strip()
+            ]
         if e.get("MODELPLANE_NAMESPACES"):
             values["namespaces"] = [n.strip() for n in e["MODELPLANE_NAMESPACES"].split(",") if n.strip()]
         for key, field in (
@@ -33,6 +41,7 @@ class OperatorSettings(BaseModel):
             ("MODELPLANE_METRICS_PORT", "metrics_port"),
             ("MODELPLANE_PROMETHEUS_URL", "prometheus_url"),
             ("MODELPLANE_ANALYSIS_INTERVAL_SECONDS", "analysis_interval_seconds"),
+            ("MODELPLANE_GATEWAY_METRICS_PORT", "gateway_metrics_port"),
         ):
             if e.get(key):
                 values[field] = e[key]

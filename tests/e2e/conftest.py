@@ -19,6 +19,7 @@ from tests.e2e.harness import (
     operator_rbac,
     service_account_kubeconfig,
 )
+from tests.prometheus.gateway_endpoint import GatewayMetrics, serve_gateway_metrics
 
 pytestmark = pytest.mark.e2e
 
@@ -58,11 +59,18 @@ def crds(kube: Kube) -> Kube:
 
 
 @pytest.fixture(scope="session")
-def operator(crds: Kube) -> Iterator[OperatorProcess]:
+def gateway_metrics() -> Iterator[GatewayMetrics]:
+    """A gateway-contract /metrics endpoint the tests drive; the operator's canary analysis scrapes it."""
+    yield from serve_gateway_metrics()
+
+
+@pytest.fixture(scope="session")
+def operator(crds: Kube, gateway_metrics: GatewayMetrics) -> Iterator[OperatorProcess]:
     operator_rbac(crds)
     ARTIFACTS.mkdir(exist_ok=True)
     kubeconfig = service_account_kubeconfig(crds, ARTIFACTS / "operator-sa.kubeconfig")
-    process = OperatorProcess(kubeconfig, ARTIFACTS / "operator.log")
+    env = {"MODELPLANE_GATEWAY_METRICS_URLS": gateway_metrics.url, "MODELPLANE_ANALYSIS_INTERVAL_SECONDS": "0.5"}
+    process = OperatorProcess(kubeconfig, ARTIFACTS / "operator.log", extra_env=env)
     process.start()
     yield process
     process.stop()

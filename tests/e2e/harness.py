@@ -78,6 +78,16 @@ class Kube:
     def delete_model(self, namespace: str, name: str) -> None:
         self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "aimodels", name)
 
+    def create_feature(self, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AIFeature", "metadata": {"name": name}, "spec": spec}
+        return dict(self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "aifeatures", body))
+
+    def get_feature(self, namespace: str, name: str) -> dict[str, Any]:
+        return dict(self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "aifeatures", name))
+
+    def patch_feature(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return dict(self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, "aifeatures", name, patch))
+
     def condition(self, namespace: str, name: str, kind: str) -> dict[str, Any] | None:
         status = self.get_model(namespace, name).get("status") or {}
         return next((c for c in status.get("conditions", []) if c["type"] == kind), None)
@@ -187,6 +197,7 @@ class OperatorProcess:
     kubeconfig: Path
     log_path: Path
     resync_seconds: float = 3
+    extra_env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
     health_port: int = 0
     metrics_port: int = 0
@@ -199,6 +210,7 @@ class OperatorProcess:
             "MODELPLANE_RESYNC_SECONDS": str(self.resync_seconds),
             "MODELPLANE_METRICS_PORT": str(self.metrics_port),
             "MODELPLANE_RUNTIME_IMAGE": "modelplane/runtime:e2e",
+            **self.extra_env,
         }
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the process
         self.proc = subprocess.Popen(

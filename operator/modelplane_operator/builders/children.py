@@ -19,10 +19,11 @@ class ChildPlan:
     delete: list[tuple[str, str]]
 
 
-def plan_children(model: AIModel, settings: OperatorSettings) -> ChildPlan:
-    apply = [build_deployment(model, settings), build_service(model)]
+def plan_children(model: AIModel, settings: OperatorSettings, replicas_override: int | None = None) -> ChildPlan:
+    """`replicas_override` (a fixed-GPU-budget canary's share) pins the replicas and suspends the HPA."""
+    apply = [build_deployment(model, settings, replicas_override), build_service(model)]
     delete: list[tuple[str, str]] = []
-    hpa = build_hpa(model)
+    hpa = build_hpa(model) if replicas_override is None else None
     if hpa is None:
         delete.append(("autoscaling/v2", "HorizontalPodAutoscaler"))
     else:

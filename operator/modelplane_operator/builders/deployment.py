@@ -53,8 +53,11 @@ def build_runtime_config(model: AIModel) -> RuntimeConfig:
     )
 
 
-def _replicas(model: AIModel) -> int | None:
-    """Fixed replica count, or None when an HPA owns spec.replicas (so the two never fight)."""
+def _replicas(model: AIModel, override: int | None) -> int | None:
+    """Fixed replica count, or None when an HPA owns spec.replicas (so the two never fight).
+    `override` comes from a fixed-GPU-budget canary of an AIFeature and wins over the model's own count."""
+    if override is not None:
+        return override
     scaling = model.spec.autoscaling
     if scaling is None:
         return 1 if model.spec.replicas is None else model.spec.replicas
@@ -204,7 +207,9 @@ def _pod_spec(model: AIModel, settings: OperatorSettings) -> dict[str, Any]:
     return pod
 
 
-def build_deployment(model: AIModel, settings: OperatorSettings) -> dict[str, Any]:
+def build_deployment(
+    model: AIModel, settings: OperatorSettings, replicas_override: int | None = None
+) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "selector": {"matchLabels": selector_labels(model.name)},
         "strategy": _strategy(model),
@@ -216,7 +221,7 @@ def build_deployment(model: AIModel, settings: OperatorSettings) -> dict[str, An
             "spec": _pod_spec(model, settings),
         },
     }
-    replicas = _replicas(model)
+    replicas = _replicas(model, replicas_override)
     if replicas is not None:
         spec["replicas"] = replicas
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": child_metadata(model), "spec": spec}

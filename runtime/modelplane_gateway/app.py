@@ -1,0 +1,131 @@
+"""The gateway's FastAPI app: OpenAI endpoints, /v1/models, /health, /ready and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import Response
+
+from modelplane_gateway.access import KeyRing, parse_keys
+from modelplane_gateway.forwarding import GatewayState, handle
+from modelplane_gateway.kube_watch import KubeRouteSource
+from modelplane_gateway.metrics import GatewayMetrics
+from modelplane_gateway.proxy import Timeouts, make_client
+from modelplane_gateway.ratelimit import Limits, RateLimiter
+from modelplane_gateway.routes import RouteTable
+from modelplane_gateway.settings import GatewaySettings
+from modelplane_gateway.sources import FileRouteSource, RouteSource, file_signature
+from modelplane_runtime.errors import install_error_handlers
+
+log = logging.getLogger(__name__)
+
+
+def load_key_ring(path: Path | None) -> KeyRing:
+    return KeyRing(parse_keys(path.read_text()) if path is not None else [])
+
+
+async def _watch_keys(state: GatewayState, path: Path, poll_seconds: float) -> None:
+    """Secret rotation: a mounted Secret changes in place; reload it, keeping the old keys if it is bad."""
+    signature = file_signature(path)
+    while True:
+        await asyncio.sleep(poll_seconds)
+        current = file_signature(path)
+        if current is None or current == signature:
+            continue
+        signature = current
+        try:
+            state.keys = load_key_ring(path)
+            log.info("reloaded %d API keys", len(state.keys.keys))
+        except (OSError, ValueError) as exc:
+            log.error("keeping the previous API keys: the keys file does not load: %s", exc)
+
+
+def route_source_for(settings: GatewaySettings) -> RouteSource:
+    if settings.routes_file is not None:
+        return FileRouteSource(settings.routes_file, settings.reload_poll_seconds)
+    return KubeRouteSource(settings.namespaces)
+
+
+def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> FastAPI:
+    timeouts = Timeouts(settings.connect_timeout, settings.first_byte_timeout, settings.idle_timeout)
+    state = GatewayState(
+        metrics=GatewayMetrics(),
+        limiter=RateLimiter(
+            per_key=Limits(settings.key_requests_per_minute, settings.key_tokens_per_minute),
+            per_feature=Limits(settings.feature_requests_per_minute, settings.feature_tokens_per_minute),
+        ),
+        timeouts=timeouts,
+        max_body_bytes=settings.max_body_bytes,
+        unavailable_retry_after=settings.unavailable_retry_after,
+        keys=load_key_ring(settings.keys_file),  # fails fast on a malformed keys file
+    )
+    routes = source or route_source_for(settings)
+
+    def on_table(table: RouteTable) -> None:
+        state.table = table
+        state.metrics.set_weights(table)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.client = make_client(timeouts)
+        await routes.start(on_table)
+        keys_task = None
+        if settings.keys_file is not None:
+            keys_task = asyncio.create_task(_watch_keys(state, settings.keys_file, settings.reload_poll_seconds))
+        try:
+            yield
+        finally:
+            if keys_task is not None:
+                keys_task.cancel()
+                with suppress(asyncio.CancelledError):
+                    await keys_task
+            await routes.stop()
+            await state.client.aclose()
+
+    app = FastAPI(title="Modelplane gateway", lifespan=lifespan)
+    app.state.gateway = state
+    install_error_handlers(app)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await handle(state, request, "chat/completions")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await handle(state, request, "completions")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        return await handle(state, request, "embeddings")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        key = state.keys.authenticate(request.headers.get("authorization"))
+        names = state.table.names() if state.table else []
+        visible = [n for n in names if key is None or key.allows(n)]
+        data = [{"id": n, "object": "model", "created": 0, "owned_by": "modelplane"} for n in visible]
+        return {"object": "list", "data": data}
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        if state.table is None:
+            return JSONResponse({"status": "waiting for routes"}, status_code=503, headers={"Retry-After": "1"})
+        return JSONResponse({"status": "ready"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,263 @@
+"""One OpenAI request through the gateway: cap, authenticate, route, authorise, limit, forward, count.
+
+The body is parsed once into a dict; the feature's defaults and the backend's served model name are
+written into it and it is serialised once per attempt. A backend that refuses the connection is
+retried once on another ready backend; nothing has reached the client at that point, and nothing is
+retried after the upstream accepted the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import httpx
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
+
+from modelplane_gateway.access import KeyRing, authorize
+from modelplane_gateway.defaults import apply_defaults
+from modelplane_gateway.metrics import NONE, GatewayMetrics
+from modelplane_gateway.picking import pick_backend
+from modelplane_gateway.proxy import (
+    CLIENT_GONE,
+    COMPLETED,
+    RelayResponse,
+    StreamResult,
+    Timeouts,
+    UpstreamTimeout,
+    open_upstream,
+    read_body,
+)
+from modelplane_gateway.ratelimit import RateLimiter
+from modelplane_gateway.routes import Route, RouteTable
+from modelplane_runtime.errors import OpenAIError, model_not_found, overloaded
+
+log = logging.getLogger(__name__)
+
+CLIENT_CLOSED = 499  # the `code` label of a request the client abandoned (nginx's convention)
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client disconnected while the gateway waited for the backend."""
+
+
+@dataclass
+class GatewayState:
+    """Everything a request needs; the route table and key ring are swapped whole on reload."""
+
+    metrics: GatewayMetrics
+    limiter: RateLimiter
+    timeouts: Timeouts
+    max_body_bytes: int
+    unavailable_retry_after: float
+    client: httpx.AsyncClient | None = None
+    table: RouteTable | None = None
+    keys: KeyRing = field(default_factory=KeyRing)
+
+
+@dataclass
+class Call:
+    """Bookkeeping of one request, for the metrics."""
+
+    started: float
+    feature: str = NONE
+    model: str = NONE
+    key_name: str | None = None
+    gateway_seconds: float = 0.0  # time spent in the gateway before the upstream was called
+
+
+async def read_capped(request: Request, cap: int) -> bytes:
+    too_large = OpenAIError(413, f"Request body too large: the limit is {cap} bytes.", code="request_too_large")
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > cap:
+        raise too_large
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise too_large
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise OpenAIError(400, "The request body is not valid JSON.", code="invalid_json") from exc
+    if not isinstance(body, dict):
+        raise OpenAIError(400, "The request body must be a JSON object.", code="invalid_json")
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise OpenAIError(400, "You must provide a model parameter.", param="model", code="missing_model")
+    return body
+
+
+def sticky_id(request: Request, body: dict[str, Any]) -> str | None:
+    user = body.get("user")
+    return request.headers.get("x-request-id") or (user if isinstance(user, str) and user else None)
+
+
+def unavailable(state: GatewayState, message: str) -> OpenAIError:
+    return overloaded(503, message, state.unavailable_retry_after)
+
+
+async def handle(state: GatewayState, request: Request, endpoint: str) -> Response:
+    """The whole pipeline; every outcome is counted exactly once."""
+    call = Call(started=time.perf_counter())
+    try:
+        return await _handle(state, request, endpoint, call)
+    except (ClientGone, ClientDisconnect):
+        state.metrics.record(call.feature, call.model, CLIENT_CLOSED, time.perf_counter() - call.started)
+        return Response(status_code=CLIENT_CLOSED)  # nobody reads it; the connection is gone
+    except OpenAIError as exc:
+        error = exc
+    except Exception:  # a bug: still one error shape, and still counted
+        log.exception("unexpected error while proxying")
+        error = OpenAIError(500, "The gateway had an error while processing your request.", type="server_error")
+    reason = {503: "upstream_unavailable", 502: "upstream_unavailable", 504: "upstream_timeout"}.get(error.status)
+    state.metrics.record(call.feature, call.model, error.status, time.perf_counter() - call.started, reason)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
+
+
+async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it (which closes its upstream connection) if the client disconnects."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        raise ClientGone
+    finally:
+        for pending in (task, watcher):
+            pending.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+
+
+async def _disconnected(request: Request) -> None:
+    # The body was read already, so the next message is http.disconnect, whenever it comes.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _handle(state: GatewayState, request: Request, endpoint: str, call: Call) -> Response:
+    raw = await read_capped(request, state.max_body_bytes)
+    key = state.keys.authenticate(request.headers.get("authorization"))
+    call.key_name = key.name if key else None
+    body = parse_body(raw)
+    route = state.table.lookup(body["model"]) if state.table else None
+    if route is None:
+        raise model_not_found(body["model"])
+    call.feature = route.name
+    authorize(key, route.name)
+    state.limiter.admit(call.key_name, route.name)
+    apply_defaults(body, route.defaults, endpoint)
+    return await _forward(state, request, endpoint, call, route, body)
+
+
+async def _forward(
+    state: GatewayState,
+    request: Request,
+    endpoint: str,
+    call: Call,
+    route: Route,
+    body: dict[str, Any],
+) -> Response:
+    sticky = sticky_id(request, body)
+    backend = pick_backend(route, sticky)
+    headers = {"content-type": "application/json", "accept": request.headers.get("accept", "*/*")}
+    if request_id := request.headers.get("x-request-id"):
+        headers["x-request-id"] = request_id
+    tried: list[str] = []
+    assert state.client is not None
+    while True:
+        if backend is None:
+            raise unavailable(state, f"No backend of '{route.name}' is ready; try again shortly.")
+        call.model = backend.model
+        body["model"] = backend.served_model_name
+        payload = json.dumps(body).encode()
+        if not tried:
+            call.gateway_seconds = time.perf_counter() - call.started
+        try:
+            url = f"{backend.base_url}/v1/{endpoint}"
+            opening = open_upstream(state.client, url, payload, headers, state.timeouts.first_byte)
+            upstream = await _unless_client_leaves(request, opening)
+            break
+        except httpx.ConnectError:
+            log.warning("backend %s/%s refused the connection", backend.namespace, backend.model)
+            tried.append(backend.model)
+            backend = pick_backend(route, sticky, exclude=tried) if len(tried) == 1 else None
+        except UpstreamTimeout as exc:
+            raise OpenAIError(504, f"{exc}.", type="server_error", code="upstream_timeout") from exc
+        except httpx.HTTPError as exc:
+            raise OpenAIError(502, "The backend failed before answering.", type="server_error") from exc
+    return await _respond(state, request, call, upstream, bool(body.get("stream")))
+
+
+def _response_headers(upstream: httpx.Response) -> dict[str, str]:
+    headers = {"content-type": upstream.headers.get("content-type", "application/json")}
+    if request_id := upstream.headers.get("x-request-id"):
+        headers["x-request-id"] = request_id
+    return headers
+
+
+async def _respond(
+    state: GatewayState, request: Request, call: Call, upstream: httpx.Response, stream: bool
+) -> Response:
+    headers_at = time.perf_counter()
+    headers = _response_headers(upstream)
+    if stream and upstream.status_code < 400 and "text/event-stream" in headers["content-type"]:
+        headers |= {"cache-control": "no-cache", "x-accel-buffering": "no"}
+        state.metrics.added_latency.observe(call.gateway_seconds + time.perf_counter() - headers_at)
+        status = upstream.status_code
+        return RelayResponse(upstream, state.timeouts, headers, lambda res: _stream_done(state, call, status, res))
+    try:
+        content = await _unless_client_leaves(request, read_body(upstream, state.timeouts))
+    except UpstreamTimeout as exc:
+        raise OpenAIError(504, f"{exc}.", type="server_error", code="upstream_timeout") from exc
+    except httpx.HTTPError as exc:
+        raise OpenAIError(502, "The backend failed while answering.", type="server_error") from exc
+    body_at = time.perf_counter()
+    elapsed = body_at - call.started
+    if upstream.status_code < 400:
+        state.metrics.ttft.labels(call.feature, call.model).observe(elapsed)
+        _count_usage(state, call, _usage_of(content))
+    state.metrics.record(call.feature, call.model, upstream.status_code, elapsed)
+    response = Response(content, status_code=upstream.status_code, headers=headers)
+    state.metrics.added_latency.observe(call.gateway_seconds + time.perf_counter() - body_at)
+    return response
+
+
+def _usage_of(content: bytes) -> object:
+    try:
+        parsed = json.loads(content)
+    except ValueError:
+        return None
+    return parsed.get("usage") if isinstance(parsed, dict) else None
+
+
+def _count_usage(state: GatewayState, call: Call, usage: object) -> None:
+    tokens = state.metrics.record_usage(call.feature, call.model, usage)
+    state.limiter.charge_tokens(call.key_name, call.feature, tokens)
+
+
+def _stream_done(state: GatewayState, call: Call, status: int, result: StreamResult) -> None:
+    elapsed = time.perf_counter() - call.started
+    if result.first_chunk_at is not None:
+        state.metrics.ttft.labels(call.feature, call.model).observe(result.first_chunk_at - call.started)
+    _count_usage(state, call, result.usage)
+    if result.outcome == CLIENT_GONE:
+        state.metrics.record(call.feature, call.model, CLIENT_CLOSED, elapsed)
+    else:
+        error = None if result.outcome == COMPLETED else result.outcome
+        state.metrics.record(call.feature, call.model, status, elapsed, error)

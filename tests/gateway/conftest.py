@@ -1,0 +1,50 @@
+"""Fixtures: two real upstreams on loopback, and a factory for gateways in front of them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gateway_harness import Gateway, ServedApp, StartGateway, Upstream
+from gateway_upstream import create_upstream
+
+from modelplane_gateway.app import create_app
+from modelplane_gateway.settings import GatewaySettings
+
+
+@pytest.fixture(scope="module")
+def upstreams() -> Iterator[dict[str, Upstream]]:
+    served: dict[str, Upstream] = {}
+    apps = []
+    for name in ("v1", "v2"):
+        app, state = create_upstream(name)
+        runner = ServedApp(app).__enter__()
+        apps.append(runner)
+        served[name] = Upstream(runner.url, state)
+    yield served
+    for runner in apps:
+        runner.__exit__()
+
+
+@pytest.fixture
+def start_gateway(tmp_path: Path) -> Iterator[StartGateway]:
+    running: list[ServedApp] = []
+
+    def start(objects: list[dict[str, Any]], keys: str | None = None, **settings: Any) -> Gateway:
+        routes_file = tmp_path / "routes.json"
+        routes_file.write_text(json.dumps(objects))
+        if keys is not None:
+            (tmp_path / "keys").write_text(keys)
+            settings["keys_file"] = tmp_path / "keys"
+        config = GatewaySettings(routes_file=routes_file, reload_poll_seconds=0.02, **settings)
+        app = create_app(config)
+        served = ServedApp(app).__enter__()
+        running.append(served)
+        return Gateway(served.url, app.state.gateway, routes_file)
+
+    yield start
+    for served in running:
+        served.__exit__()

@@ -1,0 +1,139 @@
+"""Serving apps with uvicorn on loopback in background threads, and building API objects for routes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import openai
+import uvicorn
+from gateway_upstream import UpstreamState
+
+from modelplane_gateway.forwarding import GatewayState
+from modelplane_gateway.picking import pick_backend
+from modelplane_gateway.routes import Route, RouteTable
+
+
+@dataclass
+class Upstream:
+    url: str
+    state: UpstreamState
+
+
+@dataclass
+class Gateway:
+    url: str
+    state: GatewayState
+    routes_file: Path
+
+    def client(self, api_key: str = "unused", **kwargs: Any) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=10, **kwargs)
+
+    def write_routes(self, objects: list[dict[str, Any]]) -> None:
+        tmp = self.routes_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(objects))
+        tmp.replace(self.routes_file)  # atomic, like a ConfigMap update
+
+    def sample(self, name: str, **labels: str) -> float:
+        return self.state.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+class StartGateway(Protocol):
+    def __call__(self, objects: list[dict[str, Any]], keys: str | None = None, **settings: Any) -> Gateway: ...
+
+
+def route_in(table: RouteTable | None, name: str) -> Route:
+    route = table.lookup(name) if table is not None else None
+    assert route is not None, f"no route {name!r}"
+    return route
+
+
+def picked(route: Route, sticky: str | None) -> str:
+    """The model the gateway's own picking chooses for this id."""
+    backend = pick_backend(route, sticky)
+    assert backend is not None
+    return backend.model
+
+
+def wait_until(condition: Callable[[], object], timeout: float = 5.0, what: str = "condition") -> None:
+    """Poll with a deadline (the tests' only way to wait for something)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+class ServedApp:
+    """An ASGI app served by uvicorn on 127.0.0.1 in a daemon thread."""
+
+    def __init__(self, app: Any) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, log_level="critical", access_log=False, lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> ServedApp:
+        self.thread.start()
+        wait_until(lambda: self.server.started or not self.thread.is_alive(), 10, "uvicorn to start")
+        if not self.server.started:
+            raise RuntimeError("the server did not start")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+
+def refused_url() -> str:
+    """A loopback URL where nothing listens: connecting is refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def aimodel(name: str, endpoint: str | None, ready: bool = True, served: str | None = None) -> dict[str, Any]:
+    conditions = [{"type": "Ready", "status": "True" if ready else "False", "reason": "Test"}]
+    status: dict[str, Any] = {"conditions": conditions}
+    if endpoint:
+        status["endpoint"] = endpoint
+    spec: dict[str, Any] = {"source": {"uri": "/models/x"}, "engine": "transformers"}
+    if served:
+        spec["servedModelName"] = served
+    meta = {"name": name, "namespace": "default"}
+    return {
+        "apiVersion": "modelplane.dev/v1alpha1",
+        "kind": "AIModel",
+        "metadata": meta,
+        "spec": spec,
+        "status": status,
+    }
+
+
+def aifeature(
+    name: str, weights: list[tuple[str, int]], defaults: dict[str, Any] | None = None, namespace: str = "default"
+) -> dict[str, Any]:
+    split = [{"model": m, "weight": w} for m, w in weights]
+    fixed_split = len(weights) > 1 and sum(w for _, w in weights) == 100
+    spec: dict[str, Any] = {"split": split} if fixed_split else {"model": weights[0][0]}
+    if defaults:
+        spec["defaults"] = defaults
+    meta = {"name": name, "namespace": namespace}
+    obj = {"apiVersion": "modelplane.dev/v1alpha1", "kind": "AIFeature", "metadata": meta, "spec": spec}
+    return obj | {"status": {"weights": split}}
+
+
+logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)  # the cut-stream test raises on purpose

@@ -1,0 +1,165 @@
+"""Upstream failures, timeouts, access control and limits through the real gateway over loopback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel, wait_until
+
+from modelplane_api import metrics as m
+
+KEYS = "team-a: sk-alpha\nteam-b: sk-bravo chat\n"
+
+
+def say(text: str) -> Any:
+    return [{"role": "user", "content": text}]
+
+
+def drain(stream: Iterable[object], into: list[object]) -> None:
+    for chunk in stream:
+        into.append(chunk)
+
+
+@pytest.fixture
+def gateway(upstreams: dict[str, Upstream], start_gateway: StartGateway) -> Gateway:
+    objects = [
+        aimodel("chat-v1", upstreams["v1"].url),
+        aimodel("chat-v2", upstreams["v2"].url),
+        aifeature("chat", [("chat-v1", 100)]),
+        aifeature("other", [("chat-v2", 100)]),
+    ]
+    return start_gateway(objects, first_byte_timeout=1.0, idle_timeout=1.0)
+
+
+def test_upstream_5xx_passes_through_and_counts_as_error(gateway: Gateway) -> None:
+    with pytest.raises(openai.InternalServerError) as caught:
+        gateway.client().chat.completions.create(model="chat", messages=say("status=500"))
+    assert caught.value.message.endswith("v1 failed on purpose")
+    assert gateway.sample(m.REQUESTS, feature="chat", model="chat-v1", code="500") == 1
+    assert gateway.sample(m.ERRORS, feature="chat", model="chat-v1", reason="status_5xx") == 1
+
+
+def test_slow_first_byte_is_504_upstream_timeout(gateway: Gateway) -> None:
+    with pytest.raises(openai.APIStatusError) as caught:
+        gateway.client().chat.completions.create(model="chat", messages=say("delay=3"))
+    assert caught.value.status_code == 504
+    assert gateway.sample(m.ERRORS, feature="chat", model="chat-v1", reason="upstream_timeout") == 1
+
+
+def test_client_leaving_a_slow_answer_cancels_the_upstream_call(
+    gateway: Gateway, upstreams: dict[str, Upstream]
+) -> None:
+    abandoned = upstreams["v1"].state.abandoned
+    body = {"model": "chat", "messages": say("delay=3")}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=0.2)
+    wait_until(lambda: gateway.sample(m.REQUESTS, feature="chat", model="chat-v1", code="499") == 1, what="499")
+    wait_until(lambda: upstreams["v1"].state.abandoned == abandoned + 1, what="the upstream to see the disconnect")
+    assert gateway.sample(m.ERRORS, feature="chat", model="chat-v1", reason="upstream_timeout") == 0
+
+
+def test_stalled_stream_ends_with_an_error_event(gateway: Gateway) -> None:
+    stream = gateway.client().chat.completions.create(model="chat", messages=say("chunks=3 gap=3"), stream=True)
+    received: list[object] = []
+    with pytest.raises(openai.APIError, match="timeout"):
+        drain(stream, received)
+    assert len(received) == 1
+    labels = {"feature": "chat", "model": "chat-v1"}
+    wait_until(lambda: gateway.sample(m.ERRORS, **labels, reason="upstream_timeout") == 1, what="timeout counted")
+    assert gateway.sample(m.REQUESTS, **labels, code="200") == 1
+
+
+def test_stream_cut_short_by_the_upstream(gateway: Gateway) -> None:
+    stream = gateway.client().chat.completions.create(model="chat", messages=say("chunks=5 cut=2"), stream=True)
+    received: list[object] = []
+    with pytest.raises(openai.APIError, match="cut the stream short"):
+        drain(stream, received)
+    assert len(received) == 2
+    labels = {"feature": "chat", "model": "chat-v1", "reason": "stream_aborted"}
+    wait_until(lambda: gateway.sample(m.ERRORS, **labels) == 1, what="aborted stream counted")
+
+
+def test_keys_401_403_and_model_list_per_key(upstreams: dict[str, Upstream], start_gateway: StartGateway) -> None:
+    objects = [aimodel("chat-v1", upstreams["v1"].url), aifeature("chat", [("chat-v1", 100)])]
+    gw = start_gateway([*objects, aifeature("other", [("chat-v1", 100)])], keys=KEYS)
+    with pytest.raises(openai.AuthenticationError):
+        gw.client(api_key="sk-wrong").chat.completions.create(model="chat", messages=say("hi"))
+    assert httpx.post(f"{gw.url}/v1/chat/completions", json={"model": "chat"}).status_code == 401
+    with pytest.raises(openai.PermissionDeniedError) as caught:
+        gw.client(api_key="sk-bravo").chat.completions.create(model="other", messages=say("hi"))
+    assert caught.value.code == "model_not_allowed"
+    assert gw.client(api_key="sk-bravo").chat.completions.create(model="chat", messages=say("hi")).choices
+    assert [x.id for x in gw.client(api_key="sk-bravo").models.list()] == ["chat"]
+    assert gw.client(api_key="sk-alpha").chat.completions.create(model="other", messages=say("hi")).choices
+    assert gw.sample(m.REQUESTS, feature="", model="", code="401") == 2
+    assert gw.sample(m.REQUESTS, feature="other", model="", code="403") == 1
+    exposition = httpx.get(f"{gw.url}/metrics").text
+    assert "sk-" not in exposition
+    assert m.REQUESTS in exposition
+    assert m.ADDED_LATENCY + "_count" in exposition
+
+
+def test_rotated_keys_file_applies(upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path) -> None:
+    gw = start_gateway([aimodel("chat-v1", upstreams["v1"].url), aifeature("chat", [("chat-v1", 100)])], keys=KEYS)
+    (tmp_path / "keys").write_text("team-c: sk-charlie\n")
+    wait_until(lambda: gw.state.keys.find("sk-charlie") is not None, what="keys reload")
+    assert gw.client(api_key="sk-charlie").chat.completions.create(model="chat", messages=say("hi")).choices
+    with pytest.raises(openai.AuthenticationError):
+        gw.client(api_key="sk-alpha").chat.completions.create(model="chat", messages=say("hi"))
+
+
+def test_body_cap_is_413(upstreams: dict[str, Upstream], start_gateway: StartGateway) -> None:
+    gw = start_gateway(
+        [aimodel("chat-v1", upstreams["v1"].url), aifeature("chat", [("chat-v1", 100)])], max_body_bytes=2000
+    )
+    with pytest.raises(openai.APIStatusError) as caught:
+        gw.client().chat.completions.create(model="chat", messages=say("x" * 3000))
+    assert caught.value.status_code == 413
+    assert caught.value.code == "request_too_large"
+
+    def chunked() -> Iterator[bytes]:  # no Content-Length: the cap holds while reading
+        yield b'{"model": "chat", "prompt": "'
+        yield b"y" * 3000
+        yield b'"}'
+
+    assert httpx.post(f"{gw.url}/v1/completions", content=chunked()).status_code == 413
+
+
+def test_token_limit_is_429_with_retry_after(upstreams: dict[str, Upstream], start_gateway: StartGateway) -> None:
+    objects = [aimodel("chat-v1", upstreams["v1"].url), aifeature("chat", [("chat-v1", 100)])]
+    gw = start_gateway([*objects, aifeature("free", [("chat-v1", 100)])], feature_tokens_per_minute=3)
+    client = gw.client()
+    client.chat.completions.create(model="chat", messages=say("hi"))  # usage > 3 tokens: chat's bucket in debt
+    with pytest.raises(openai.RateLimitError) as caught:
+        client.chat.completions.create(model="chat", messages=say("hi"))
+    assert "tokens per minute for this feature" in caught.value.message
+    assert int(caught.value.response.headers["Retry-After"]) >= 1
+    assert client.chat.completions.create(model="free", messages=say("hi")).choices  # its own bucket
+    assert gw.sample(m.REQUESTS, feature="chat", model="", code="429") == 1
+
+
+def test_key_request_limit_is_429_with_retry_after(upstreams: dict[str, Upstream], start_gateway: StartGateway) -> None:
+    objects = [aimodel("chat-v1", upstreams["v1"].url), aifeature("chat", [("chat-v1", 100)])]
+    gw = start_gateway(objects, keys=KEYS, key_requests_per_minute=2)
+    for _ in range(2):
+        gw.client(api_key="sk-alpha").chat.completions.create(model="chat", messages=say("hi"))
+    with pytest.raises(openai.RateLimitError) as caught:
+        gw.client(api_key="sk-alpha").chat.completions.create(model="chat", messages=say("hi"))
+    assert "requests per minute for this key" in caught.value.message
+    assert 1 <= int(caught.value.response.headers["Retry-After"]) <= 30
+    assert gw.client(api_key="sk-bravo").chat.completions.create(model="chat", messages=say("hi")).choices
+
+
+def test_health_ready_and_metrics(gateway: Gateway) -> None:
+    assert httpx.get(f"{gateway.url}/health").json() == {"status": "ok"}
+    assert httpx.get(f"{gateway.url}/ready").status_code == 200
+    gateway.client().chat.completions.create(model="chat", messages=say("hi"))
+    text = httpx.get(f"{gateway.url}/metrics").text
+    assert f'{m.REQUESTS}{{code="200",feature="chat",model="chat-v1"}} 1.0' in text
+    assert f'{m.LATENCY}_bucket{{feature="chat",le="0.005",model="chat-v1"}}' in text
+    assert f'{m.WEIGHT}{{feature="other",model="chat-v2"}} 100.0' in text

@@ -1,0 +1,161 @@
+"""The pure parts of routing: the route table from API objects, weighted sticky picking, the watch store."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from gateway_harness import aifeature, aimodel, picked, route_in
+
+from modelplane_gateway.kube_watch import ObjectStore
+from modelplane_gateway.picking import bucket_of, effective_weights, pick_backend
+from modelplane_gateway.routes import Backend, Route, RouteTable, build_route_table
+from modelplane_gateway.sources import flatten_documents, load_routes_file, parse_objects
+
+
+def table_of(*objects: dict[str, Any]) -> RouteTable:
+    return build_route_table(*parse_objects(flatten_documents(objects)))
+
+
+def test_feature_routes_follow_status_weights_and_rewrite_to_served_names() -> None:
+    table = table_of(
+        aimodel("chat-v1", "http://v1:8000/", served="org/chat"),
+        aimodel("chat-v2", "http://v2:8000"),
+        aifeature("chat", [("chat-v1", 90), ("chat-v2", 10)]),
+    )
+    route = route_in(table, "chat")
+    assert route is not None
+    assert route.is_feature
+    assert [(b.model, b.weight, b.base_url, b.served_model_name) for b in route.backends] == [
+        ("chat-v1", 90, "http://v1:8000", "org/chat"),
+        ("chat-v2", 10, "http://v2:8000", "chat-v2"),
+    ]
+    assert table.lookup("default/chat") is route
+    direct = table.lookup("org/chat")
+    assert direct is not None
+    assert not direct.is_feature
+    assert direct.backends[0].model == "chat-v1"
+    assert table.names() == ["chat", "chat-v2", "org/chat"]
+
+
+def test_spec_stands_in_until_the_operator_writes_weights() -> None:
+    feature = aifeature("chat", [("chat-v1", 100)])
+    feature["status"] = {}
+    route = route_in(table_of(aimodel("chat-v1", "http://v1"), feature), "chat")
+    assert route is not None
+    assert [(b.model, b.weight) for b in route.backends] == [("chat-v1", 100)]
+
+
+def test_not_ready_missing_endpoint_and_missing_model_get_no_traffic() -> None:
+    table = table_of(
+        aimodel("up", "http://up"),
+        aimodel("down", "http://down", ready=False),
+        aimodel("no-endpoint", None),
+        aifeature("f", [("up", 40), ("down", 30), ("no-endpoint", 20), ("gone", 10)]),
+    )
+    route = route_in(table, "f")
+    assert route is not None
+    assert {b.model: b.ready for b in route.backends} == {
+        "up": True,
+        "down": False,
+        "no-endpoint": False,
+        "gone": False,
+    }
+    assert effective_weights(route) == {"up": 100.0, "down": 0.0, "no-endpoint": 0.0, "gone": 0.0}
+    assert all(picked(route, f"id-{i}") == "up" for i in range(50))
+
+
+def test_no_ready_backend_picks_none() -> None:
+    route = route_in(table_of(aimodel("down", "http://down", ready=False), aifeature("f", [("down", 100)])), "f")
+    assert route is not None
+    assert pick_backend(route, "id") is None
+    assert pick_backend(route) is None
+
+
+def test_features_win_name_clashes_and_invalid_objects_are_skipped() -> None:
+    bad = aifeature("broken", [("a", 100)])
+    bad["spec"] = {"model": "a", "split": [{"model": "a", "weight": 100}]}  # both set: invalid
+    table = table_of(
+        aimodel("m", "http://m", served="chat"), aimodel("n", "http://n"), aifeature("chat", [("n", 100)]), bad
+    )
+    route = route_in(table, "chat")
+    assert route is not None
+    assert route.is_feature
+    assert route.backends[0].model == "n"
+    assert table.lookup("broken") is None
+
+
+def test_list_documents_are_flattened() -> None:
+    doc = {"kind": "List", "items": [aimodel("m", "http://m"), aifeature("f", [("m", 100)])]}
+    assert table_of(doc).lookup("f") is not None
+
+
+def _route(weights: dict[str, int], ready: set[str] | None = None) -> Route:
+    objects = [aimodel(m, f"http://{m}", ready=ready is None or m in ready) for m in weights]
+    return route_in(table_of(*objects, aifeature("f", list(weights.items()))), "f")
+
+
+def test_yaml_routes_file_with_several_documents(tmp_path: Path) -> None:
+    path = tmp_path / "routes.yaml"
+    docs = [aimodel("m", "http://m"), {"kind": "List", "items": [aifeature("f", [("m", 100)])]}]
+    path.write_text(yaml.safe_dump_all(docs))
+    assert route_in(load_routes_file(path), "f").backends[0].base_url == "http://m"
+
+
+def _model(backend: Backend | None) -> str:
+    assert backend is not None
+    return backend.model
+
+
+@pytest.mark.parametrize("weights", [{"stable": 95, "canary": 5}, {"a": 50, "b": 50}, {"a": 25, "b": 25, "c": 50}])
+def test_sticky_ids_spread_by_weight(weights: dict[str, int]) -> None:
+    route = _route(weights)
+    counts = Counter(picked(route, f"user-{i}") for i in range(20_000))
+    for model, weight in weights.items():
+        assert counts[model] / 20_000 == pytest.approx(weight / 100, abs=0.015)
+
+
+def test_unsticky_picks_spread_by_weight() -> None:
+    route = _route({"stable": 80, "canary": 20})
+    rng = random.Random(7)
+    counts = Counter(_model(pick_backend(route, None, rng=rng)) for _ in range(20_000))
+    assert counts["canary"] / 20_000 == pytest.approx(0.2, abs=0.015)
+
+
+def test_same_id_same_version_and_canary_growth_keeps_its_ids() -> None:
+    ids = [f"req-{i}" for i in range(2000)]
+    at_5 = {i: picked(_route({"stable": 95, "canary": 5}), i) for i in ids}
+    again = {i: picked(_route({"stable": 95, "canary": 5}), i) for i in ids}
+    assert at_5 == again
+    at_25 = {i: picked(_route({"stable": 75, "canary": 25}), i) for i in ids}
+    # Buckets are laid out along the weights, so ids on the canary at 5% stay on it at 25%.
+    assert all(at_25[i] == "canary" for i in ids if at_5[i] == "canary")
+    assert all(0 <= bucket_of(i) < 100 for i in ids)
+
+
+def test_weights_renormalise_over_ready_backends_and_exclude_skips_one() -> None:
+    route = _route({"a": 50, "b": 30, "c": 20}, ready={"a", "b"})
+    assert effective_weights(route) == {"a": 62.5, "b": 37.5, "c": 0.0}
+    picks = {_model(pick_backend(route, f"x{i}", exclude=["a"])) for i in range(200)}
+    assert picks == {"b"}
+
+
+def test_object_store_applies_watch_events() -> None:
+    streams = [("aifeatures", ""), ("aimodels", "")]
+    store = ObjectStore(streams)
+    store.replace(("aimodels", ""), [aimodel("m", "http://m"), aimodel("n", "http://n")])
+    assert not store.synced  # features not listed yet: no partial table
+    store.replace(("aifeatures", ""), [aifeature("f", [("m", 100)])])
+    assert store.synced
+    assert route_in(store.table(), "f").backends[0].ready
+    assert store.apply(("aimodels", ""), "MODIFIED", aimodel("m", "http://m", ready=False))
+    assert not route_in(store.table(), "f").backends[0].ready
+    store.apply(("aifeatures", ""), "MODIFIED", aifeature("f", [("n", 100)]))
+    assert route_in(store.table(), "f").backends[0].model == "n"
+    assert store.apply(("aimodels", ""), "DELETED", aimodel("n", "http://n"))
+    assert not store.apply(("aimodels", ""), "BOOKMARK", {"metadata": {"resourceVersion": "9"}})
+    assert store.table().lookup("n") is None

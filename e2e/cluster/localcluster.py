@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e.cluster import pki
-from e2e.cluster.nodes import FAKE_NODES
+from e2e.cluster.nodes import FAKE_NODES, cpu_nodes
 
 HERE = Path(__file__).resolve().parent
 BINARIES = (
@@ -90,6 +90,7 @@ class LocalCluster:
     bins: dict[str, Path] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    extra_cpu_nodes: int = 0
 
     @property
     def pki_dir(self) -> Path:
@@ -297,7 +298,8 @@ class LocalCluster:
         wait_for("kwok", healthy, timeout, proc)
 
     def _create_nodes(self, timeout: float) -> None:
-        for node in FAKE_NODES:
+        nodes = FAKE_NODES + cpu_nodes(self.extra_cpu_nodes)
+        for node in nodes:
             self.api("POST", "/api/v1/nodes", node)
 
         def all_ready() -> bool:
@@ -309,7 +311,7 @@ class LocalCluster:
                     c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", [])
                 )
             ]
-            return len(ready) == len(FAKE_NODES)
+            return len(ready) == len(nodes)
 
         wait_for("KWOK nodes Ready", all_ready, timeout, self.procs["kwok"])
 

@@ -36,6 +36,14 @@ def _node(name: str, *, cpu: str, memory: str, gpus: int, labels: dict[str, str]
     }
 
 
+def cpu_nodes(count: int, start: int = 2) -> list[dict[str, Any]]:
+    """Extra CPU-only nodes, for scale runs that need room for many pods (110 per node)."""
+    return [
+        _node(f"cpu-node-{i}", cpu="16", memory="64Gi", gpus=0, labels={"node-pool": "cpu"})
+        for i in range(start, start + count)
+    ]
+
+
 FAKE_NODES = [
     _node(
         "gpu-node-1",

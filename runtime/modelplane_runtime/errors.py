@@ -34,7 +34,7 @@ class OpenAIError(Exception):
         status: int,
         message: str,
         *,
-        type: str = "invalid_request_error",  # noqa: A002 - OpenAI's field name
+        type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
         retry_after: float | None = None,

@@ -20,7 +20,7 @@ from modelplane_operator.builders.hpa import wants_hpa
 from modelplane_operator.labels import model_labels, selector_labels
 from modelplane_operator.settings import OperatorSettings
 
-RUNTIME_UID = 1000
+RUNTIME_UID = 10001  # the runtime image's user (Dockerfile.runtime)
 STARTUP_PERIOD_SECONDS = 10
 # Long enough for load balancers to stop sending new requests before SIGTERM reaches the runtime.
 PRESTOP_SLEEP_SECONDS = 10

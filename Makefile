@@ -1,0 +1,41 @@
+# Modelplane's developer entry points. The two a newcomer needs: `make run` and `make test`.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: setup run test lint unit e2e crds cluster-up cluster-down bench clean
+
+setup:  ## install everything (idempotent, cached)
+	bash scripts/setup.sh
+
+run: setup  ## serve the local example (tiny chat model + embeddings) on http://127.0.0.1:8080/v1
+	$(VENV)/bin/modelplane serve
+
+test: setup lint  ## every test: unit, runtime, gateway, canary metrics, e2e on the local control plane
+	$(PY) -m pytest -q -p no:cacheprovider
+
+lint:  ## ruff, mypy strict, import-linter contracts, CRDs in sync with the models
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/modelplane-gencrds --check crds charts/modelplane/crds
+
+unit:
+	$(PY) -m pytest -q tests/unit
+
+e2e:
+	$(PY) -m pytest -q tests/e2e
+
+crds:  ## regenerate the CRDs from the pydantic models
+	$(VENV)/bin/modelplane-gencrds crds charts/modelplane/crds
+
+cluster-up:  ## a local control plane with KWOK GPU nodes; prints the KUBECONFIG export
+	$(PY) -m e2e.cluster up
+
+cluster-down:
+	$(PY) -m e2e.cluster down
+
+bench:
+	$(PY) bench/scale_bench.py

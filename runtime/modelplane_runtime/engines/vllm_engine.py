@@ -1,0 +1,130 @@
+"""The vLLM engine: vLLM's AsyncLLM in this process (its engine core runs in a child process).
+
+RuntimeConfig becomes vLLM command-line arguments parsed by vLLM's own parser, so `extra_args`
+accepts exactly what `vllm serve` accepts and typed fields cannot drift from vLLM's names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from transformers import AutoTokenizer
+
+from modelplane_api.runtime_config import RuntimeConfig
+
+from .base import EmbeddingResult, Engine, EngineError, FinishReason, GenerationDelta, SamplingOptions, TokenLogprob
+
+
+def engine_cli_args(config: RuntimeConfig, model_path: str) -> list[str]:
+    """The `vllm serve`-style arguments that express `config` (extra_args last, so they win)."""
+    args = ["--model", model_path, "--served-model-name", config.served_model_name, "--dtype", config.dtype]
+    args += ["--tensor-parallel-size", str(config.tensor_parallel_size)]
+    if config.max_model_len is not None:
+        args += ["--max-model-len", str(config.max_model_len)]
+    if config.gpu_memory_utilization is not None:
+        args += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
+    if config.quantization is not None:
+        args += ["--quantization", config.quantization]
+    return args + list(config.extra_args)
+
+
+class VllmEngine(Engine):
+    def __init__(self, config: RuntimeConfig, model_path: str) -> None:
+        self._config = config
+        self._path = model_path
+        self._llm: Any = None
+        self._tokenizer: Any = None
+        self._max_len = config.max_model_len or 0
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_len
+
+    async def load(self) -> None:
+        if self._config.task != "generate":
+            raise EngineError("the vllm engine serves task 'generate'; use the transformers engine for embeddings")
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        new_parser: Any = FlexibleArgumentParser  # untyped in vLLM
+        parser = AsyncEngineArgs.add_cli_args(new_parser())
+        namespace = parser.parse_args(engine_cli_args(self._config, self._path))
+        engine_args = AsyncEngineArgs.from_cli_args(namespace)
+        # Creating the engine starts its core process and loads weights: vLLM does that off our loop.
+        self._llm = AsyncLLM.from_engine_args(engine_args)
+        self._max_len = int(self._llm.model_config.max_model_len)
+        self._tokenizer = AutoTokenizer.from_pretrained(self._path)
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        if not getattr(self._tokenizer, "chat_template", None):
+            raise EngineError("the model's tokenizer has no chat template; use /v1/completions")
+        return str(self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
+    def count_tokens(self, text: str) -> int:
+        bos = self._tokenizer.bos_token
+        add_special = not (bos and text.startswith(bos))
+        return len(self._tokenizer(text, add_special_tokens=add_special)["input_ids"])
+
+    async def generate(
+        self, prompt: str, options: SamplingOptions, request_id: str
+    ) -> AsyncGenerator[GenerationDelta, None]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            max_tokens=options.max_tokens,
+            temperature=options.temperature,
+            top_p=options.top_p,
+            stop=list(options.stop) or None,
+            seed=options.seed,
+            presence_penalty=options.presence_penalty,
+            frequency_penalty=options.frequency_penalty,
+            logprobs=options.logprobs,
+            ignore_eos=options.ignore_eos,
+        )
+        sent_text = 0
+        sent_tokens = 0
+        finished = False
+        try:
+            async for output in self._llm.generate(prompt, params, request_id):
+                completion = output.outputs[0]
+                n_prompt = len(output.prompt_token_ids or [])
+                text = completion.text[sent_text:]
+                logprobs = (
+                    _logprobs(completion.logprobs, completion.token_ids, sent_tokens)
+                    if options.logprobs is not None
+                    else []
+                )
+                sent_text, sent_tokens = len(completion.text), len(completion.token_ids)
+                finished = bool(output.finished)
+                reason: FinishReason | None = None
+                if finished:
+                    reason = "length" if completion.finish_reason == "length" else "stop"
+                if text or logprobs or finished:
+                    yield GenerationDelta(text, n_prompt, sent_tokens, logprobs, reason)
+        finally:
+            if not finished:
+                await self._llm.abort(request_id)
+
+    async def embed(self, texts: list[str]) -> EmbeddingResult:
+        raise EngineError("the vllm engine does not serve embeddings here; use the transformers engine")
+
+    async def close(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
+
+
+def _logprobs(per_token: Any, token_ids: Any, start: int) -> list[TokenLogprob]:
+    """vLLM's per-position {token_id: Logprob} dicts (cumulative) from position `start` on."""
+    if not per_token:
+        return []
+    out: list[TokenLogprob] = []
+    for index in range(start, len(per_token)):
+        position = per_token[index]
+        chosen = position[token_ids[index]]
+        ranked = sorted((lp for lp in position.values() if lp.rank is not None), key=lambda lp: lp.rank)
+        top = tuple((lp.decoded_token or "", float(lp.logprob)) for lp in ranked)
+        out.append(TokenLogprob(chosen.decoded_token or "", float(chosen.logprob), top))
+    return out

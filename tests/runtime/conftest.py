@@ -1,0 +1,55 @@
+"""Runtime test fixtures: real uvicorn servers on loopback ports, real tiny models."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:  # so `tests.fixtures` imports however pytest was started
+    sys.path.insert(0, str(REPO_ROOT))
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads weights at test time
+
+from tests.fixtures import models as shared_models  # noqa: E402
+from tests.runtime.servers import InProcessServer  # noqa: E402
+
+from modelplane_api.runtime_config import RuntimeConfig  # noqa: E402
+
+# The shared model fixtures, re-exported so pytest finds them for these tests.
+tiny_llama_dir = shared_models.tiny_llama_dir
+minilm_model_dir = shared_models.minilm_model_dir
+
+
+def tiny_config(model_dir: Path, **overrides: object) -> RuntimeConfig:
+    fields: dict[str, object] = {
+        "model_source": str(model_dir),
+        "served_model_name": "tiny-llama",
+        "engine": "transformers",
+        "max_in_flight": 4,
+        "max_queue": 8,
+        "queue_timeout_seconds": 10,
+    }
+    fields.update(overrides)
+    return RuntimeConfig.model_validate(fields)
+
+
+@pytest.fixture(scope="session")
+def chat_server(tiny_llama_dir: Path) -> Iterator[InProcessServer]:
+    with InProcessServer(tiny_config(tiny_llama_dir)) as server:
+        server.wait_ready()
+        yield server
+
+
+@pytest.fixture(scope="session")
+def embed_server(minilm_model_dir: Path) -> Iterator[InProcessServer]:
+    config = RuntimeConfig(
+        model_source=str(minilm_model_dir), served_model_name="minilm", engine="transformers", task="embed"
+    )
+    with InProcessServer(config) as server:
+        server.wait_ready()
+        yield server

@@ -1,0 +1,152 @@
+"""Start the runtime for tests: in this process (uvicorn in a thread) or as `python -m modelplane_runtime`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+import uvicorn
+
+from modelplane_api.runtime_config import RuntimeConfig
+from modelplane_runtime.app import create_app
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def poll(check: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
+    """Call `check()` until it returns something truthy, or fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+class _Server:
+    base_url: str
+
+    @property
+    def v1(self) -> str:
+        return f"{self.base_url}/v1"
+
+    def get(self, path: str) -> httpx.Response:
+        return httpx.get(self.base_url + path, timeout=10)
+
+    def ready_body(self) -> dict[str, Any]:
+        return dict(self.get("/ready").json())
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        poll(lambda: self._ready_or_failed(), timeout, "/ready")
+        body = self.ready_body()
+        assert body["status"] == "ready", body
+
+    def _ready_or_failed(self) -> bool:
+        try:
+            return self.ready_body()["status"] in ("ready", "failed")
+        except httpx.HTTPError:
+            return False
+
+    def metric(self, name: str, labels: str = "") -> float:
+        """A sample's value from /metrics (0 when absent), e.g. metric("x_total", 'code="200"')."""
+        total = 0.0
+        for line in self.get("/metrics").text.splitlines():
+            if line.startswith(name + ("{" if labels else "")) or line.startswith(name + " "):
+                if labels and not all(part in line for part in labels.split(",")):
+                    continue
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+class InProcessServer(_Server):
+    """A real uvicorn server for `config`, on a free loopback port, in a background thread."""
+
+    def __init__(self, config: RuntimeConfig) -> None:
+        self.port = free_port()
+        self.config = config.model_copy(update={"host": "127.0.0.1", "port": self.port})
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.app = create_app(self.config)
+        self._server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve()), daemon=True)
+
+    def __enter__(self) -> InProcessServer:
+        self._thread.start()
+        poll(lambda: self._server.started, 30, "uvicorn to start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+
+
+class SubprocessServer(_Server):
+    """`python -m modelplane_runtime --config FILE` as its own process, the way a pod runs it."""
+
+    def __init__(self, config: RuntimeConfig, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.config = config.model_copy(update={"host": "127.0.0.1", "port": self.port})
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self._dir = tempfile.TemporaryDirectory(prefix="modelplane-runtime-")
+        self.config_path = Path(self._dir.name) / "config.json"
+        self.config_path.write_text(self.config.to_env_value())
+        self.log_path = Path(self._dir.name) / "server.log"
+        self._env = {**os.environ, **(env or {})}
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> SubprocessServer:
+        with self.log_path.open("wb") as log:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "modelplane_runtime", "--config", str(self.config_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self._env,
+            )
+        poll(self._alive, 60, "/health")
+        return self
+
+    def _alive(self) -> bool:
+        assert self._proc is not None
+        if self._proc.poll() is not None:
+            raise AssertionError(f"runtime exited with {self._proc.returncode}:\n{self.log()}")
+        try:
+            return self.get("/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        if exc is not None:
+            print(self.log())
+        self._dir.cleanup()
+
+
+def dump(obj: Any) -> str:
+    return json.dumps(obj, indent=1)

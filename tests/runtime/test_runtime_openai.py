@@ -1,0 +1,138 @@
+"""The OpenAI surface on the transformers engine, through the official `openai` client."""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+import openai
+import pytest
+from tests.runtime.servers import InProcessServer
+
+MODEL = "tiny-llama"
+
+
+@pytest.fixture
+def client(chat_server: InProcessServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=chat_server.v1, api_key="unused", max_retries=0, timeout=60)
+
+
+def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+
+
+def test_chat_completion_honours_max_tokens_and_reports_usage(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=5, temperature=0
+    )
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant"
+    assert reply.usage is not None
+    assert reply.usage.completion_tokens <= 5
+    assert reply.usage.prompt_tokens > 0
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+    # A random tiny model rarely says </s>: 5 tokens means "length", fewer means it stopped by itself.
+    assert choice.finish_reason == ("length" if reply.usage.completion_tokens == 5 else "stop")
+
+
+def test_greedy_is_deterministic_and_seed_reproduces_sampling(client: openai.OpenAI) -> None:
+    def say(**kw: object) -> str:
+        reply = client.completions.create(model=MODEL, prompt="The quick brown", max_tokens=8, **kw)  # type: ignore[call-overload]
+        return str(reply.choices[0].text)
+
+    assert say(temperature=0) == say(temperature=0)
+    assert say(temperature=1.0, seed=7) == say(temperature=1.0, seed=7)
+    samples = {say(temperature=2.0, seed=s) for s in range(4)}
+    assert len(samples) > 1, "different seeds at temperature 2 should not all agree"
+
+
+def test_max_completion_tokens_and_n(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_completion_tokens=3, n=2, seed=1
+    )
+    assert [c.index for c in reply.choices] == [0, 1]
+    assert reply.usage is not None
+    assert reply.usage.completion_tokens <= 6
+
+
+def test_stop_string_cuts_the_text(client: openai.OpenAI) -> None:
+    free = client.completions.create(model=MODEL, prompt="Hello", max_tokens=12, temperature=0)
+    text = free.choices[0].text
+    visible = text.replace("\ufffd", "")
+    if len(visible) < 3:
+        pytest.fail(f"greedy output too short to pick a stop string from: {text!r}")
+    stop = visible[1:3]
+    cut = client.completions.create(model=MODEL, prompt="Hello", max_tokens=12, temperature=0, stop=[stop])
+    assert cut.choices[0].finish_reason == "stop"
+    assert stop not in cut.choices[0].text
+    assert text.startswith(cut.choices[0].text)
+
+
+def test_completion_logprobs(client: openai.OpenAI) -> None:
+    reply = client.completions.create(model=MODEL, prompt="Paris", max_tokens=4, temperature=0, logprobs=2)
+    lp = reply.choices[0].logprobs
+    assert lp is not None
+    assert lp.token_logprobs is not None
+    assert lp.top_logprobs is not None
+    assert len(lp.token_logprobs) == reply.usage.completion_tokens  # type: ignore[union-attr]
+    for value, top in zip(lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert value <= 0
+        assert len(top) == 2
+        # Greedy: the chosen token is the most likely one.
+        assert math.isclose(value, max(top.values()), abs_tol=1e-4)
+
+
+def test_chat_stream_with_usage(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Hello"}],
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finish) == 1
+    assert chunks[-1].choices == []
+    usage = chunks[-1].usage
+    assert usage is not None
+    assert 1 <= usage.completion_tokens <= 6
+    whole = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=6, temperature=0
+    )
+    assert text == whole.choices[0].message.content
+
+
+def test_completion_stream_ends_with_done(chat_server: InProcessServer) -> None:
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 3, "stream": True}
+    with httpx.stream("POST", chat_server.v1 + "/completions", json=body, timeout=30) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert len(events) >= 2
+
+
+def test_unknown_fields_are_ignored(chat_server: InProcessServer) -> None:
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2, "some_future_field": {"x": 1}}
+    response = httpx.post(chat_server.v1 + "/completions", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+
+
+def test_embeddings_are_normalised_and_meaningful(embed_server: InProcessServer) -> None:
+    client = openai.OpenAI(base_url=embed_server.v1, api_key="unused", max_retries=0)
+    texts = ["A cat sits on the mat.", "A kitten is sitting on a rug.", "Quarterly tax filing deadlines."]
+    result = client.embeddings.create(model="minilm", input=texts)
+    vectors = [d.embedding for d in result.data]
+    assert [len(v) for v in vectors] == [384, 384, 384]
+    for v in vectors:
+        assert math.isclose(sum(x * x for x in v), 1.0, rel_tol=1e-4)
+
+    def cos(a: list[float], b: list[float]) -> float:
+        return sum(x * y for x, y in zip(a, b, strict=True))
+
+    assert cos(vectors[0], vectors[1]) > cos(vectors[0], vectors[2]) + 0.2
+    assert result.usage.prompt_tokens > len(texts)

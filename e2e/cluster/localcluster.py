@@ -188,7 +188,7 @@ class LocalCluster:
                 f"--client-ca-file={d / 'ca.crt'}",
                 "--authorization-mode=Node,RBAC",
                 "--allow-privileged=true",
-                "--service-cluster-ip-range=10.0.0.0/24",
+                "--service-cluster-ip-range=10.0.0.0/16",
                 f"--service-account-key-file={d / 'sa.pub'}",
                 f"--service-account-signing-key-file={d / 'sa.key'}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",

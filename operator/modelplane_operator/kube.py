@@ -23,13 +23,16 @@ PLURALS = {
 }
 
 
-def load_client() -> client.ApiClient:
-    """In-cluster credentials when running in a pod, else the kubeconfig ($KUBECONFIG)."""
+def load_client(pool_size: int = 32) -> client.ApiClient:
+    """In-cluster credentials when running in a pod, else the kubeconfig ($KUBECONFIG).
+    One pooled connection per worker thread (see main.py), so bursts do not churn connections."""
+    configuration = client.Configuration()
     try:
-        config.load_incluster_config()
+        config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
+        config.load_kube_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = pool_size
+    return client.ApiClient(configuration)
 
 
 def resource_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:

@@ -59,7 +59,8 @@ def _backend(model: AIModel, weight: int) -> Backend:
     return Backend(
         model=model.name,
         namespace=model.namespace,
-        base_url=(model.status.endpoint or "").rstrip("/"),
+        # status.endpoint is the OpenAI base URL (…:8000/v1); the proxy appends /v1/<endpoint> itself.
+        base_url=(model.status.endpoint or "").rstrip("/").removesuffix("/v1"),
         served_model_name=_served_name(model),
         ready=is_ready(model),
         weight=weight,

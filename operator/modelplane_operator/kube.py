@@ -103,9 +103,11 @@ class Kube:
             self._call, "PATCH", path, body={"metadata": metadata}, content_type="application/merge-patch+json"
         )
 
-    async def list_pods(self, label_selector: str) -> list[dict[str, Any]]:
+    async def list_pods(self, label_selector: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Pods matching the selector, in one namespace or (None) all of them."""
         query = [("labelSelector", label_selector)]
-        result = await asyncio.to_thread(self._call, "GET", "/api/v1/pods", query=query)
+        path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+        result = await asyncio.to_thread(self._call, "GET", path, query=query)
         return list(result.get("items", []))
 
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:

@@ -20,10 +20,10 @@ def selector_labels(model_name: str) -> dict[str, str]:
 
 
 def model_labels(model_name: str, engine: str) -> dict[str, str]:
+    # No app.kubernetes.io/instance: Argo CD's label tracking reads it as the owning Application's name.
     return {
         **selector_labels(model_name),
         "app.kubernetes.io/name": "aimodel",
-        "app.kubernetes.io/instance": model_name,
         "app.kubernetes.io/component": "model-server",
         "app.kubernetes.io/part-of": "modelplane",
         MANAGED_BY: OPERATOR_NAME,

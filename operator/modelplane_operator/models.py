@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 import kopf
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from modelplane_api.aimodel import AIModel
+from modelplane_api.aimodel import AIModel, Phase
 from modelplane_api.conditions import now_rfc3339
 from modelplane_operator import opmetrics
 from modelplane_operator.builders import endpoint_url, plan_children
@@ -21,6 +21,7 @@ from modelplane_operator.settings import OperatorSettings
 from modelplane_operator.status import build_status
 
 ModelKey = tuple[str, str]
+AIMODEL_PHASES = get_args(Phase)
 
 
 def _body(body: Mapping[str, Any]) -> kopf.Body:
@@ -51,16 +52,22 @@ def _status_body(
         endpoint=endpoint_url(model, settings.cluster_domain),
         now=now_rfc3339(),
     )
-    return status.model_dump(by_alias=True, mode="json")
+    body = status.model_dump(by_alias=True, mode="json")
+    if observed_generation is None:
+        # Only a reconcile that applied the spec may set it; a refresh from a possibly stale cached copy
+        # of the AIModel must never clear it (a merge-patch null would).
+        del body["observedGeneration"]
+    return body
 
 
 async def write_status(kube: Kube, body: Mapping[str, Any], model: AIModel, status: dict[str, Any]) -> bool:
     """Patches status when it changed; posts an Event when the phase changed. True if written."""
     old = model.status.model_dump(by_alias=True, mode="json")
-    if old == status:
+    if old == {**old, **status}:
         return False
     await kube.patch_status(model.api_version, model.kind, model.namespace, model.name, status)
     opmetrics.STATUS_WRITES.labels("AIModel").inc()
+    opmetrics.set_phase(opmetrics.MODEL_PHASE, model.namespace, model.name, status.get("phase"), AIMODEL_PHASES)
     if old.get("phase") != status.get("phase"):
         ready = next(c for c in status["conditions"] if c["type"] == "Ready")
         degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")

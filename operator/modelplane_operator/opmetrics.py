@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable
+
 from prometheus_client import Counter, Gauge, Histogram
 
 RECONCILES = Counter(
@@ -19,4 +22,26 @@ STATUS_WRITES = Counter("modelplane_operator_status_writes_total", "Status patch
 DRIFT_CORRECTED = Counter(
     "modelplane_operator_drift_corrections_total", "Children whose hand edits the resync put back", ["kind"]
 )
-MODELS_BY_PHASE = Gauge("modelplane_operator_models", "AIModels known to the operator by phase", ["phase"])
+MODEL_PHASE = Gauge(
+    "modelplane_operator_model_phase",
+    "1 for each AIModel's current phase, 0 for the others",
+    ["namespace", "name", "phase"],
+)
+FEATURE_PHASE = Gauge(
+    "modelplane_operator_feature_phase",
+    "1 for each AIFeature's current phase, 0 for the others",
+    ["namespace", "name", "phase"],
+)
+ROLLBACKS = Counter("modelplane_operator_feature_rollbacks_total", "Canary rollbacks", ["namespace", "feature"])
+
+
+def set_phase(gauge: Gauge, namespace: str, name: str, phase: object, phases: Iterable[str]) -> None:
+    for candidate in phases:
+        gauge.labels(namespace, name, candidate).set(1 if candidate == phase else 0)
+
+
+def forget(gauge: Gauge, namespace: str, name: str, phases: Iterable[str]) -> None:
+    """Drops a deleted object's series so dashboards do not show it forever."""
+    for candidate in phases:
+        with contextlib.suppress(KeyError):
+            gauge.remove(namespace, name, candidate)

@@ -22,6 +22,9 @@ class OperatorSettings(BaseModel):
         default_factory=list, description="Gateway /metrics URLs to scrape without Prometheus; empty: find the pods."
     )
     gateway_metrics_port: int = Field(default=8080, description="Port of the gateway pods' /metrics.")
+    gateway_namespace: str | None = Field(
+        default=None, description="Namespace of the gateway pods (a Role suffices to find them); None: all."
+    )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorSettings:
@@ -42,6 +45,7 @@ class OperatorSettings(BaseModel):
             ("MODELPLANE_PROMETHEUS_URL", "prometheus_url"),
             ("MODELPLANE_ANALYSIS_INTERVAL_SECONDS", "analysis_interval_seconds"),
             ("MODELPLANE_GATEWAY_METRICS_PORT", "gateway_metrics_port"),
+            ("MODELPLANE_GATEWAY_NAMESPACE", "gateway_namespace"),
         ):
             if e.get(key):
                 values[field] = e[key]

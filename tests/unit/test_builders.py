@@ -101,7 +101,7 @@ def test_labels_owner_and_selector(settings: OperatorSettings) -> None:
         assert meta["name"] == "model-llama"
         assert meta["namespace"] == "team-a"
         assert meta["labels"]["app.kubernetes.io/managed-by"] == "modelplane-operator"
-        assert meta["labels"]["app.kubernetes.io/instance"] == "llama"
+        assert "app.kubernetes.io/instance" not in meta["labels"]  # Argo CD tracking label
         (owner,) = meta["ownerReferences"]
         assert owner == {
             "apiVersion": "modelplane.dev/v1alpha1",

@@ -236,6 +236,10 @@ def _progress(
         draft.failed_checks = 0
         if draft.phase == "Paused":
             message = f"Paused: {result.message}."
+        elif not ready.get(canary, False):
+            # Good numbers from earlier in the window are no reason to move more traffic onto a canary
+            # that is not Ready now (a failing one still rolls back above).
+            message = f"Canary {canary} is not Ready: holding at {draft.canary_weight}% ({result.message})."
         elif step >= len(rollout.steps) - 1:
             verdict = "promote"
             _promote(draft, f"Canary {canary} promoted after the last step: {result.message}.")

@@ -385,3 +385,19 @@ def test_condition_transition_time_kept_while_status_unchanged() -> None:
     first = next(c for c in feature.status.conditions if c.type == "Ready").last_transition_time
     feature.reconcile(T0 + MINUTE, metrics=GOOD)
     assert next(c for c in feature.status.conditions if c.type == "Ready").last_transition_time == first
+
+
+@pytest.mark.parametrize("last_step", [False, True], ids=["advance", "promote"])
+def test_passing_metrics_do_not_move_traffic_onto_a_canary_that_is_not_ready(last_step: bool) -> None:
+    feature = at_first_step(steps=[100] if last_step else [5, 25])
+    feature.ready["b"] = False
+    feature.reconcile(T0 + MINUTE, metrics=GOOD)
+    assert feature.status.canary_model == "b"
+    assert feature.weights() == ({"b": 100} if last_step else {"a": 95, "b": 5})
+    assert feature.status.analyses[-1].verdict == "hold"
+    assert "not Ready" in feature.status.analyses[-1].message
+    # Ready again: the next passing check moves on.
+    feature.ready["b"] = True
+    feature.reconcile(T0 + 2 * MINUTE, metrics=GOOD)
+    assert feature.weights() == ({"b": 100} if last_step else {"a": 75, "b": 25})
+    assert feature.status.phase == ("Stable" if last_step else "Progressing")

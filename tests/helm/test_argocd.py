@@ -1,0 +1,185 @@
+"""Argo CD material: the Lua health checks run by a real Lua 5.1 interpreter (Argo CD's gopher-lua is 5.1)
+against sample objects, the argocd-cm snippet, the sync waves, and the GitOps example's manifests."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from modelplane_api.aifeature import AIFeature
+from modelplane_api.aimodel import AIModel
+from tests.helm.helmtool import CHART, ROOT, Helm
+
+ARGOCD = ROOT / "examples" / "argocd"
+GITOPS = ROOT / "examples" / "gitops"
+
+
+def lua() -> str:
+    for name in ("lua5.1", "lua5.4", "lua"):
+        found = shutil.which(name)
+        if found:
+            return found
+    if os.environ.get("CI") == "true":
+        pytest.fail("a Lua interpreter is required in CI (apt-get install lua5.1)")
+    pytest.skip("no Lua interpreter: apt-get install lua5.1")
+
+
+def lua_literal(value: Any) -> str:
+    """A JSON-like value as a Lua table constructor, the way Argo CD hands `obj` to the script."""
+    if isinstance(value, dict):
+        return "{" + ",".join(f"[{json.dumps(k)}]={lua_literal(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "{" + ",".join(lua_literal(v) for v in value) + "}"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)  # JSON string escapes are valid Lua for these ASCII samples
+    return repr(value)
+
+
+def health(script: str, obj: dict[str, Any]) -> tuple[str, str]:
+    script_path = ARGOCD / "health" / script
+    program = (
+        f'obj = {lua_literal(obj)}\nlocal hs = dofile("{script_path}")\nio.write(hs.status, "\\n", hs.message or "")'
+    )
+    result = subprocess.run([lua(), "-"], input=program, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    status, _, message = result.stdout.partition("\n")
+    return status, message
+
+
+def cond(kind: str, status: str, message: str = "") -> dict[str, str]:
+    return {"type": kind, "status": status, "reason": kind, "message": message}
+
+
+def model(status: dict[str, Any] | None, generation: int = 2) -> dict[str, Any]:
+    obj: dict[str, Any] = {"kind": "AIModel", "metadata": {"name": "m", "generation": generation}}
+    if status is not None:
+        obj["status"] = status
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("status", "expected", "in_message"),
+    [
+        (None, "Progressing", "Waiting for the operator"),
+        (
+            {"phase": "Ready", "observedGeneration": 1, "conditions": [cond("Ready", "True")]},
+            "Progressing",
+            "generation 2",
+        ),
+        (
+            {"phase": "Ready", "observedGeneration": 2, "conditions": [cond("Ready", "True", "1/1 ready")]},
+            "Healthy",
+            "1/1",
+        ),
+        ({"phase": "Ready", "observedGeneration": 2, "conditions": [cond("Ready", "False")]}, "Progressing", ""),
+        (
+            {"phase": "Deploying", "observedGeneration": 2, "conditions": [cond("Progressing", "True", "0/2")]},
+            "Progressing",
+            "0/2",
+        ),
+        ({"phase": "Pending", "observedGeneration": 2}, "Progressing", "Pending"),
+        (
+            {
+                "phase": "Degraded",
+                "observedGeneration": 2,
+                "conditions": [cond("Degraded", "True", "Insufficient nvidia.com/gpu")],
+            },
+            "Degraded",
+            "Insufficient nvidia.com/gpu",
+        ),
+        ({"phase": "Failed", "observedGeneration": 2}, "Degraded", "Failed"),
+    ],
+)
+def test_aimodel_health(status: dict[str, Any] | None, expected: str, in_message: str) -> None:
+    got, message = health("aimodel.lua", model(status))
+    assert got == expected
+    assert in_message in message
+
+
+def feature(status: dict[str, Any], generation: int = 3) -> dict[str, Any]:
+    return {"kind": "AIFeature", "metadata": {"name": "chat", "generation": generation}, "status": status}
+
+
+@pytest.mark.parametrize(
+    ("status", "expected", "in_message"),
+    [
+        ({"phase": "Stable", "observedGeneration": 3, "stableModel": "a"}, "Healthy", "Serving a"),
+        ({"phase": "Stable", "observedGeneration": 2, "stableModel": "a"}, "Progressing", "generation 3"),
+        ({"phase": "Split", "observedGeneration": 3}, "Healthy", "split"),
+        (
+            {"phase": "Progressing", "observedGeneration": 3, "canaryModel": "b", "canaryWeight": 25},
+            "Progressing",
+            "b at 25%",
+        ),
+        ({"phase": "Paused", "observedGeneration": 3, "canaryModel": "b", "canaryWeight": 5}, "Suspended", "b at 5%"),
+        (
+            {"phase": "RolledBack", "observedGeneration": 3, "stableModel": "a", "rolledBackModel": "b"},
+            "Degraded",
+            "Canary b was rolled back; still serving a",
+        ),
+        ({"phase": "Pending", "observedGeneration": 3}, "Progressing", "Pending"),
+        ({}, "Progressing", "Waiting"),
+    ],
+)
+def test_aifeature_health(status: dict[str, Any], expected: str, in_message: str) -> None:
+    got, message = health("aifeature.lua", feature(status))
+    assert got == expected
+    assert in_message in message
+
+
+def test_argocd_cm_embeds_the_health_scripts_unchanged() -> None:
+    data = yaml.safe_load((ARGOCD / "argocd-cm.yaml").read_text())["data"]
+    for kind, script in (("AIModel", "aimodel.lua"), ("AIFeature", "aifeature.lua")):
+        assert data[f"resource.customizations.health.modelplane.dev_{kind}"] == (ARGOCD / "health" / script).read_text()
+    assert data["application.resourceTrackingMethod"] == "annotation"
+    assert "resource.customizations.health.argoproj.io_Application" in data
+
+
+def test_sync_waves_put_the_chart_before_the_custom_resources() -> None:
+    apps = {p.stem: yaml.safe_load(p.read_text()) for p in (ARGOCD / "apps").glob("*.yaml")}
+    wave = {name: int(app["metadata"]["annotations"]["argocd.argoproj.io/sync-wave"]) for name, app in apps.items()}
+    assert wave["modelplane"] < wave["team-search"]
+    assert "ServerSideApply=true" in apps["modelplane"]["spec"]["syncPolicy"]["syncOptions"]
+    assert "SkipDryRunOnMissingResource=true" in apps["team-search"]["spec"]["syncPolicy"]["syncOptions"]
+    assert apps["team-search"]["spec"]["source"]["path"] == "examples/gitops/teams/search"
+    root = yaml.safe_load((ARGOCD / "root-application.yaml").read_text())
+    assert root["spec"]["source"]["path"] == "examples/argocd/apps"
+
+
+def test_gitops_team_manifests_are_valid_models_and_features() -> None:
+    team = GITOPS / "teams" / "search"
+    listed = yaml.safe_load((team / "kustomization.yaml").read_text())["resources"]
+    kinds: dict[str, list[str]] = {}
+    for path in sorted(team.rglob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        assert str(path.relative_to(team)) in listed, f"{path} is not in the kustomization"
+        doc = yaml.safe_load(path.read_text())
+        kinds.setdefault(doc["kind"], []).append(doc["metadata"]["name"])
+        if doc["kind"] == "AIModel":
+            AIModel.model_validate(doc)
+        elif doc["kind"] == "AIFeature":
+            AIFeature.model_validate(doc)
+    models = set(kinds["AIModel"])
+    for path in (team / "features").glob("*.yaml"):
+        assert yaml.safe_load(path.read_text())["spec"]["model"] in models
+
+
+def test_gitops_platform_values_pass_the_chart_schema(helm: Helm) -> None:
+    objects = helm.template(GITOPS / "platform" / "modelplane" / "values.yaml")
+    assert any(o["kind"] == "HorizontalPodAutoscaler" for o in objects)
+    assert (CHART / "values.schema.json").is_file()
+
+
+def test_example_files_parse(tmp_path: Path) -> None:
+    for path in [*ARGOCD.rglob("*.yaml"), *GITOPS.rglob("*.yaml")]:
+        assert list(yaml.safe_load_all(path.read_text())), path

@@ -65,7 +65,7 @@ def wait_all(kube: Kube, n: int, ready: bool, started: float, timeout: float) ->
     return None
 
 
-def change_latency(kube: Kube, name: str, round_: int, timeout: float = 60) -> float:
+def change_latency(kube: Kube, name: str, round_: int, timeout: float = 300) -> float:
     served = f"changed-{round_}"
     started = time.monotonic()
     kube.patch_model(NAMESPACE, name, {"spec": {"servedModelName": served}})

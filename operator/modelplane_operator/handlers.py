@@ -111,7 +111,22 @@ async def child_changed(namespace: str | None, labels: kopf.Labels, memo: Any, *
     if owner is None:
         return  # the AIModel is gone; garbage collection removes the child
     deployment = next(iter(_indexed(kwargs, "deployments_by_model", key)), None)
-    await models.refresh_status(owner, memo.kube, SETTINGS, deployment, _indexed(kwargs, "pods_by_model", key))
+    pods = _indexed(kwargs, "pods_by_model", key)
+    await models.refresh_status(owner, memo.kube, SETTINGS, deployment, pods, fresh=False)
+
+
+@kopf.on.event(GROUP, VERSION, "aimodels")
+async def model_changed(type: str, body: kopf.Body, namespace: str | None, name: str, memo: Any, **kwargs: Any) -> None:
+    """Every AIModel event re-derives status from the children as last seen, against the event's own
+    fresh copy: a status written from an older view of the children than the latest is corrected."""
+    if type == "DELETED" or not (body.get("status") or {}).get("observedGeneration"):
+        return  # not reconciled yet: the change handler writes the first status
+    key = (namespace or "", name)
+    deployment = next(iter(_indexed(kwargs, "deployments_by_model", key)), None)
+    if deployment is None:
+        return
+    pods = _indexed(kwargs, "pods_by_model", key)
+    await models.refresh_status(body, memo.kube, SETTINGS, deployment, pods, fresh=True)
 
 
 @kopf.on.resume(GROUP, VERSION, "aifeatures")

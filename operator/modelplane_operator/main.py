@@ -22,7 +22,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--peering", default=None, help="kopf peering name; several replicas then share the work")
     parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="kopf liveness endpoint URL")
     parser.add_argument(
-        "--log-format", choices=["plain", "json"], default=os.environ.get("MODELPLANE_LOG_FORMAT", "json")
+        "--log-format", choices=["plain", "full", "json"], default=os.environ.get("MODELPLANE_LOG_FORMAT", "json")
     )
     parser.add_argument("--verbose", action="store_true")
     return parser.parse_args(argv)

@@ -54,16 +54,21 @@ def _status_body(
     )
     body = status.model_dump(by_alias=True, mode="json")
     if observed_generation is None:
-        # Only a reconcile that applied the spec may set it; a refresh from a possibly stale cached copy
-        # of the AIModel must never clear it (a merge-patch null would).
-        del body["observedGeneration"]
+        del body["observedGeneration"]  # left as it is (a merge-patch null would clear it)
     return body
 
 
-async def write_status(kube: Kube, body: Mapping[str, Any], model: AIModel, status: dict[str, Any]) -> bool:
-    """Patches status when it changed; posts an Event when the phase changed. True if written."""
+async def write_status(
+    kube: Kube, body: Mapping[str, Any], model: AIModel, status: dict[str, Any], *, fresh: bool
+) -> bool:
+    """Patches status; posts an Event when the phase changed. True if a patch was sent.
+
+    `fresh`: `body` is the object as the current event delivered it, so an equal status can be skipped.
+    A body from an index may lag behind the last write, so then the patch is always sent (the API server
+    ignores a patch that changes nothing), or a stale copy could hide that the cluster needs the write.
+    """
     old = model.status.model_dump(by_alias=True, mode="json")
-    if old == {**old, **status}:
+    if fresh and old == {**old, **status}:
         return False
     await kube.patch_status(model.api_version, model.kind, model.namespace, model.name, status)
     opmetrics.STATUS_WRITES.labels("AIModel").inc()
@@ -109,7 +114,7 @@ async def reconcile(
         kopf.info(_body(body), reason="DriftCorrected", message="Restored hand-edited fields of the Deployment.")
     generation = int(model.metadata.get("generation", 0))
     status = _status_body(model, deployment, pods, observed_generation=generation, settings=settings)
-    await write_status(kube, body, model, status)
+    await write_status(kube, body, model, status, fresh=True)
     opmetrics.RECONCILES.labels("AIModel", trigger, "ok").inc()
     opmetrics.RECONCILE_SECONDS.labels("AIModel").observe(time.perf_counter() - started)
 
@@ -120,10 +125,14 @@ async def refresh_status(
     settings: OperatorSettings,
     deployment: DeploymentView | None,
     pods: Iterable[PodView],
+    *,
+    fresh: bool,
 ) -> None:
-    """Status follows the children between reconciles (keeps the reconciled observedGeneration)."""
+    """Status follows the children between reconciles. It never touches observedGeneration: only a
+    reconcile that applied the spec may move it, and `body` may be an older copy than the cluster's.
+
+    Called on every child event (with the AIModel from the index) and on every AIModel event (with the
+    event's own copy), so whichever arrives last settles the status: writes race, the last event wins."""
     model = parse_model(body)
-    status = _status_body(
-        model, deployment, pods, observed_generation=model.status.observed_generation, settings=settings
-    )
-    await write_status(kube, body, model, status)
+    status = _status_body(model, deployment, pods, observed_generation=None, settings=settings)
+    await write_status(kube, body, model, status, fresh=fresh)

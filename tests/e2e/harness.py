@@ -219,7 +219,7 @@ class OperatorProcess:
                 "-m",
                 "modelplane_operator",
                 "--log-format",
-                "plain",
+                "full",
                 "--liveness",
                 f"http://127.0.0.1:{self.health_port}/healthz",
             ],

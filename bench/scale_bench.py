@@ -117,7 +117,7 @@ def main() -> int:
                 operator.stop()
             cluster.down()
 
-    q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
+    q = statistics.quantiles(latencies, n=100, method="inclusive") if len(latencies) > 1 else latencies * 99
     result = {
         "benchmark": "scale",
         "models": args.models,

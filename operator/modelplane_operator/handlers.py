@@ -112,7 +112,7 @@ async def child_changed(namespace: str | None, labels: kopf.Labels, memo: Any, *
         return  # the AIModel is gone; garbage collection removes the child
     deployment = next(iter(_indexed(kwargs, "deployments_by_model", key)), None)
     pods = _indexed(kwargs, "pods_by_model", key)
-    await models.refresh_status(owner, memo.kube, SETTINGS, deployment, pods, fresh=False)
+    await models.refresh_status(owner, memo.kube, SETTINGS, deployment, pods)
 
 
 @kopf.on.event(GROUP, VERSION, "aimodels")
@@ -126,7 +126,7 @@ async def model_changed(type: str, body: kopf.Body, namespace: str | None, name:
     if deployment is None:
         return
     pods = _indexed(kwargs, "pods_by_model", key)
-    await models.refresh_status(body, memo.kube, SETTINGS, deployment, pods, fresh=True)
+    await models.refresh_status(body, memo.kube, SETTINGS, deployment, pods)
 
 
 @kopf.on.resume(GROUP, VERSION, "aifeatures")

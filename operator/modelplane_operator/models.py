@@ -58,17 +58,14 @@ def _status_body(
     return body
 
 
-async def write_status(
-    kube: Kube, body: Mapping[str, Any], model: AIModel, status: dict[str, Any], *, fresh: bool
-) -> bool:
-    """Patches status; posts an Event when the phase changed. True if a patch was sent.
+async def write_status(kube: Kube, body: Mapping[str, Any], model: AIModel, status: dict[str, Any]) -> bool:
+    """Patches status when it differs from `body`'s; posts an Event when the phase changed. True if written.
 
-    `fresh`: `body` is the object as the current event delivered it, so an equal status can be skipped.
-    A body from an index may lag behind the last write, so then the patch is always sent (the API server
-    ignores a patch that changes nothing), or a stale copy could hide that the cluster needs the write.
+    `body` may be an older copy than the cluster's (from an index). Skipping on it is still safe: any
+    write that landed since produces an AIModel event, and model_changed re-derives status on each one.
     """
     old = model.status.model_dump(by_alias=True, mode="json")
-    if fresh and old == {**old, **status}:
+    if old == {**old, **status}:
         return False
     await kube.patch_status(model.api_version, model.kind, model.namespace, model.name, status)
     opmetrics.STATUS_WRITES.labels("AIModel").inc()
@@ -114,7 +111,7 @@ async def reconcile(
         kopf.info(_body(body), reason="DriftCorrected", message="Restored hand-edited fields of the Deployment.")
     generation = int(model.metadata.get("generation", 0))
     status = _status_body(model, deployment, pods, observed_generation=generation, settings=settings)
-    await write_status(kube, body, model, status, fresh=True)
+    await write_status(kube, body, model, status)
     opmetrics.RECONCILES.labels("AIModel", trigger, "ok").inc()
     opmetrics.RECONCILE_SECONDS.labels("AIModel").observe(time.perf_counter() - started)
 
@@ -125,8 +122,6 @@ async def refresh_status(
     settings: OperatorSettings,
     deployment: DeploymentView | None,
     pods: Iterable[PodView],
-    *,
-    fresh: bool,
 ) -> None:
     """Status follows the children between reconciles. It never touches observedGeneration: only a
     reconcile that applied the spec may move it, and `body` may be an older copy than the cluster's.
@@ -135,4 +130,4 @@ async def refresh_status(
     event's own copy), so whichever arrives last settles the status: writes race, the last event wins."""
     model = parse_model(body)
     status = _status_body(model, deployment, pods, observed_generation=None, settings=settings)
-    await write_status(kube, body, model, status, fresh=fresh)
+    await write_status(kube, body, model, status)

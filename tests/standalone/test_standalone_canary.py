@@ -1,0 +1,132 @@
+"""Canary rollouts in standalone mode: the operator's plan() fed by the local gateway's real metrics.
+
+Three runtimes: tiny-a (the stable), tiny-b (a good new version) and tiny-bad (a corrupted checkpoint
+that answers sampled requests with 500, see conftest.nan_llama_dir). Two features start on tiny-a;
+editing the manifest points them at a new model, which starts a canary as it would in a cluster.
+Every response names the AIModel that answered, so the tests see the split and the final owner.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from standalone_harness import Serve, ai_feature, ai_model, wait_until, write_manifests
+
+from modelplane_api.aifeature import AIFeatureStatus
+
+pytestmark = pytest.mark.slow
+
+ROLLOUT = {"steps": [50, 100], "interval": "1s", "analysis": {"minRequests": 3, "maxErrorRate": 0.05}}
+
+
+def _features(good: str, bad: str) -> list[dict[str, object]]:
+    return [ai_feature("good", good, rollout=ROLLOUT), ai_feature("bad", bad, rollout=ROLLOUT)]
+
+
+@pytest.fixture(scope="module")
+def served(tiny_llama_dir: Path, nan_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
+    root = tmp_path_factory.mktemp("canary")
+    manifests = root / "manifests"
+    manifests.mkdir()
+    models = [ai_model("tiny-a", str(tiny_llama_dir)), ai_model("tiny-b", str(tiny_llama_dir))]
+    models.append(ai_model("tiny-bad", str(nan_llama_dir)))
+    write_manifests(manifests / "models.yaml", models)
+    write_manifests(manifests / "features.yaml", _features("tiny-a", "tiny-a"))
+    serve = Serve(manifests, root / "state")
+    try:
+        serve.wait_ready(["tiny-a", "tiny-b", "tiny-bad"])
+        yield serve
+    finally:
+        serve.kill_everything()
+
+
+def _status(served: Serve, feature: str) -> AIFeatureStatus:
+    found = served.must_state().feature(feature)
+    assert found is not None
+    return found.status
+
+
+def _drive(served: Serve, feature: str, answered: Counter[str], until: str) -> AIFeatureStatus:
+    """Send requests (sampled, a few tokens) until the feature's phase is `until`; count who answered."""
+    client = served.client()
+
+    def one_request_then_check() -> AIFeatureStatus | None:
+        try:
+            reply = client.chat.completions.create(
+                model=feature, messages=[{"role": "user", "content": "Hello"}], max_tokens=2, temperature=1.0
+            )
+            answered[reply.model] += 1
+        except openai.InternalServerError as exc:
+            answered[f"error {exc.status_code}"] += 1
+        status = _status(served, feature)
+        return status if status.phase == until else None
+
+    return wait_until(one_request_then_check, 60, f"feature {feature} to reach {until}")
+
+
+def _switch(served: Serve, good: str, bad: str) -> None:
+    write_manifests(Path(served.must_state().inputs[0]) / "features.yaml", _features(good, bad))
+
+
+def test_a_good_canary_is_promoted(served: Serve) -> None:
+    assert _status(served, "good").stable_model == "tiny-a"
+    _switch(served, good="tiny-b", bad="tiny-a")
+    wait_until(lambda: _status(served, "good").canary_model == "tiny-b", 10, "the canary to start")
+
+    answered: Counter[str] = Counter()
+    status = _drive(served, "good", answered, until="Stable")
+    assert status.stable_model == "tiny-b"
+    assert status.canary_model is None
+    assert [w.model_dump() for w in status.weights] == [{"model": "tiny-b", "weight": 100}]
+    verdicts = [a.verdict for a in status.analyses]
+    assert "advance" in verdicts, verdicts
+    assert verdicts[-1] == "promote", verdicts
+    assert answered["tiny-a"] > 0, answered  # traffic was split on the way
+    assert answered["tiny-b"] > 0, answered
+    assert not [k for k in answered if k.startswith("error")], answered
+
+    wait_until(lambda: served.gateway_weights("good") == {"tiny-b": 100}, 10, "the gateway to apply the promotion")
+    after: Counter[str] = Counter()
+    for _ in range(6):
+        reply = served.client().chat.completions.create(
+            model="good", messages=[{"role": "user", "content": "Hi"}], max_tokens=1
+        )
+        after[reply.model] += 1
+    assert after == Counter({"tiny-b": 6})
+
+
+def test_a_failing_canary_is_rolled_back(served: Serve) -> None:
+    assert _status(served, "bad").stable_model == "tiny-a"
+    _switch(served, good="tiny-b", bad="tiny-bad")
+    wait_until(lambda: _status(served, "bad").canary_model == "tiny-bad", 10, "the canary to start")
+
+    answered: Counter[str] = Counter()
+    status = _drive(served, "bad", answered, until="RolledBack")
+    assert answered["error 500"] > 0, answered  # the canary really failed requests
+    assert status.stable_model == "tiny-a"
+    assert status.rolled_back_model == "tiny-bad"
+    assert [w.model_dump() for w in status.weights] == [{"model": "tiny-a", "weight": 100}]
+    last = status.last_analysis
+    assert last is not None
+    assert last.verdict == "rollback"
+    assert last.canary_error_rate is not None
+    assert last.canary_error_rate > 0.05
+    degraded = [c for c in status.conditions if c.type == "Degraded"]
+    assert degraded
+    assert degraded[0].status == "True"
+
+    shown = served.cli("status")
+    assert "rollback" in shown.stdout, shown.stdout
+    assert "tiny-bad" in shown.stdout, shown.stdout
+    wait_until(lambda: served.gateway_weights("bad") == {"tiny-a": 100}, 10, "the gateway to apply the rollback")
+    after: Counter[str] = Counter()
+    for _ in range(6):  # sampled requests, which the corrupted model cannot answer
+        reply = served.client().chat.completions.create(
+            model="bad", messages=[{"role": "user", "content": "Hi"}], max_tokens=2, temperature=1.0
+        )
+        after[reply.model] += 1
+    assert after == Counter({"tiny-a": 6})

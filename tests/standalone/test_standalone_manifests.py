@@ -1,0 +1,91 @@
+"""Reading manifests for standalone mode and mapping them to runtime processes (no processes started)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from standalone_harness import ai_feature, ai_model, write_manifests
+
+from modelplane_cli.local_config import local_runtime
+from modelplane_cli.main import default_inputs
+from modelplane_cli.manifests import ManifestError, files_signature, load_manifests
+from modelplane_operator.builders.deployment import build_runtime_config
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_local_example_loads_with_its_sources_resolved() -> None:
+    assert default_inputs() == [REPO_ROOT / "examples" / "local"]
+    manifests = load_manifests(default_inputs())
+    assert sorted(manifests.models) == ["minilm", "tiny-chat"]
+    assert sorted(manifests.features) == ["chat", "embeddings"]
+    minilm = manifests.models["minilm"].model
+    assert (Path(minilm.spec.source.uri) / "config.json").is_file()  # pkg:// -> the installed package's folder
+    tiny = manifests.models["tiny-chat"]
+    assert tiny.create_tiny_model
+    assert tiny.model.spec.source.uri == str(Path.home() / ".cache/modelplane/models/tiny-chat")
+
+
+def test_relative_sources_are_relative_to_the_manifest(tmp_path: Path) -> None:
+    write_manifests(tmp_path / "m.yaml", [ai_model("local", "./weights/x"), ai_model("hub", "hf://org/name@v1")])
+    models = load_manifests([tmp_path]).models
+    assert models["local"].model.spec.source.uri == str(tmp_path / "weights" / "x")
+    assert models["hub"].model.spec.source.uri == "hf://org/name@v1"
+
+
+@pytest.mark.parametrize(
+    ("documents", "message"),
+    [
+        ([ai_model("a", "/m"), ai_model("a", "/n")], "defined twice"),
+        ([ai_model("a", "pkg://no_such_package_here/x")], "not installed"),
+        ([ai_feature("f", "a", split=[{"model": "a", "weight": 60}])], "exactly one of model"),
+        ([ai_model("a", "/m", replicas=1, autoscaling={"maxReplicas": 2})], "either replicas or autoscaling"),
+    ],
+)
+def test_bad_manifests_are_refused_with_the_reason(
+    tmp_path: Path, documents: list[dict[str, object]], message: str
+) -> None:
+    write_manifests(tmp_path / "m.yaml", documents)
+    with pytest.raises(ManifestError, match=message):
+        load_manifests([tmp_path])
+
+
+def test_an_edit_changes_the_signature(tmp_path: Path) -> None:
+    write_manifests(tmp_path / "m.yaml", [ai_model("a", "/m")])
+    before = files_signature([tmp_path])
+    write_manifests(tmp_path / "m.yaml", [ai_model("a", "/m", task="embed")])
+    assert files_signature([tmp_path]) != before
+
+
+def test_runtime_config_is_the_operators_with_local_placement(tmp_path: Path) -> None:
+    spec = {
+        "engine": "vllm",
+        "engineOptions": {"maxModelLen": 4096, "extraArgs": ["--enable-prefix-caching"]},
+        "resources": {"gpus": 2, "memory": "16Gi"},
+        "scheduling": {"nodeSelector": {"pool": "gpu"}},
+        "env": [{"name": "A", "value": "1"}, {"name": "B", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+    }
+    write_manifests(tmp_path / "m.yaml", [ai_model("big", "/models/big", **spec)])
+    model = load_manifests([tmp_path]).models["big"].model
+    local = local_runtime(model, 12345, tmp_path / "cache", gpu=False)
+    cluster = build_runtime_config(model)
+    assert (
+        local.config.model_copy(
+            update={
+                "port": cluster.port,
+                "host": cluster.host,
+                "cache_dir": cluster.cache_dir,
+                "tensor_parallel_size": 2,
+            }
+        )
+        == cluster
+    )
+    assert (local.config.port, local.config.host, local.config.tensor_parallel_size) == (12345, "127.0.0.1", 1)
+    assert local.env == {"A": "1"}
+    warned = " ".join(local.warnings)
+    for field in ("scheduling", "resources.gpus", "resources.cpu/memory", "valueFrom"):
+        assert field in warned
+    assert local_runtime(model, 1, tmp_path, gpu=True).config.tensor_parallel_size == 2
+    moved = local_runtime(model, 2, tmp_path / "cache", gpu=False)
+    assert moved.fingerprint() == local.fingerprint()  # the port alone does not restart a runtime

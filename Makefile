@@ -9,7 +9,8 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 setup:  ## install everything (idempotent, cached)
 	bash scripts/setup.sh
 
-run: setup  ## serve the local example (tiny chat model + embeddings) on http://127.0.0.1:8080/v1
+run:  ## install what serving needs, then serve the local example on http://127.0.0.1:8080/v1
+	bash scripts/setup.sh serve
 	$(VENV)/bin/modelplane serve
 
 test: setup lint  ## every test: unit, runtime, gateway, canary metrics, e2e on the local control plane

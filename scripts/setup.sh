@@ -6,7 +6,9 @@
 #   4. the local Kubernetes control plane, helm and kubectl from Go modules: e2e/cluster/build.sh
 #      (about 15 minutes cold on 2 cores, then cached under ~/.cache/modelplane).
 # Each step is skipped when its inputs have not changed since it last succeeded.
+# `setup.sh serve` stops after step 2: all that `modelplane serve` needs.
 set -euo pipefail
+only=${1:-all}
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 venv="$root/.venv"
@@ -26,6 +28,8 @@ if [[ ! -f "$marker" ]]; then
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[operator,runtime,dev]"
   rm -f "$venv"/.modelplane-package-*; touch "$marker"
 fi
+
+[[ "$only" == serve ]] && exit 0
 
 bash scripts/install-prometheus.sh
 # Lua 5.1 (the dialect of Argo CD's gopher-lua) runs the health-check scripts in tests/helm.

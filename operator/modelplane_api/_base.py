@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 
@@ -24,3 +26,18 @@ def defaults_of(model: type[ApiModel]) -> JsonDict:
     against the default itself, so the default has to be complete rather than {}.
     """
     return {"default": model().model_dump(by_alias=True, exclude_none=True, mode="json")}
+
+
+class ApiObject(ApiModel):
+    """A whole custom resource as read from the API server; metadata stays a plain dict."""
+
+    api_version: str = "modelplane.dev/v1alpha1"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.metadata.get("namespace", "default"))

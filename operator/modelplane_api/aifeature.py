@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from modelplane_api._base import ApiModel, defaults_of
+from modelplane_api._base import ApiModel, ApiObject, defaults_of
 from modelplane_api.aimodel import DNS_LABEL
 from modelplane_api.cel import cel_rules
 from modelplane_api.conditions import Condition
@@ -140,17 +140,7 @@ class AIFeatureStatus(ApiModel):
     conditions: list[Condition] = Field(default_factory=list)
 
 
-class AIFeature(ApiModel):
-    api_version: str = "modelplane.dev/v1alpha1"
+class AIFeature(ApiObject):
     kind: str = "AIFeature"
-    metadata: dict[str, Any] = Field(default_factory=dict)
     spec: AIFeatureSpec
     status: AIFeatureStatus = Field(default_factory=AIFeatureStatus)
-
-    @property
-    def name(self) -> str:
-        return str(self.metadata["name"])
-
-    @property
-    def namespace(self) -> str:
-        return str(self.metadata.get("namespace", "default"))

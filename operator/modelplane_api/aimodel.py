@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from modelplane_api._base import ApiModel, defaults_of
+from modelplane_api._base import ApiModel, ApiObject, defaults_of
 from modelplane_api.cel import cel_rules
 from modelplane_api.conditions import Condition
 
@@ -263,22 +263,10 @@ class AIModelStatus(ApiModel):
     conditions: list[Condition] = Field(default_factory=list)
 
 
-class AIModel(ApiModel):
-    """The whole object as read from the API server (metadata stays a plain dict)."""
-
-    api_version: str = "modelplane.dev/v1alpha1"
+class AIModel(ApiObject):
     kind: str = "AIModel"
-    metadata: dict[str, Any] = Field(default_factory=dict)
     spec: AIModelSpec
     status: AIModelStatus = Field(default_factory=AIModelStatus)
-
-    @property
-    def name(self) -> str:
-        return str(self.metadata["name"])
-
-    @property
-    def namespace(self) -> str:
-        return str(self.metadata.get("namespace", "default"))
 
     @property
     def served_model_name(self) -> str:

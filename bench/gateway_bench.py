@@ -1,23 +1,29 @@
-"""The gateway's added latency and throughput, against calling the same upstream directly, in one run.
+"""The gateway's added latency and throughput against the backend called directly, and against a peer router.
 
-Starts the test upstream (tests/gateway/gateway_upstream.py) and the gateway (`python -m modelplane_gateway`)
-as separate processes on loopback, then measures, interleaving direct and gateway calls so both see the
-same machine load:
-  - sequential latency of non-streamed chat completions (p50/p99), and time to the first streamed chunk;
-  - throughput with concurrent clients (requests per second);
-  - the gateway's self-reported added latency (its modelplane_gateway_added_latency_seconds histogram).
-Writes bench/results/gateway.json. Run: `.venv/bin/python bench/gateway_bench.py [--requests 400]`.
+Every target fronts the same fast stub backend (a bare ASGI app on uvicorn with uvloop + httptools,
+started by this script with `--serve-stub`), so the difference to `direct` is what the router adds:
+  - direct:  the stub itself
+  - gateway: `python -m modelplane_gateway --routes-file ...` (one process, as deployed)
+  - litellm: LiteLLM's proxy (`litellm --config ...`, one worker), when `--litellm BIN` is given
+    (install it outside the project venv: `python3.11 -m venv /tmp/litellm-venv &&
+    /tmp/litellm-venv/bin/pip install 'litellm[proxy]'`).
+Load comes from `wrk` (C, keep-alive, one thread) with a Lua script for the POST body, so the load
+generator is not the bottleneck; on a 2-core machine it still shares the CPUs with the stub and the
+router. For each mode (non-streamed / streamed chat completion) and each concurrency (1, 64, 256),
+the targets run back to back so they see the same machine load. wrk times the whole response (for
+streams: until [DONE]). Writes bench/results/gateway.json.
+Run: `.venv/bin/python bench/gateway_bench.py --litellm /tmp/litellm-venv/bin/litellm [--seconds 5]`.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
+import re
+import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,7 +37,54 @@ from prometheus_client.parser import text_string_to_metric_families
 from modelplane_api import metrics as contract
 
 ROOT = Path(__file__).resolve().parent.parent
-BODY = {"model": "chat", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8}
+CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8}
+STREAM_CHUNKS = 8
+NULL = subprocess.DEVNULL
+API_KEY = "sk-bench-5f0c1d2e3a4b5c6d7e8f90a1b2c3d4e5"  # both routers check it (the gateway via a keys file)
+_ANSWER = {
+    "id": "chatcmpl-stub",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "stub",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+}
+
+
+def _chunk(content: str, finish: str | None) -> bytes:
+    delta = {"content": content} if content else {}
+    event = {"id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": 0, "model": "stub"}
+    event["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish}]
+    return b"data: " + json.dumps(event).encode() + b"\n\n"
+
+
+ANSWER_BYTES = json.dumps(_ANSWER).encode()
+STREAM_EVENTS = [_chunk("tok ", None) for _ in range(STREAM_CHUNKS)] + [_chunk("", "stop"), b"data: [DONE]\n\n"]
+
+
+async def stub_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """A bare ASGI OpenAI stub: a fixed answer, or a fixed stream of chunks when the body says stream."""
+    if scope["type"] != "http":
+        return
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    if scope["path"] in ("/health", "/ready"):
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+    elif b'"stream": true' in body or b'"stream":true' in body:
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for event in STREAM_EVENTS:
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+    else:
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(ANSWER_BYTES)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": ANSWER_BYTES})
 
 
 def free_port() -> int:
@@ -40,75 +93,97 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_ready(url: str, timeout: float = 30) -> None:
+def wait_ready(url: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            httpx.get(url, timeout=1)
-            return
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
         except httpx.TransportError:
-            time.sleep(0.05)
+            pass
+        time.sleep(0.1)
     raise RuntimeError(f"{url} did not come up")
 
 
-def routes(upstream_url: str) -> list[dict[str, Any]]:
+def routes(stub_url: str) -> list[dict[str, Any]]:
     model = {
         "kind": "AIModel",
         "metadata": {"name": "chat-v1", "namespace": "default"},
-        "spec": {"source": {"uri": "/models/x"}, "engine": "transformers"},
-        "status": {"endpoint": upstream_url, "conditions": [{"type": "Ready", "status": "True", "reason": "Up"}]},
+        "spec": {"source": {"uri": "/models/x"}, "engine": "transformers", "servedModelName": "stub"},
+        "status": {"endpoint": stub_url, "conditions": [{"type": "Ready", "status": "True", "reason": "Up"}]},
     }
     feature = {"kind": "AIFeature", "metadata": {"name": "chat", "namespace": "default"}, "spec": {"model": "chat-v1"}}
     return [model, feature]
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+def litellm_config(stub_url: str) -> str:
+    return (
+        "model_list:\n"
+        "  - model_name: chat\n"
+        "    litellm_params:\n"
+        "      model: openai/stub\n"
+        f"      api_base: {stub_url}/v1\n"
+        "      api_key: unused\n"
+        "general_settings:\n"
+        f"  master_key: {API_KEY}\n"
+        "litellm_settings:\n"
+        "  telemetry: false\n"
+        "  drop_params: true\n"
+    )
 
 
-def summary_ms(values: list[float]) -> dict[str, float]:
-    ms = [v * 1000 for v in values]
-    return {"p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99), "mean_ms": statistics.fmean(ms)}
+def wrk_script(body: dict[str, Any]) -> str:
+    return (
+        'wrk.method = "POST"\n'
+        f"wrk.body = {json.dumps(json.dumps(body))}\n"
+        'wrk.headers["Content-Type"] = "application/json"\n'
+        f'wrk.headers["Authorization"] = "Bearer {API_KEY}"\n'
+    )
 
 
-def sequential(urls: dict[str, str], n: int, stream: bool) -> dict[str, list[float]]:
-    """Interleaved calls; for streams the time to the first chunk."""
-    times: dict[str, list[float]] = {name: [] for name in urls}
-    body = BODY | ({"stream": True, "messages": [{"role": "user", "content": "chunks=8"}]} if stream else {})
-    with httpx.Client(timeout=30) as client:
-        for i in range(n + 20):
-            for name, url in urls.items():
-                start = time.perf_counter()
-                if stream:
-                    with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-                        chunks = response.iter_raw()
-                        next(chunks)
-                        elapsed = time.perf_counter() - start
-                        for _ in chunks:  # drain the rest so the connection is reused
-                            pass
-                else:
-                    client.post(f"{url}/v1/chat/completions", json=body).raise_for_status()
-                    elapsed = time.perf_counter() - start
-                if i >= 20:  # warm-up excluded
-                    times[name].append(elapsed)
-    return times
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60000.0}
 
 
-async def throughput(url: str, total: int, concurrency: int) -> float:
-    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=concurrency)) as client:
-        remaining = iter(range(total))
-
-        async def worker() -> None:
-            for _ in remaining:
-                (await client.post(f"{url}/v1/chat/completions", json=BODY)).raise_for_status()
-
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return total / (time.perf_counter() - start)
+def _ms(text: str) -> float:
+    number, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text).groups()  # type: ignore[union-attr]
+    return float(number) * _UNITS[unit]
 
 
-def gateway_added_latency(gateway_url: str) -> dict[str, float]:
+def parse_wrk(output: str) -> dict[str, float]:
+    result: dict[str, float] = {}
+    for pct in ("50", "99"):
+        found = re.search(rf"^\s+{pct}(?:\.000)?%\s+(\S+)", output, re.MULTILINE)
+        if found:
+            result[f"p{pct}_ms"] = _ms(found.group(1))
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", output)
+    result["rps"] = float(rps.group(1)) if rps else 0.0
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output)
+    result["non_2xx"] = float(non2xx.group(1)) if non2xx else 0.0
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output)
+    result["socket_errors"] = float(sum(int(g) for g in errors.groups())) if errors else 0.0
+    total = re.search(r"(\d+) requests in", output)
+    result["requests"] = float(total.group(1)) if total else 0.0
+    if result["requests"] == 0:  # nothing finished within the run: wrk prints 0 latencies, which are not
+        result.pop("p50_ms", None)
+        result.pop("p99_ms", None)
+    return result
+
+
+def settle(url: str, stream: bool) -> None:
+    """One request through the target before a run: a router still working off the previous run's backlog
+    (requests wrk gave up on) answers it only after that backlog, so the next run starts on an idle target."""
+    body = CHAT | {"stream": True} if stream else CHAT
+    headers = {"authorization": f"Bearer {API_KEY}"}
+    httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=300).raise_for_status()
+
+
+def run_wrk(url: str, script: Path, connections: int, seconds: int) -> dict[str, float]:
+    command = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s", "--latency", "-s", str(script)]
+    done = subprocess.run([*command, f"{url}/v1/chat/completions"], capture_output=True, text=True, check=True)
+    return parse_wrk(done.stdout)
+
+
+def self_reported_added_latency(gateway_url: str) -> dict[str, float]:
     text = httpx.get(f"{gateway_url}/metrics").text
     for family in text_string_to_metric_families(text):
         if family.name == contract.ADDED_LATENCY:
@@ -118,60 +193,159 @@ def gateway_added_latency(gateway_url: str) -> dict[str, float]:
     return {}
 
 
+def start_processes(
+    tmp: Path, litellm: str | None, gateway_src: Path | None
+) -> tuple[dict[str, str], list[subprocess.Popen[bytes]]]:
+    paths = [str(ROOT / "operator"), str(ROOT / "runtime")]
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(paths)}
+    # Another version of the gateway package (e.g. `git archive` of an older commit) for before/after runs.
+    gw_env = env | {"PYTHONPATH": os.pathsep.join([str(gateway_src), *paths])} if gateway_src else env
+    stub_port, gw_port = free_port(), free_port()
+    urls = {"direct": f"http://127.0.0.1:{stub_port}", "gateway": f"http://127.0.0.1:{gw_port}"}
+    (tmp / "routes.json").write_text(json.dumps(routes(urls["direct"])))
+    (tmp / "keys").write_text(f"bench: {API_KEY}\n")
+    processes = [
+        subprocess.Popen([sys.executable, __file__, "--serve-stub", str(stub_port)], env=env, stdout=NULL, stderr=NULL),
+        subprocess.Popen(
+            [sys.executable, "-m", "modelplane_gateway", "--routes-file", str(tmp / "routes.json"),
+             "--keys-file", str(tmp / "keys"), "--host", "127.0.0.1", "--port", str(gw_port), "--log-level", "warning"],
+            env=gw_env, stdout=NULL, stderr=NULL,
+        ),
+    ]  # fmt: skip
+    if litellm:
+        lite_port = free_port()
+        urls["litellm"] = f"http://127.0.0.1:{lite_port}"
+        (tmp / "litellm.yaml").write_text(litellm_config(urls["direct"]))
+        lite_env = os.environ | {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
+        processes.append(
+            subprocess.Popen(
+                [litellm, "--config", str(tmp / "litellm.yaml"), "--host", "127.0.0.1", "--port", str(lite_port),
+                 "--num_workers", "1"],
+                env=lite_env, stdout=open(tmp / "litellm.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+            )
+        )  # fmt: skip
+    return urls, processes
+
+
+def litellm_version(litellm: str) -> str:
+    python = Path(litellm).parent / "python"
+    code = "import importlib.metadata as m; print(m.version('litellm'))"
+    return subprocess.run([str(python), "-c", code], capture_output=True, text=True).stdout.strip()
+
+
+def added_latency(runs: dict[str, Any]) -> dict[str, Any]:
+    """Each router's p50/p99 minus the direct call's, per mode and concurrency (where both finished)."""
+    added: dict[str, Any] = {}
+    for mode, by_conc in runs.items():
+        for conc, row in by_conc.items():
+            cell = added.setdefault(mode, {}).setdefault(conc, {})
+            for name, measured in row.items():
+                for q in ("p50_ms", "p99_ms"):
+                    if name != "direct" and measured.get("requests") and q in measured and q in row["direct"]:
+                        cell[f"{name}_{q}"] = measured[q] - row["direct"][q]
+    return added
+
+
+def _cell(row: dict[str, float] | None) -> str:
+    if not row:
+        return "—"
+    if "p50_ms" not in row or not row.get("requests"):
+        return f"none finished in the run ({row['rps']:.0f} req/s)"
+    return f"{row['p50_ms']:.2f} / {row['p99_ms']:.1f} / {row['rps']:.0f}"
+
+
+def render_table(result: dict[str, Any]) -> str:
+    """Markdown: p50 ms / p99 ms / requests per second per target, with the earlier gateway if embedded."""
+    targets = list(next(iter(next(iter(result["runs"].values())).values())))
+    before = result.get("before", {}).get("runs", {})
+    header = ["mode", "clients", *targets] + (["gateway before"] if before else [])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for mode, by_conc in result["runs"].items():
+        for conc, row in by_conc.items():
+            cells = [mode, conc, *(_cell(row.get(t)) for t in targets)]
+            if before:
+                cells.append(_cell(before.get(mode, {}).get(conc, {}).get("gateway")))
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--requests", type=int, default=400)
-    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--serve-stub", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--table", type=Path, help="print a result file as a markdown table, and exit")
+    parser.add_argument("--seconds", type=int, default=5)
+    parser.add_argument("--concurrency", default="1,64,256")
+    parser.add_argument("--litellm", help="path of the `litellm` CLI (a venv outside the project)")
+    parser.add_argument("--gateway-src", type=Path, help="a folder holding another modelplane_gateway package")
+    parser.add_argument("--before", type=Path, help="an earlier result (e.g. with --gateway-src) to embed")
+    parser.add_argument("--label", default="", help="free text stored with the results (e.g. the code version)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gateway.json")
     args = parser.parse_args()
-    up_port, gw_port = free_port(), free_port()
-    up_url, gw_url = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{gw_port}"
-    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "runtime")])}
-    with tempfile.TemporaryDirectory() as tmp:
-        routes_file = Path(tmp) / "routes.json"
-        routes_file.write_text(json.dumps(routes(up_url)))
-        upstream_script = str(ROOT / "tests" / "gateway" / "gateway_upstream.py")
-        processes = [
-            subprocess.Popen([sys.executable, upstream_script, "--port", str(up_port), "--name", "v1"], env=env),
-            subprocess.Popen(
-                [sys.executable, "-m", "modelplane_gateway", "--routes-file", str(routes_file), "--host", "127.0.0.1",
-                 "--port", str(gw_port), "--log-level", "warning"],
-                env=env,
-            ),
-        ]  # fmt: skip
+    if args.table:
+        print(render_table(json.loads(args.table.read_text())))
+        return
+    if args.serve_stub:
+        import uvicorn
+
+        uvicorn.run(stub_app, host="127.0.0.1", port=args.serve_stub, loop="uvloop", http="httptools",
+                    log_level="warning", access_log=False)  # fmt: skip
+        return
+    if shutil.which("wrk") is None:
+        sys.exit("wrk not found: apt-get install wrk")
+    levels = [int(c) for c in args.concurrency.split(",")]
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        urls, processes = start_processes(tmp, args.litellm, args.gateway_src)
         try:
-            wait_ready(up_url)
-            wait_ready(f"{gw_url}/ready")
-            urls = {"direct": up_url, "gateway": gw_url}
-            plain = sequential(urls, args.requests, stream=False)
-            first_chunk = sequential(urls, args.requests // 2, stream=True)
-            total = args.requests * 2
-            rps = {name: asyncio.run(throughput(url, total, args.concurrency)) for name, url in urls.items()}
-            self_reported = gateway_added_latency(gw_url)
+            wait_ready(f"{urls['direct']}/health")
+            wait_ready(f"{urls['gateway']}/ready")
+            if "litellm" in urls:
+                wait_ready(f"{urls['litellm']}/health/liveliness")
+            scripts = {"plain": tmp / "plain.lua", "stream": tmp / "stream.lua"}
+            scripts["plain"].write_text(wrk_script(CHAT))
+            scripts["stream"].write_text(wrk_script(CHAT | {"stream": True}))
+            for url in urls.values():  # warm-up: connections, imports, first-call paths
+                for script in scripts.values():
+                    run_wrk(url, script, 4, 1)
+            runs: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+            for mode, script in scripts.items():
+                for connections in levels:
+                    row = runs.setdefault(mode, {}).setdefault(str(connections), {})
+                    for name, url in urls.items():
+                        settle(url, mode == "stream")
+                        row[name] = run_wrk(url, script, connections, args.seconds)
+                        print(mode, connections, name, row[name], flush=True)
+            self_reported = self_reported_added_latency(urls["gateway"])
         finally:
             for process in processes:
                 process.terminate()
-                process.wait(10)
-    latency = {name: summary_ms(values) for name, values in plain.items()}
-    ttfc = {name: summary_ms(values) for name, values in first_chunk.items()}
+                try:
+                    process.wait(15)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+    added = added_latency(runs)
     result = {
-        "what": "modelplane gateway vs direct upstream, loopback, non-streamed chat completions",
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "requests": args.requests,
-        "concurrency": args.concurrency,
-        "latency": latency,
-        "added_latency_ms": {
-            "p50": latency["gateway"]["p50_ms"] - latency["direct"]["p50_ms"],
-            "p99": latency["gateway"]["p99_ms"] - latency["direct"]["p99_ms"],
+        "what": "router vs direct stub backend, loopback, chat completions, wrk -t1 (whole response timed)",
+        "label": args.label,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "loadavg_at_end": os.getloadavg(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
         },
-        "stream_first_chunk": ttfc,
-        "stream_first_chunk_added_ms": {"p50": ttfc["gateway"]["p50_ms"] - ttfc["direct"]["p50_ms"]},
-        "throughput_rps": rps,
+        "seconds_per_run": args.seconds,
+        "peer": {"litellm": litellm_version(args.litellm)} if args.litellm else {},
+        "runs": runs,
+        "added_ms": added,
         "gateway_self_reported_added_latency": self_reported,
     }
+    if args.before:
+        earlier = json.loads(args.before.read_text())
+        result["before"] = {key: earlier[key] for key in ("label", "machine", "runs")}
+        result["before"]["added_ms"] = added_latency(earlier["runs"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    print(json.dumps(added, indent=2))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,10 @@
 Labels: `feature` (the AIFeature, or the served model name when called directly), `model` (the AIModel
 that answered), `code` (HTTP status as a string). Every request is counted once in REQUESTS; those that
 failed on the server side (5xx, upstream timeouts, streams cut short) are counted again in ERRORS with
-a `reason`. Error rate over a window = increase(ERRORS) / increase(REQUESTS).
+a `reason`. Error rate over a window = increase(ERRORS) / increase(REQUESTS). One exception: an attempt
+whose connection the backend refused, and that the gateway retried on another backend, is counted as a
+request of its own against the refused model (code 502, reason upstream_unavailable), so a dead version
+shows as failing. Every route's series exist from the moment the gateway learns the route, at 0.
 """
 
 from __future__ import annotations

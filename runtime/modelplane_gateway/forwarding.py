@@ -16,7 +16,6 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import httpx
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
@@ -38,6 +37,7 @@ from modelplane_gateway.proxy import (
 )
 from modelplane_gateway.ratelimit import RateLimiter
 from modelplane_gateway.routes import Route, RouteTable
+from modelplane_gateway.upstream import UpstreamConnectError, UpstreamError, UpstreamPool, UpstreamResponse
 from modelplane_runtime.errors import OpenAIError, model_not_found, overloaded
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class GatewayState:
     timeouts: Timeouts
     max_body_bytes: int
     unavailable_retry_after: float
-    client: httpx.AsyncClient | None = None
+    pool: UpstreamPool | None = None
     table: RouteTable | None = None
     keys: KeyRing = field(default_factory=KeyRing)
 
@@ -179,7 +179,7 @@ async def _forward(
     if request_id := request.headers.get("x-request-id"):
         headers["x-request-id"] = request_id
     tried: list[str] = []
-    assert state.client is not None
+    stream = bool(body.get("stream"))
     while True:
         if backend is None:
             raise unavailable(state, f"No backend of '{route.name}' is ready; try again shortly.")
@@ -189,52 +189,76 @@ async def _forward(
         if not tried:
             call.gateway_seconds = time.perf_counter() - call.started
         try:
-            url = f"{backend.base_url}/v1/{endpoint}"
-            opening = open_upstream(state.client, url, payload, headers, state.timeouts.first_byte)
-            upstream = await _unless_client_leaves(request, opening)
+            url = backend.base_url + _PATHS[endpoint]
+            upstream, content = await _unless_client_leaves(request, _exchange(state, url, payload, headers, stream))
             break
-        except httpx.ConnectError:
+        except UpstreamConnectError:
             log.warning("backend %s/%s refused the connection", backend.namespace, backend.model)
             tried.append(backend.model)
-            backend = pick_backend(route, sticky, exclude=tried) if len(tried) == 1 else None
-        except UpstreamTimeout as exc:
-            raise OpenAIError(504, f"{exc}.", type="server_error", code="upstream_timeout") from exc
-        except httpx.HTTPError as exc:
-            raise OpenAIError(502, "The backend failed before answering.", type="server_error") from exc
-    return await _respond(state, request, call, upstream, bool(body.get("stream")))
+            refused, backend = backend, pick_backend(route, sticky, exclude=tried) if len(tried) == 1 else None
+            if backend is not None:
+                # A refused attempt that gets retried counts against the refused model, so a dead canary
+                # shows as failing to the canary analysis even when the retry saves the client's request.
+                # (When no retry follows, the request's own 503 is counted against it below.)
+                elapsed = time.perf_counter() - call.started
+                state.metrics.record(call.feature, refused.model, 502, elapsed, "upstream_unavailable")
+    return _respond(state, call, upstream, content)
 
 
-def _response_headers(upstream: httpx.Response) -> dict[str, str]:
+_PATHS = {endpoint: f"/v1/{endpoint}" for endpoint in ("chat/completions", "completions", "embeddings")}
+
+
+def _is_event_stream(upstream: UpstreamResponse) -> bool:
+    return upstream.status_code < 400 and "text/event-stream" in upstream.headers.get("content-type", "")
+
+
+async def _exchange(
+    state: GatewayState, url: str, payload: bytes, headers: dict[str, str], stream: bool
+) -> tuple[UpstreamResponse, bytes | None]:
+    """Open the upstream call and, unless it answers with a stream to relay, read the whole answer: one
+    awaitable, so one client-disconnect watch covers both. UpstreamConnectError propagates (retry)."""
+    assert state.pool is not None
+    try:
+        upstream = await open_upstream(state.pool, url, payload, headers, state.timeouts.first_byte)
+    except UpstreamTimeout as exc:
+        raise OpenAIError(504, f"{exc}.", type="server_error", code="upstream_timeout") from exc
+    except UpstreamConnectError:
+        raise
+    except UpstreamError as exc:
+        raise OpenAIError(502, "The backend failed before answering.", type="server_error") from exc
+    if stream and _is_event_stream(upstream):
+        return upstream, None
+    try:
+        return upstream, await read_body(upstream, state.timeouts)
+    except UpstreamTimeout as exc:
+        raise OpenAIError(504, f"{exc}.", type="server_error", code="upstream_timeout") from exc
+    except UpstreamError as exc:
+        raise OpenAIError(502, "The backend failed while answering.", type="server_error") from exc
+
+
+def _response_headers(upstream: UpstreamResponse) -> dict[str, str]:
     headers = {"content-type": upstream.headers.get("content-type", "application/json")}
     if request_id := upstream.headers.get("x-request-id"):
         headers["x-request-id"] = request_id
     return headers
 
 
-async def _respond(
-    state: GatewayState, request: Request, call: Call, upstream: httpx.Response, stream: bool
-) -> Response:
-    headers_at = time.perf_counter()
+def _respond(state: GatewayState, call: Call, upstream: UpstreamResponse, content: bytes | None) -> Response:
+    after_upstream = time.perf_counter()
     headers = _response_headers(upstream)
-    if stream and upstream.status_code < 400 and "text/event-stream" in headers["content-type"]:
+    if content is None:  # a stream: relayed as it comes
         headers |= {"cache-control": "no-cache", "x-accel-buffering": "no"}
-        state.metrics.added_latency.observe(call.gateway_seconds + time.perf_counter() - headers_at)
+        state.metrics.added_latency.observe(call.gateway_seconds + time.perf_counter() - after_upstream)
         status = upstream.status_code
         return RelayResponse(upstream, state.timeouts, headers, lambda res: _stream_done(state, call, status, res))
-    try:
-        content = await _unless_client_leaves(request, read_body(upstream, state.timeouts))
-    except UpstreamTimeout as exc:
-        raise OpenAIError(504, f"{exc}.", type="server_error", code="upstream_timeout") from exc
-    except httpx.HTTPError as exc:
-        raise OpenAIError(502, "The backend failed while answering.", type="server_error") from exc
-    body_at = time.perf_counter()
-    elapsed = body_at - call.started
+    elapsed = after_upstream - call.started
     if upstream.status_code < 400:
-        state.metrics.ttft.labels(call.feature, call.model).observe(elapsed)
-        _count_usage(state, call, _usage_of(content))
+        state.metrics.latency_histograms(call.feature, call.model)[1].observe(elapsed)
+        if b'"usage"' in content:  # parsing the answer only when there is something to count
+            _count_usage(state, call, _usage_of(content))
     state.metrics.record(call.feature, call.model, upstream.status_code, elapsed)
     response = Response(content, status_code=upstream.status_code, headers=headers)
-    state.metrics.added_latency.observe(call.gateway_seconds + time.perf_counter() - body_at)
+    state.metrics.added_latency.observe(call.gateway_seconds + time.perf_counter() - after_upstream)
     return response
 
 
@@ -254,7 +278,7 @@ def _count_usage(state: GatewayState, call: Call, usage: object) -> None:
 def _stream_done(state: GatewayState, call: Call, status: int, result: StreamResult) -> None:
     elapsed = time.perf_counter() - call.started
     if result.first_chunk_at is not None:
-        state.metrics.ttft.labels(call.feature, call.model).observe(result.first_chunk_at - call.started)
+        state.metrics.latency_histograms(call.feature, call.model)[1].observe(result.first_chunk_at - call.started)
     _count_usage(state, call, result.usage)
     if result.outcome == CLIENT_GONE:
         state.metrics.record(call.feature, call.model, CLIENT_CLOSED, elapsed)

@@ -5,6 +5,8 @@ Each gateway app owns a registry (so tests can run several side by side); `/metr
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from modelplane_api import metrics as contract
@@ -53,14 +55,33 @@ class GatewayMetrics:
             ["feature", "model"], registry=r,
         )  # fmt: skip
 
+        # Label children cached per label values: `.labels()` takes a lock and builds a key on every call,
+        # and the values are bounded (route names, models, status codes), so the cache is too.
+        self._request_children: dict[tuple[str, str, int], Any] = {}
+        self._latency_children: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+    def request_counter(self, feature: str, model: str, code: int) -> Any:
+        child = self._request_children.get((feature, model, code))
+        if child is None:
+            child = self._request_children[(feature, model, code)] = self.requests.labels(feature, model, str(code))
+        return child
+
+    def latency_histograms(self, feature: str, model: str) -> tuple[Any, Any]:
+        """(request duration, time to first token) for these labels."""
+        children = self._latency_children.get((feature, model))
+        if children is None:
+            children = (self.latency.labels(feature, model), self.ttft.labels(feature, model))
+            self._latency_children[(feature, model)] = children
+        return children
+
     def record(self, feature: str, model: str, code: int, seconds: float, error: str | None = None) -> None:
-        self.requests.labels(feature, model, str(code)).inc()
+        self.request_counter(feature, model, code).inc()
         if error is None and code >= 500:
             error = "status_5xx"
         if error is not None:
             self.errors.labels(feature, model, error).inc()
         if model != NONE:
-            self.latency.labels(feature, model).observe(seconds)
+            self.latency_histograms(feature, model)[0].observe(seconds)
 
     def record_usage(self, feature: str, model: str, usage: object) -> int:
         """Counts prompt/completion tokens from an OpenAI `usage` object; returns the total."""
@@ -75,7 +96,9 @@ class GatewayMetrics:
         return total
 
     def set_weights(self, table: RouteTable) -> None:
-        """Replace the weights gauge with the table's features (stale series removed)."""
+        """Replace the weights gauge with the table's features (stale series removed), and start every
+        route's request and error series at 0: Prometheus' increase() cannot see a series' first sample,
+        so a canary's first failures would otherwise go unseen for a whole analysis interval."""
         self.weight.clear()
         seen: set[str] = set()
         for route in table.routes.values():
@@ -84,3 +107,8 @@ class GatewayMetrics:
             seen.add(route.name)
             for model, share in effective_weights(route).items():
                 self.weight.labels(route.name, model).set(share)
+            for backend in route.backends:
+                self.request_counter(route.name, backend.model, 200)
+                self.latency_histograms(route.name, backend.model)
+                for reason in contract.ERROR_REASONS:
+                    self.errors.labels(route.name, backend.model, reason)

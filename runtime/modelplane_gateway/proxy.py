@@ -1,6 +1,6 @@
 """Talking to a backend: open the upstream call with per-phase timeouts, and relay a stream unbuffered.
 
-Phases: connect (httpx's connect timeout), first byte (response headers, and for streams also the first
+Phases: connect (the pool's connect timeout), first byte (response headers, and for streams also the first
 chunk, which waits for prompt processing), idle (the most time between two chunks). A stream is
 relayed chunk by chunk as it arrives; a client that goes away cancels the relay and closes the
 upstream response, which closes its connection, so the backend stops generating.
@@ -15,9 +15,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
+
+from modelplane_gateway.upstream import (
+    UpstreamBroken,
+    UpstreamConnectTimeout,
+    UpstreamError,
+    UpstreamPool,
+    UpstreamResponse,
+)
 
 # How a relayed stream ended; the metrics and token charging read it.
 COMPLETED = "completed"
@@ -37,45 +44,39 @@ class UpstreamTimeout(Exception):
     pass
 
 
-def make_client(timeouts: Timeouts, max_connections: int = 1000) -> httpx.AsyncClient:
-    # Read timeouts are enforced per phase with asyncio.timeout, so httpx's own read timeout is off.
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    timeout = httpx.Timeout(connect=timeouts.connect, read=None, write=timeouts.idle, pool=timeouts.connect)
-    return httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
-
-
 async def open_upstream(
-    client: httpx.AsyncClient, url: str, body: bytes, headers: dict[str, str], first_byte: float
-) -> httpx.Response:
-    """Send the request and wait for the response headers. httpx.ConnectError (refused, unreachable)
+    pool: UpstreamPool, url: str, body: bytes, headers: dict[str, str], first_byte: float
+) -> UpstreamResponse:
+    """Send the request and wait for the response headers. UpstreamConnectError (refused, unreachable)
     propagates so the caller can retry elsewhere; a slow backend raises UpstreamTimeout."""
-    request = client.build_request("POST", url, content=body, headers=headers)
     try:
         async with asyncio.timeout(first_byte):
-            return await client.send(request, stream=True)
-    except (TimeoutError, httpx.TimeoutException) as exc:
-        if isinstance(exc, httpx.ConnectTimeout):
-            raise UpstreamTimeout("the backend did not accept the connection in time") from exc
+            return await pool.post(url, body, headers)
+    except UpstreamConnectTimeout as exc:
+        raise UpstreamTimeout("the backend did not accept the connection in time") from exc
+    except TimeoutError as exc:
         raise UpstreamTimeout("the backend did not answer in time") from exc
 
 
-async def read_body(response: httpx.Response, timeouts: Timeouts, limit: int = 64 << 20) -> bytes:
+async def read_body(response: UpstreamResponse, timeouts: Timeouts, limit: int = 64 << 20) -> bytes:
     """A non-streamed body, idle timeout between chunks; the response is closed either way."""
     parts: list[bytes] = []
     size = 0
     try:
-        iterator = response.aiter_raw()
+        whole = response.whole_body()  # the common case: no waiting, so no timer either
+        if whole is not None and len(whole) <= limit:
+            return whole
         while True:
             try:
                 async with asyncio.timeout(timeouts.idle):
-                    chunk = await anext(iterator)
-            except StopAsyncIteration:
-                break
+                    chunk = await response.next_chunk()
             except TimeoutError as exc:
                 raise UpstreamTimeout("the backend stopped sending its answer") from exc
+            if chunk is None:
+                break
             size += len(chunk)
             if size > limit:
-                raise httpx.RemoteProtocolError("the backend's answer is too large")
+                raise UpstreamBroken("the backend's answer is too large")
             parts.append(chunk)
     finally:
         await response.aclose()
@@ -125,7 +126,7 @@ class RelayResponse(Response):
 
     def __init__(
         self,
-        upstream: httpx.Response,
+        upstream: UpstreamResponse,
         timeouts: Timeouts,
         headers: dict[str, str],
         on_done: Callable[[StreamResult], None],
@@ -163,21 +164,20 @@ class RelayResponse(Response):
     async def _relay(self, send: Send, result: StreamResult) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         scanner = UsageScanner()
-        iterator = self.upstream.aiter_raw()
         while True:
             wait = self.timeouts.first_byte if result.first_chunk_at is None else self.timeouts.idle
             try:
                 async with asyncio.timeout(wait):
-                    chunk = await anext(iterator)
-            except StopAsyncIteration:
-                break
+                    chunk = await self.upstream.next_chunk()
             except TimeoutError:
                 result.outcome = UPSTREAM_TIMEOUT
                 await send(_body(sse_error("The backend stopped streaming (timeout).", "upstream_timeout")))
                 break
-            except httpx.HTTPError:
+            except UpstreamError:
                 result.outcome = STREAM_ABORTED
                 await send(_body(sse_error("The backend cut the stream short.", "stream_aborted")))
+                break
+            if chunk is None:
                 break
             if result.first_chunk_at is None:
                 result.first_chunk_at = time.perf_counter()

@@ -2,6 +2,8 @@
 
 Environment variables are the flag names upper-cased with MODELPLANE_GATEWAY_ in front, e.g.
 --routes-file ↔ MODELPLANE_GATEWAY_ROUTES_FILE, --namespaces ↔ MODELPLANE_GATEWAY_NAMESPACES (comma-separated).
+`--endpoint-override FROM=TO` repeats; its variable MODELPLANE_GATEWAY_ENDPOINT_OVERRIDES holds a comma list of
+FROM=TO or a JSON object.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from modelplane_gateway.overrides import parse_override_env, parse_override_items
 
 ENV_PREFIX = "MODELPLANE_GATEWAY_"
 
@@ -36,6 +40,23 @@ class GatewaySettings(BaseModel):
     unavailable_retry_after: float = Field(default=5.0, gt=0, description="Retry-After when no backend is ready.")
     reload_poll_seconds: float = Field(default=0.2, gt=0, description="How often the files are checked.")
     log_level: str = "info"
+    endpoint_overrides: dict[str, str] = Field(
+        default_factory=dict,
+        description="FROM=TO (repeatable): rewrite backend base URLs starting with FROM, e.g. "
+        "http://m.ns.svc.cluster.local:8000=http://127.0.0.1:39001 (port-forwards, local runtimes).",
+    )
+
+    @field_validator("endpoint_overrides", mode="before")
+    @classmethod
+    def _overrides(cls, value: object) -> object:
+        """Normalised whatever the form: a mapping, a list of FROM=TO, or the environment's string."""
+        if isinstance(value, str):
+            return parse_override_env(value)
+        if isinstance(value, dict):
+            return parse_override_items(f"{k}={v}" for k, v in value.items())
+        if isinstance(value, list):
+            return parse_override_items(str(item) for item in value)
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> GatewaySettings:
@@ -54,6 +75,8 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
     for name, info in GatewaySettings.model_fields.items():
         if name == "watch":
             parser.add_argument(_flag(name), action="store_true", default=None, help=info.description)
+        elif name == "endpoint_overrides":
+            parser.add_argument("--endpoint-override", dest=name, action="append", default=None, help=info.description)
         else:
             parser.add_argument(_flag(name), default=None, help=info.description or f"default: {info.default}")
     args = vars(parser.parse_args(argv))

@@ -34,7 +34,8 @@ class Gateway:
     routes_file: Path
 
     def client(self, api_key: str = "unused", **kwargs: Any) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=10, **kwargs)
+        kwargs.setdefault("timeout", 10)
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, **kwargs)
 
     def write_routes(self, objects: list[dict[str, Any]]) -> None:
         tmp = self.routes_file.with_suffix(".tmp")

@@ -117,15 +117,16 @@ def test_refused_connection_is_retried_once_on_another_backend(
     assert gw.client().chat.completions.create(model="f", messages=HI, user="u1").choices[0].message.content == "v1"
     assert len(upstreams["v1"].state.bodies) == sent_before + 1
     assert gw.sample(m.REQUESTS, feature="f", model="alive", code="200") == 1
+    # The refused attempt is counted against the dead model, so a dead canary fails its analysis.
+    assert gw.sample(m.ERRORS, feature="f", model="dead", reason="upstream_unavailable") == 1
+    assert gw.sample(m.REQUESTS, feature="f", model="dead", code="502") == 1
     with pytest.raises(openai.APIStatusError) as caught:  # both refuse: one retry only, then 503
         gw.client().chat.completions.create(model="g", messages=HI)
     assert caught.value.status_code == 503
     assert caught.value.response.headers["Retry-After"]
-    assert (
-        gw.sample(m.ERRORS, feature="g", model="dead2", reason="upstream_unavailable")
-        + gw.sample(m.ERRORS, feature="g", model="dead", reason="upstream_unavailable")
-        == 1
-    )
+    # Both attempts count against their model: the first as a refused attempt, the second as the 503.
+    assert gw.sample(m.ERRORS, feature="g", model="dead2", reason="upstream_unavailable") == 1
+    assert gw.sample(m.ERRORS, feature="g", model="dead", reason="upstream_unavailable") == 1
 
 
 def test_stream_passes_through_before_the_upstream_finishes(

@@ -1,0 +1,263 @@
+"""A lean HTTP/1.1 client for the backends: keep-alive pools per host, one write per request, httptools parsing.
+
+Why not httpx here: profiling the gateway showed httpx/httpcore taking most of its CPU per request
+(anyio stream layers, two writes per request, and a pool that polls every pooled socket on every
+request). The gateway only ever sends one kind of request (POST with a JSON body to a backend it
+trusts) and relays the answer, so this small client over asyncio protocols does just that, with the
+same parser uvicorn uses (httptools). Timeouts stay with the caller (asyncio.timeout per phase).
+
+Errors: UpstreamConnectError when the backend cannot be reached (nothing was sent: safe to try another
+backend); UpstreamBroken when the connection failed after the request went out or the answer is malformed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections import deque
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+PAUSE_AT = 32  # buffered body chunks before reading from the backend pauses (back-pressure)
+MAX_IDLE_PER_HOST = 1024
+
+
+class UpstreamError(Exception):
+    pass
+
+
+class UpstreamConnectError(UpstreamError):
+    """The backend refused or could not be reached; nothing was sent."""
+
+
+class UpstreamConnectTimeout(UpstreamError):
+    """The backend did not accept the connection in time."""
+
+
+class UpstreamBroken(UpstreamError):
+    """The connection failed after the request was sent, or the answer was not valid HTTP."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _target(url: str) -> tuple[str, int, bytes, bytes]:
+    """(host, port, request path, Host header) of an http:// URL; cached: backends repeat."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise UpstreamConnectError(f"only http:// backends are supported, not {url!r}")
+    port = parts.port or 80
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return parts.hostname, port, path.encode(), parts.netloc.encode()
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection; carries one request at a time."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.raw_headers: list[tuple[bytes, bytes]] = []
+        self.head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.chunks: deque[bytes] = deque()
+        self.waiter: asyncio.Future[None] | None = None
+        self.complete = False
+        self.error: UpstreamError | None = None
+        self.got_bytes = False
+        self.paused = False
+        self.framed = False
+        self.keep_alive = False
+
+    # -- asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(UpstreamBroken(f"the backend's answer is not valid HTTP: {exc}"))
+            self.close()
+
+    def eof_received(self) -> bool | None:
+        return None  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.head.done() and not self.framed and not self.complete:
+            self.complete = True  # an answer delimited by closing the connection
+            self._wake()
+        elif not self.complete:
+            self._fail(UpstreamBroken("the backend closed the connection before finishing its answer"))
+
+    # -- httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.raw_headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        names = {name for name, _ in self.raw_headers}
+        self.framed = b"content-length" in names or b"transfer-encoding" in names
+        if not self.head.done():
+            self.head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+        if len(self.chunks) >= PAUSE_AT and self.transport is not None and not self.paused:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.keep_alive = self.parser.should_keep_alive()  # only valid here: the parser resets afterwards
+        self.complete = True
+        self._wake()
+
+    # -- helpers
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def _fail(self, error: UpstreamError) -> None:
+        if self.error is None:
+            self.error = error
+        if not self.head.done():
+            self.head.set_exception(error)
+            self.head.exception()  # retrieved: nobody may be waiting any more
+        self._wake()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    async def next_chunk(self) -> bytes | None:
+        """The next body chunk as it arrives, None at the end of the answer."""
+        while True:
+            if self.chunks:
+                chunk = self.chunks.popleft()
+                if self.paused and len(self.chunks) < PAUSE_AT // 2 and self.transport is not None:
+                    self.paused = False
+                    self.transport.resume_reading()
+                return chunk
+            if self.complete:
+                return None
+            if self.error is not None:
+                raise self.error
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+            self.waiter = None
+
+
+class UpstreamResponse:
+    """Status and headers of a backend's answer; the body is read with next_chunk(), then aclose()."""
+
+    def __init__(self, pool: UpstreamPool, key: tuple[str, int], connection: _Connection) -> None:
+        self._pool = pool
+        self._key = key
+        self._connection = connection
+        self.status_code = connection.status
+        self.headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in connection.raw_headers}
+        self._released = False
+
+    async def next_chunk(self) -> bytes | None:
+        return await self._connection.next_chunk()
+
+    def whole_body(self) -> bytes | None:
+        """The body when all of it has arrived already (a small answer comes with its headers), else None."""
+        conn = self._connection
+        if not conn.complete:
+            return None
+        body = b"".join(conn.chunks)
+        conn.chunks.clear()
+        return body
+
+    async def aclose(self) -> None:
+        """Back to the pool when the answer was read whole and the backend keeps the connection; else closed
+        (which is how a backend learns that nobody reads the rest of a stream)."""
+        if self._released:
+            return
+        self._released = True
+        conn = self._connection
+        if conn.complete and not conn.closed and conn.error is None and conn.keep_alive:
+            self._pool.release(self._key, conn)
+        else:
+            conn.close()
+
+
+class UpstreamPool:
+    """Idle keep-alive connections per (host, port). Connections are opened on demand (no upper limit:
+    a backend's own admission control answers overload with 429/503)."""
+
+    def __init__(self, connect_timeout: float) -> None:
+        self.connect_timeout = connect_timeout
+        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+
+    def release(self, key: tuple[str, int], connection: _Connection) -> None:
+        idle = self._idle.setdefault(key, [])
+        if len(idle) < MAX_IDLE_PER_HOST:
+            idle.append(connection)
+        else:
+            connection.close()
+
+    def _take_idle(self, key: tuple[str, int]) -> _Connection | None:
+        idle = self._idle.get(key)
+        while idle:
+            connection = idle.pop()
+            if not connection.closed:
+                return connection
+        return None
+
+    async def _connect(self, host: str, port: int) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, protocol = await loop.create_connection(_Connection, host, port)
+        except TimeoutError as exc:
+            raise UpstreamConnectTimeout("the backend did not accept the connection in time") from exc
+        except OSError as exc:
+            raise UpstreamConnectError(f"cannot connect to the backend: {exc}") from exc
+        return protocol
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
+        """Send a POST and wait for the answer's status and headers (the caller bounds the wait)."""
+        host, port, path, host_header = _target(url)
+        key = (host, port)
+        head = [b"POST ", path, b" HTTP/1.1\r\nhost: ", host_header, b"\r\ncontent-length: ", str(len(body)).encode()]
+        for name, value in headers.items():
+            head += [b"\r\n", name.encode("latin-1"), b": ", value.encode("latin-1")]
+        message = b"".join([*head, b"\r\n\r\n", body])
+        connection = self._take_idle(key)
+        for attempt in range(2):
+            fresh = connection is None
+            if connection is None:
+                connection = await self._connect(host, port)
+            connection._reset()
+            try:
+                assert connection.transport is not None
+                connection.transport.write(message)  # one write: head and body together
+                await connection.head
+                return UpstreamResponse(self, key, connection)
+            except UpstreamBroken:
+                connection.close()
+                # A pooled connection the backend closed while idle: nothing was answered, so resend once
+                # on a new connection (as browsers and httpx do). A fresh connection failing is an error.
+                if fresh or connection.got_bytes or attempt == 1:
+                    raise
+                connection = None
+            except BaseException:  # cancelled (client gone, timeout): the connection is mid-request
+                connection.close()
+                raise
+        raise AssertionError("unreachable")
+
+    async def aclose(self) -> None:
+        for idle in self._idle.values():
+            for connection in idle:
+                connection.close()
+        self._idle.clear()

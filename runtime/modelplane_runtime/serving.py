@@ -17,7 +17,7 @@ from .engines.base import Engine, EngineError, GenerationDelta, SamplingOptions,
 from .errors import OpenAIError, model_not_found
 from .metrics import RuntimeMetrics
 from .model_host import ModelHost
-from .streams import SSE_DONE, merge_generations, sse
+from .streams import SSE_DONE, ContentChunkFrames, merge_generations, sse
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -170,6 +170,7 @@ class OpenAIServing:
         completion = [0] * n
         prompt_tokens = 0
         first = True
+        frames = ContentChunkFrames(request_id, created, self.name)
         try:
             yield chunk([p.ChatChunkChoice(index=i, delta=p.ChatDelta(role="assistant", content="")) for i in range(n)])
             async for index, delta in merged:
@@ -178,7 +179,9 @@ class OpenAIServing:
                     first = False
                 completion[index] = delta.completion_tokens
                 prompt_tokens = delta.prompt_tokens
-                if delta.text or delta.logprobs:
+                if index == 0 and delta.text and not logprobs:
+                    yield frames.frame(delta.text)
+                elif delta.text or delta.logprobs:
                     content = p.ChatDelta(content=delta.text)
                     lp = _chat_logprobs(delta.logprobs) if logprobs else None
                     yield chunk([p.ChatChunkChoice(index=index, delta=content, logprobs=lp)])

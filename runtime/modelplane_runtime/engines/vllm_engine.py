@@ -6,6 +6,7 @@ accepts exactly what `vllm serve` accepts and typed fields cannot drift from vLL
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -44,6 +45,14 @@ class VllmEngine(Engine):
     async def load(self) -> None:
         if self._config.task != "generate":
             raise EngineError("the vllm engine serves task 'generate'; use the transformers engine for embeddings")
+        # Importing vLLM and creating the engine (which starts its core process and blocks until the
+        # weights are loaded) take a minute or more, so both run in a thread: /health must keep
+        # answering meanwhile. Outside a running loop AsyncLLM defers its background tasks to the
+        # first request, which runs on our loop.
+        self._llm, self._tokenizer = await asyncio.to_thread(self._create_sync)
+        self._max_len = int(self._llm.model_config.max_model_len)
+
+    def _create_sync(self) -> tuple[Any, Any]:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.utils.argparse_utils import FlexibleArgumentParser
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -52,10 +61,8 @@ class VllmEngine(Engine):
         parser = AsyncEngineArgs.add_cli_args(new_parser())
         namespace = parser.parse_args(engine_cli_args(self._config, self._path))
         engine_args = AsyncEngineArgs.from_cli_args(namespace)
-        # Creating the engine starts its core process and loads weights: vLLM does that off our loop.
-        self._llm = AsyncLLM.from_engine_args(engine_args)
-        self._max_len = int(self._llm.model_config.max_model_len)
-        self._tokenizer = AutoTokenizer.from_pretrained(self._path)
+        llm = AsyncLLM.from_engine_args(engine_args)
+        return llm, AutoTokenizer.from_pretrained(self._path)
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         if not getattr(self._tokenizer, "chat_template", None):
@@ -71,6 +78,7 @@ class VllmEngine(Engine):
         self, prompt: str, options: SamplingOptions, request_id: str
     ) -> AsyncGenerator[GenerationDelta, None]:
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
         params = SamplingParams(
             max_tokens=options.max_tokens,
@@ -82,27 +90,24 @@ class VllmEngine(Engine):
             frequency_penalty=options.frequency_penalty,
             logprobs=options.logprobs,
             ignore_eos=options.ignore_eos,
+            # Only what is new since the last output (as `vllm serve` streams): no copying of the
+            # whole text and token list at every step.
+            output_kind=RequestOutputKind.DELTA,
         )
-        sent_text = 0
         sent_tokens = 0
         finished = False
         try:
             async for output in self._llm.generate(prompt, params, request_id):
                 completion = output.outputs[0]
                 n_prompt = len(output.prompt_token_ids or [])
-                text = completion.text[sent_text:]
-                logprobs = (
-                    _logprobs(completion.logprobs, completion.token_ids, sent_tokens)
-                    if options.logprobs is not None
-                    else []
-                )
-                sent_text, sent_tokens = len(completion.text), len(completion.token_ids)
+                logprobs = _logprobs(completion.logprobs, completion.token_ids) if options.logprobs is not None else []
+                sent_tokens += len(completion.token_ids)
                 finished = bool(output.finished)
                 reason: FinishReason | None = None
                 if finished:
                     reason = "length" if completion.finish_reason == "length" else "stop"
-                if text or logprobs or finished:
-                    yield GenerationDelta(text, n_prompt, sent_tokens, logprobs, reason)
+                if completion.text or logprobs or finished:
+                    yield GenerationDelta(completion.text, n_prompt, sent_tokens, logprobs, reason)
         finally:
             if not finished:
                 await self._llm.abort(request_id)
@@ -116,12 +121,12 @@ class VllmEngine(Engine):
             self._llm = None
 
 
-def _logprobs(per_token: Any, token_ids: Any, start: int) -> list[TokenLogprob]:
-    """vLLM's per-position {token_id: Logprob} dicts (cumulative) from position `start` on."""
+def _logprobs(per_token: Any, token_ids: Any) -> list[TokenLogprob]:
+    """vLLM's per-position {token_id: Logprob} dicts for the new tokens `token_ids`."""
     if not per_token:
         return []
     out: list[TokenLogprob] = []
-    for index in range(start, len(per_token)):
+    for index in range(len(per_token)):
         position = per_token[index]
         chosen = position[token_ids[index]]
         ranked = sorted((lp for lp in position.values() if lp.rank is not None), key=lambda lp: lp.rank)

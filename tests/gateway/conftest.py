@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gateway_harness import Gateway, ServedApp, StartGateway, Upstream
-from gateway_upstream import create_upstream
 
 from modelplane_gateway.app import create_app
 from modelplane_gateway.settings import GatewaySettings
+from tests.gateway.gateway_harness import Gateway, ServedApp, StartGateway, Upstream
+from tests.gateway.gateway_upstream import create_upstream
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,11 @@ from typing import Any, Protocol
 
 import openai
 import uvicorn
-from gateway_upstream import UpstreamState
 
 from modelplane_gateway.forwarding import GatewayState
 from modelplane_gateway.picking import pick_backend
 from modelplane_gateway.routes import Route, RouteTable
+from tests.gateway.gateway_upstream import UpstreamState
 
 
 @dataclass

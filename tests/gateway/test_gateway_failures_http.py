@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel, wait_until
 
 from modelplane_api import metrics as m
+from tests.gateway.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel, wait_until
 
 KEYS = "team-a: sk-alpha\nteam-b: sk-bravo chat\n"
 

@@ -6,12 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from gateway_harness import StartGateway, Upstream, aifeature, aimodel, route_in
 
 from modelplane_api import AIFeature, AIModel
 from modelplane_gateway.overrides import apply_overrides, parse_override_env, parse_override_items, rewrite_url
 from modelplane_gateway.routes import build_route_table
 from modelplane_gateway.settings import parse_settings
+from tests.gateway.gateway_harness import StartGateway, Upstream, aifeature, aimodel, route_in
 
 CLUSTER = "http://chat-v1.prod.svc.cluster.local:8000"
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import os
 import signal
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,18 +17,15 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from gateway_harness import Gateway, StartGateway, aifeature, aimodel, picked, route_in, wait_until
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:  # so `tests.*` imports however pytest was started
-    sys.path.insert(0, str(REPO_ROOT))
+from tests.gateway.gateway_harness import Gateway, StartGateway, aifeature, aimodel, picked, route_in, wait_until
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads weights at test time
 
-from tests.fixtures import models as shared_models  # noqa: E402
-from tests.runtime.servers import SubprocessServer, poll  # noqa: E402
-
-from modelplane_api import metrics as m  # noqa: E402
-from modelplane_api.runtime_config import RuntimeConfig  # noqa: E402
+from modelplane_api import metrics as m
+from modelplane_api.runtime_config import RuntimeConfig
+from tests.fixtures import models as shared_models
+from tests.runtime.servers import SubprocessServer, poll
 
 pytestmark = pytest.mark.slow
 tiny_llama_dir = shared_models.tiny_llama_dir

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 import yaml
-from gateway_harness import aifeature, aimodel, picked, route_in
 
 from modelplane_gateway.kube_watch import ObjectStore
 from modelplane_gateway.picking import bucket_of, effective_weights, pick_backend
 from modelplane_gateway.routes import Backend, Route, RouteTable, build_route_table
 from modelplane_gateway.sources import flatten_documents, load_routes_file, parse_objects
+from tests.gateway.gateway_harness import aifeature, aimodel, picked, route_in
 
 
 def table_of(*objects: dict[str, Any]) -> RouteTable:

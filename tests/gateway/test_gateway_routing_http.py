@@ -7,7 +7,9 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from gateway_harness import (
+
+from modelplane_api import metrics as m
+from tests.gateway.gateway_harness import (
     Gateway,
     StartGateway,
     Upstream,
@@ -18,8 +20,6 @@ from gateway_harness import (
     route_in,
     wait_until,
 )
-
-from modelplane_api import metrics as m
 
 HI: Any = [{"role": "user", "content": "hi"}]
 Versions = tuple[Gateway, list[dict[str, Any]]]

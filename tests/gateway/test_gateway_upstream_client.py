@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import pytest
-from gateway_harness import refused_url
 
 from modelplane_gateway.upstream import UpstreamBroken, UpstreamConnectError, UpstreamPool
+from tests.gateway.gateway_harness import refused_url
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 BODY = b'{"ok": true}'

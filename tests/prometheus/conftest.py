@@ -12,7 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from gateway_endpoint import GatewayMetrics, serve_gateway_metrics
+
+from tests.prometheus.gateway_endpoint import GatewayMetrics, serve_gateway_metrics
 
 SCRAPE_INTERVAL = "1s"
 STARTUP_DEADLINE_SECONDS = 60.0

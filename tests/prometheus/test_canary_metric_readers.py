@@ -8,12 +8,12 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
-from gateway_endpoint import GatewayMetrics
 
 from modelplane_api import metrics as contract
 from modelplane_operator.rollout import MetricsUnavailableError
 from modelplane_operator.rollout.prometheus_reader import PrometheusReader
 from modelplane_operator.rollout.scrape_reader import ScrapeReader
+from tests.prometheus.gateway_endpoint import GatewayMetrics
 
 DEADLINE_SECONDS = 60.0
 CANARY_REQUESTS, CANARY_ERRORS, STABLE_REQUESTS, STABLE_ERRORS = 200, 14, 100, 1

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.runtime.conftest import tiny_config
-from tests.runtime.servers import InProcessServer, poll
 
 from modelplane_runtime.admission import AdmissionController
 from modelplane_runtime.errors import OpenAIError
+from tests.runtime.conftest import tiny_config
+from tests.runtime.servers import InProcessServer, poll
 
 LONG = 2000  # tokens: far longer than any step of these tests takes
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
+
 from tests.runtime.servers import InProcessServer
 
 

@@ -8,6 +8,7 @@ import math
 import httpx
 import openai
 import pytest
+
 from tests.runtime.servers import InProcessServer, poll
 
 MODEL = "tiny-llama"

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.runtime.conftest import tiny_config
-from tests.runtime.servers import SubprocessServer, poll
 
 from modelplane_api.runtime_config import RuntimeConfig
 from modelplane_runtime.model_source import ModelSourceError, resolve_model_source
+from tests.runtime.conftest import tiny_config
+from tests.runtime.servers import SubprocessServer, poll
 
 
 @pytest.fixture

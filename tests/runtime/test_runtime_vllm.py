@@ -18,6 +18,7 @@ import httpx
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
+
 from tests.runtime.conftest import tiny_config
 from tests.runtime.servers import SubprocessServer, poll
 

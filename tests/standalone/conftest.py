@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:  # so `tests.fixtures` imports however pytest was started
-    sys.path.insert(0, str(REPO_ROOT))
-
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads weights at test time
 
-from tests.fixtures import models as shared_models  # noqa: E402
+from tests.fixtures import models as shared_models
 
 tiny_llama_dir = shared_models.tiny_llama_dir
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import openai
 import pytest
-from standalone_harness import Serve, ai_feature, ai_model, wait_until, write_manifests
 
 from modelplane_api.aifeature import AIFeatureStatus
+from tests.standalone.standalone_harness import Serve, ai_feature, ai_model, wait_until, write_manifests
 
 pytestmark = pytest.mark.slow
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from standalone_harness import ai_feature, ai_model, write_manifests
 
 from modelplane_cli.local_config import local_runtime
 from modelplane_cli.main import default_inputs
 from modelplane_cli.manifests import ManifestError, files_signature, load_manifests
 from modelplane_operator.builders.deployment import build_runtime_config
+from tests.standalone.standalone_harness import ai_feature, ai_model, write_manifests
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import openai
 import pytest
-from standalone_harness import Serve, ai_feature, ai_model, group_gone, wait_until, write_manifests
+
+from tests.standalone.standalone_harness import Serve, ai_feature, ai_model, group_gone, wait_until, write_manifests
 
 pytestmark = pytest.mark.slow
 

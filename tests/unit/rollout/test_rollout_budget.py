@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from rollout_helpers import MINUTE, T0, Feature, at_first_step, canary_metrics, feature_spec, window
 
 from modelplane_operator.rollout import ROLLOUT_ANNOTATION, ReplicaSplit, budget_replicas, split_budget
+from tests.unit.rollout.rollout_helpers import MINUTE, T0, Feature, at_first_step, canary_metrics, feature_spec, window
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from rollout_helpers import MINUTE, T0, Feature, at_first_step, canary_metrics, feature_spec, window
 
 from modelplane_api.aifeature import AIFeatureStatus
 from modelplane_operator.rollout import (
@@ -16,6 +15,7 @@ from modelplane_operator.rollout import (
     models_to_measure,
     plan,
 )
+from tests.unit.rollout.rollout_helpers import MINUTE, T0, Feature, at_first_step, canary_metrics, feature_spec, window
 
 GOOD = canary_metrics(window(requests=100, errors=1, ttft=0.2, latency=1.0))
 

@@ -15,7 +15,6 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rollout_helpers import T0, Feature, feature_spec
 
 from modelplane_api.aifeature import AIFeatureSpec, AIFeatureStatus
 from modelplane_operator.rollout import (
@@ -29,6 +28,7 @@ from modelplane_operator.rollout import (
     split_budget,
 )
 from modelplane_operator.rollout.timeutil import parse_duration
+from tests.unit.rollout.rollout_helpers import T0, Feature, feature_spec
 
 MODELS = ("a", "b", "c")
 COMMANDS = ("pause", "resume", "promote", "abort", "bogus")

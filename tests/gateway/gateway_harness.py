@@ -69,7 +69,7 @@ def wait_until(condition: Callable[[], object], timeout: float = 5.0, what: str 
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
+        time.sleep(0.005)  # polling interval of a deadline-bounded wait
 
 
 class ServedApp:

@@ -36,7 +36,7 @@ def poll(check: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
         last = check()
         if last:
             return last
-        time.sleep(interval)
+        time.sleep(interval)  # polling interval of a deadline-bounded wait
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 

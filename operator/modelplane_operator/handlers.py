@@ -1,4 +1,5 @@
-"""kopf wiring: which events trigger what. Each handler is a few lines; the work is in models.py."""
+"""kopf wiring: which events trigger what. Each handler is a few lines; the work is in models.py
+(AIModels) and features.py (AIFeatures), the decisions in builders/, status.py and rollout/."""
 
 from __future__ import annotations
 
@@ -154,5 +155,5 @@ async def model_deleted(namespace: str | None, name: str, **_: Any) -> None:
 
 
 @kopf.on.delete(GROUP, VERSION, "aifeatures", optional=True)
-async def feature_deleted(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+async def feature_deleted(namespace: str | None, name: str, **_: Any) -> None:
     opmetrics.forget(opmetrics.FEATURE_PHASE, namespace or "", name, features.FEATURE_PHASES)

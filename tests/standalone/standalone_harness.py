@@ -86,7 +86,19 @@ class Serve:
             ready = {m.name for m in state.models if m.phase == "Ready"}
             return state if ready >= set(models) else None
 
-        return wait_until(all_ready, timeout, f"models {models} Ready")
+        state = wait_until(all_ready, timeout, f"models {models} Ready")
+
+        def routed() -> bool:
+            # The gateway reloads the routes file on its own clock: Ready in the state file is not yet
+            # routable. A feature whose stable model is ready must carry weight in the gateway.
+            try:
+                weights = {f.name: self.gateway_weights(f.name) for f in state.features}
+            except httpx.HTTPError:
+                return False  # the gateway is not listening yet
+            return all(sum(weights[f.name].values()) for f in state.features if f.status.stable_model in models)
+
+        wait_until(routed, 10, "the gateway to route to the ready models")
+        return state
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.must_state().gateway.url + "/v1", api_key="unused", max_retries=0)

@@ -88,6 +88,8 @@ def test_a_crashed_runtime_is_restarted(served: Serve) -> None:
     after = served.must_state().model("tiny-chat")
     assert after is not None
     assert after.last_exit_code == -signal.SIGKILL
+    # The gateway picks the new runtime up from the routes file it polls: 503 until then.
+    wait_until(lambda: _answers(served.client()), 10, "the gateway to route to the restarted runtime")
     answer = served.client().chat.completions.create(
         model="chat", messages=[{"role": "user", "content": "Hello"}], max_tokens=2
     )

@@ -70,6 +70,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def answers_ok(url: str, context: ssl.SSLContext | None = None) -> Callable[[], bool]:
+    """A readiness check for wait_for: the URL answers 200 (connection errors count as not yet)."""
+
+    def check() -> bool:
+        with urllib.request.urlopen(url, context=context, timeout=5) as response:
+            return bool(response.status == 200)
+
+    return check
+
+
 def wait_for(what: str, check: Callable[[], bool], timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -199,12 +209,7 @@ class LocalCluster:
             ],
         )
 
-        def ready() -> bool:
-            req = urllib.request.Request(self.server + "/readyz")
-            with urllib.request.urlopen(req, context=self._ssl(), timeout=5) as r:
-                return bool(r.status == 200)
-
-        wait_for("kube-apiserver /readyz", ready, timeout, proc)
+        wait_for("kube-apiserver /readyz", answers_ok(self.server + "/readyz", self._ssl()), timeout, proc)
 
     def _write_kubeconfig(self) -> None:
         d = self.pki_dir
@@ -226,13 +231,9 @@ class LocalCluster:
         self.kubeconfig.write_text(json.dumps(config, indent=2))  # JSON is valid kubeconfig YAML
 
     def _healthz(self, port: int) -> Callable[[], bool]:
-        def check() -> bool:
-            ctx = ssl.create_default_context()
-            ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # self-signed component cert
-            with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=ctx, timeout=2) as r:
-                return bool(r.status == 200)
-
-        return check
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # self-signed component cert
+        return answers_ok(f"https://127.0.0.1:{port}/healthz", ctx)
 
     def _up_controllers(self, timeout: float) -> None:
         kc, d = str(self.kubeconfig), self.pki_dir
@@ -291,11 +292,7 @@ class LocalCluster:
             env={"KWOK_WORKDIR": str(kwok_dir), "HOME": str(kwok_dir)},
         )
 
-        def healthy() -> bool:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-                return bool(r.status == 200)
-
-        wait_for("kwok", healthy, timeout, proc)
+        wait_for("kwok", answers_ok(f"http://127.0.0.1:{port}/healthz"), timeout, proc)
 
     def _create_nodes(self, timeout: float) -> None:
         nodes = FAKE_NODES + cpu_nodes(self.extra_cpu_nodes)

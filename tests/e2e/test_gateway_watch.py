@@ -3,6 +3,10 @@ API server and applies weight and readiness changes without a restart.
 
 The operator is paused for this test so the test can write the statuses itself, pointing the AIModels'
 endpoints at real OpenAI-speaking servers on loopback (KWOK pods cannot serve HTTP).
+
+The gateway watches the whole cluster, as the chart's default does, so other tests' namespaces (some still
+terminating) may hold a `chat` feature too; the plain name then belongs to the alphabetically first
+namespace. The test therefore calls its feature by the unambiguous `namespace/chat` alias.
 """
 
 from __future__ import annotations
@@ -99,8 +103,10 @@ def answered_by_when_routed(client: openai.OpenAI, model: str) -> str | None:
 
 
 def test_gateway_routes_from_the_cluster_and_follows_changes(
-    kube: Kube, namespace: str, upstreams: dict[str, str], gateway: str
+    paused_operator: None, kube: Kube, namespace: str, upstreams: dict[str, str], gateway: str
 ) -> None:
+    # paused_operator comes first so that it is torn down last: the failure dump of the namespace then
+    # shows what happened during the test, not what the resumed operator did afterwards.
     spec: dict[str, Any] = {"source": {"uri": "/models/x"}, "engine": "transformers"}
     for name in ("v1", "v2"):
         kube.create_model(namespace, name, spec)
@@ -108,14 +114,15 @@ def test_gateway_routes_from_the_cluster_and_follows_changes(
     kube.create_feature(namespace, "chat", {"model": "v1"})
     set_weights(kube, namespace, "chat", {"v1": 100})
     client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0, timeout=10)
+    chat = f"{namespace}/chat"
 
-    wait_until("chat routed to v1", lambda: answered_by_when_routed(client, "chat") == "v1", timeout=15)
+    wait_until("chat routed to v1", lambda: answered_by_when_routed(client, chat) == "v1", timeout=15)
     listed = {m.id for m in client.models.list().data}
     assert {"chat", "v1", "v2"} <= listed
 
     changed = time.monotonic()
     set_weights(kube, namespace, "chat", {"v2": 100})
-    wait_until("chat routed to v2", lambda: answered_by_when_routed(client, "chat") == "v2", timeout=10, interval=0.01)
+    wait_until("chat routed to v2", lambda: answered_by_when_routed(client, chat) == "v2", timeout=10, interval=0.01)
     (ARTIFACTS / "gateway-watch-latency.txt").write_text(
         f"weight change applied after {time.monotonic() - changed:.3f}s\n"
     )
@@ -123,9 +130,9 @@ def test_gateway_routes_from_the_cluster_and_follows_changes(
     # A model that is not Ready gets no traffic: the split renormalises over ready backends.
     set_weights(kube, namespace, "chat", {"v1": 50, "v2": 50})
     set_model_status(kube, namespace, "v2", upstreams["v2"], ready=False)
-    wait_until("v2 excluded", lambda: all(answered_by(client, "chat") == "v1" for _ in range(10)), timeout=10)
+    wait_until("v2 excluded", lambda: all(answered_by(client, chat) == "v1" for _ in range(10)), timeout=10)
 
     kube.delete_model(namespace, "v1")
     with pytest.raises(openai.APIStatusError) as info:
-        wait_until("no ready backend left", lambda: answered_by(client, "chat") == "never", timeout=10)
+        wait_until("no ready backend left", lambda: answered_by(client, chat) == "never", timeout=10)
     assert info.value.status_code == 503

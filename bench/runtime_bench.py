@@ -36,7 +36,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.fixtures.models import build_tiny_llama  # noqa: E402
-from tests.runtime.servers import free_port, poll  # noqa: E402
+from tests.polling import wait_until  # noqa: E402
+from tests.runtime.servers import free_port  # noqa: E402
 
 from modelplane_api.runtime_config import RuntimeConfig  # noqa: E402
 
@@ -108,7 +109,7 @@ def running(targets: list[Target], workdir: Path) -> Iterator[None]:
             log = (workdir / f"{t.name}.log").open("wb")
             t.proc = subprocess.Popen(t.command, stdout=log, stderr=subprocess.STDOUT, env=ENV)
         for t in targets:
-            poll(lambda t=t: _ready(t, workdir), 900, f"{t.name} to be ready", interval=0.5)
+            wait_until(f"{t.name} to be ready", lambda t=t: _ready(t, workdir), 900, interval=0.5)
             t.ready_seconds = round(time.perf_counter() - started, 1)
             print(f"bench: {t.name} ready after {t.ready_seconds}s", flush=True)
         yield

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,29 +18,25 @@ from e2e.cluster.localcluster import free_port, stop_process_groups
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from tests import polling
+
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / ".artifacts"
 GROUP, VERSION = "modelplane.dev", "v1alpha1"
 OPERATOR_NS = "modelplane-system"
 OPERATOR_SA = "modelplane-operator"
+PLURALS = {"AIModel": "aimodels", "AIFeature": "aifeatures", "CustomResourceDefinition": "customresourcedefinitions"}
 T = TypeVar("T")
 
 
+def _not_there_yet(exc: Exception) -> bool:
+    """A 404 (not created yet, already gone) or 409 (a concurrent write) is worth another look."""
+    return isinstance(exc, ApiException) and exc.status in (404, 409)
+
+
 def wait_until(what: str, check: Callable[[], T | None], timeout: float = 60, interval: float = 0.25) -> T:
-    """Polls `check` until it returns something truthy; fails with `what` and the last value at the deadline."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except ApiException as exc:
-            last = exc
-            if exc.status not in (404, 409):
-                raise
-        if last:
-            return last  # type: ignore[no-any-return]
-        time.sleep(interval)  # polling interval of a deadline-bounded wait
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last value: {last!r}")
+    """polling.wait_until, where the API server's 404 and 409 count as "not yet"."""
+    return polling.wait_until(what, check, timeout, interval, tolerate=_not_there_yet)
 
 
 @dataclass
@@ -64,29 +59,38 @@ class Kube:
         cfg = self.api.configuration
         return cfg.host, cfg.ssl_ca_cert
 
-    # --- AIModel helpers ---
+    # --- AIModel and AIFeature helpers: one generic body, named wrappers for readable tests ---
+    def create_object(self, kind: str, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": kind, "metadata": {"name": name}, "spec": spec}
+        return dict(self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURALS[kind], body))
+
+    def get_object(self, kind: str, namespace: str, name: str) -> dict[str, Any]:
+        return dict(self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURALS[kind], name))
+
+    def patch_object(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        plural = PLURALS[kind]
+        return dict(self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, plural, name, patch))
+
     def create_model(self, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AIModel", "metadata": {"name": name}, "spec": spec}
-        return dict(self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "aimodels", body))
+        return self.create_object("AIModel", namespace, name, spec)
 
     def get_model(self, namespace: str, name: str) -> dict[str, Any]:
-        return dict(self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "aimodels", name))
+        return self.get_object("AIModel", namespace, name)
 
     def patch_model(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        return dict(self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, "aimodels", name, patch))
+        return self.patch_object("AIModel", namespace, name, patch)
 
     def delete_model(self, namespace: str, name: str) -> None:
-        self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "aimodels", name)
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURALS["AIModel"], name)
 
     def create_feature(self, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AIFeature", "metadata": {"name": name}, "spec": spec}
-        return dict(self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "aifeatures", body))
+        return self.create_object("AIFeature", namespace, name, spec)
 
     def get_feature(self, namespace: str, name: str) -> dict[str, Any]:
-        return dict(self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "aifeatures", name))
+        return self.get_object("AIFeature", namespace, name)
 
     def patch_feature(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        return dict(self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, "aifeatures", name, patch))
+        return self.patch_object("AIFeature", namespace, name, patch)
 
     def condition(self, namespace: str, name: str, kind: str) -> dict[str, Any] | None:
         status = self.get_model(namespace, name).get("status") or {}
@@ -105,14 +109,9 @@ class Kube:
 
     def apply(self, obj: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
         version, kind = obj["apiVersion"], obj["kind"]
-        plurals = {
-            "CustomResourceDefinition": "customresourcedefinitions",
-            "AIModel": "aimodels",
-            "AIFeature": "aifeatures",
-        }
         prefix = f"/api/{version}" if "/" not in version else f"/apis/{version}"
         ns_part = f"/namespaces/{namespace}" if namespace else ""
-        path = f"{prefix}{ns_part}/{plurals[kind]}/{obj['metadata']['name']}"
+        path = f"{prefix}{ns_part}/{PLURALS[kind]}/{obj['metadata']['name']}"
         method, url, headers, body, _ = self.api.param_serialize(
             "PATCH",
             path,

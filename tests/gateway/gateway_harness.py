@@ -6,8 +6,6 @@ import json
 import logging
 import socket
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,6 +17,7 @@ from modelplane_gateway.forwarding import GatewayState
 from modelplane_gateway.picking import pick_backend
 from modelplane_gateway.routes import Route, RouteTable
 from tests.gateway.gateway_upstream import UpstreamState
+from tests.polling import wait_until
 
 
 @dataclass
@@ -63,15 +62,6 @@ def picked(route: Route, sticky: str | None) -> str:
     return backend.model
 
 
-def wait_until(condition: Callable[[], object], timeout: float = 5.0, what: str = "condition") -> None:
-    """Poll with a deadline (the tests' only way to wait for something)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)  # polling interval of a deadline-bounded wait
-
-
 class ServedApp:
     """An ASGI app served by uvicorn on 127.0.0.1 in a daemon thread."""
 
@@ -87,7 +77,7 @@ class ServedApp:
 
     def __enter__(self) -> ServedApp:
         self.thread.start()
-        wait_until(lambda: self.server.started or not self.thread.is_alive(), 10, "uvicorn to start")
+        wait_until("uvicorn to start", lambda: self.server.started or not self.thread.is_alive(), 10)
         if not self.server.started:
             raise RuntimeError("the server did not start")
         return self

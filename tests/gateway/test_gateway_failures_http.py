@@ -11,7 +11,8 @@ import openai
 import pytest
 
 from modelplane_api import metrics as m
-from tests.gateway.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel, wait_until
+from tests.gateway.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
+from tests.polling import wait_until
 
 KEYS = "team-a: sk-alpha\nteam-b: sk-bravo chat\n"
 
@@ -58,8 +59,8 @@ def test_client_leaving_a_slow_answer_cancels_the_upstream_call(
     body = {"model": "chat", "messages": say("delay=3")}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=0.2)
-    wait_until(lambda: gateway.sample(m.REQUESTS, feature="chat", model="chat-v1", code="499") == 1, what="499")
-    wait_until(lambda: upstreams["v1"].state.abandoned == abandoned + 1, what="the upstream to see the disconnect")
+    wait_until("499", lambda: gateway.sample(m.REQUESTS, feature="chat", model="chat-v1", code="499") == 1)
+    wait_until("the upstream to see the disconnect", lambda: upstreams["v1"].state.abandoned == abandoned + 1)
     assert gateway.sample(m.ERRORS, feature="chat", model="chat-v1", reason="upstream_timeout") == 0
 
 
@@ -70,7 +71,7 @@ def test_stalled_stream_ends_with_an_error_event(gateway: Gateway) -> None:
         drain(stream, received)
     assert len(received) == 1
     labels = {"feature": "chat", "model": "chat-v1"}
-    wait_until(lambda: gateway.sample(m.ERRORS, **labels, reason="upstream_timeout") == 1, what="timeout counted")
+    wait_until("timeout counted", lambda: gateway.sample(m.ERRORS, **labels, reason="upstream_timeout") == 1)
     assert gateway.sample(m.REQUESTS, **labels, code="200") == 1
 
 
@@ -81,7 +82,7 @@ def test_stream_cut_short_by_the_upstream(gateway: Gateway) -> None:
         drain(stream, received)
     assert len(received) == 2
     labels = {"feature": "chat", "model": "chat-v1", "reason": "stream_aborted"}
-    wait_until(lambda: gateway.sample(m.ERRORS, **labels) == 1, what="aborted stream counted")
+    wait_until("aborted stream counted", lambda: gateway.sample(m.ERRORS, **labels) == 1)
 
 
 def test_keys_401_403_and_model_list_per_key(upstreams: dict[str, Upstream], start_gateway: StartGateway) -> None:
@@ -107,7 +108,7 @@ def test_keys_401_403_and_model_list_per_key(upstreams: dict[str, Upstream], sta
 def test_rotated_keys_file_applies(upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path) -> None:
     gw = start_gateway([aimodel("chat-v1", upstreams["v1"].url), aifeature("chat", [("chat-v1", 100)])], keys=KEYS)
     (tmp_path / "keys").write_text("team-c: sk-charlie\n")
-    wait_until(lambda: gw.state.keys.find("sk-charlie") is not None, what="keys reload")
+    wait_until("keys reload", lambda: gw.state.keys.find("sk-charlie") is not None)
     assert gw.client(api_key="sk-charlie").chat.completions.create(model="chat", messages=say("hi")).choices
     with pytest.raises(openai.AuthenticationError):
         gw.client(api_key="sk-alpha").chat.completions.create(model="chat", messages=say("hi"))

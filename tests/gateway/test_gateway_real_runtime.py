@@ -18,14 +18,15 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.gateway_harness import Gateway, StartGateway, aifeature, aimodel, picked, route_in, wait_until
+from tests.gateway.gateway_harness import Gateway, StartGateway, aifeature, aimodel, picked, route_in
+from tests.polling import wait_until
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads weights at test time
 
 from modelplane_api import metrics as m
 from modelplane_api.runtime_config import RuntimeConfig
 from tests.fixtures import models as shared_models
-from tests.runtime.servers import SubprocessServer, poll
+from tests.runtime.servers import SubprocessServer
 
 pytestmark = pytest.mark.slow
 tiny_llama_dir = shared_models.tiny_llama_dir
@@ -132,7 +133,7 @@ def test_stream_first_chunk_arrives_while_the_runtime_still_generates(
 ) -> None:
     gw = start_gateway(objects_for(runtimes, aifeature("only-a", [("model-a", 100)])))
     runtime = runtimes["a"]
-    poll(lambda: runtime.in_flight() == 0, 30, "runtime a to be idle")
+    wait_until("runtime a to be idle", lambda: runtime.in_flight() == 0, 30)
     stream = gw.client(timeout=60).chat.completions.create(
         model="only-a", messages=HI, max_tokens=400, stream=True, extra_body={"ignore_eos": True},
         stream_options={"include_usage": True},
@@ -146,7 +147,7 @@ def test_stream_first_chunk_arrives_while_the_runtime_still_generates(
     usage = [c.usage for c in rest if c.usage is not None]
     assert [u.completion_tokens for u in usage] == [400]
     assert sum(1 for c in [first, *rest] if c.choices and c.choices[0].delta.content) > 1
-    poll(lambda: runtime.in_flight() == 0, 30, "the runtime to finish")
+    wait_until("the runtime to finish", lambda: runtime.in_flight() == 0, 30)
     assert gw.sample(m.TOKENS, feature="only-a", model="model-a", kind="completion") == 400
 
 
@@ -214,7 +215,7 @@ def test_rewritten_routes_file_moves_traffic_live(runtimes: dict[str, Runtime], 
     assert answered_by(client.chat.completions.create(model="live", messages=HI, max_tokens=1)) == "tiny-a"
     objects[-1] = aifeature("live", [("model-b", 100)])
     gw.write_routes(objects)
-    wait_until(lambda: route_in(gw.state.table, "live").backends[0].model == "model-b", what="routes reload")
+    wait_until("routes reload", lambda: route_in(gw.state.table, "live").backends[0].model == "model-b")
     assert answered_by(client.chat.completions.create(model="live", messages=HI, max_tokens=1)) == "tiny-b"
     response = httpx.get(f"{gw.url}/v1/models", timeout=10)
     assert {"live", "tiny-a", "tiny-b"} <= {entry["id"] for entry in response.json()["data"]}

@@ -18,8 +18,8 @@ from tests.gateway.gateway_harness import (
     picked,
     refused_url,
     route_in,
-    wait_until,
 )
+from tests.polling import wait_until
 
 HI: Any = [{"role": "user", "content": "hi"}]
 Versions = tuple[Gateway, list[dict[str, Any]]]
@@ -91,12 +91,12 @@ def test_routes_file_changes_apply_and_not_ready_gets_503(two_versions: Versions
     gw, objects = two_versions
     objects[2] = aifeature("chat", [("chat-v2", 100)])
     gw.write_routes(objects)
-    wait_until(lambda: route_in(gw.state.table, "chat").backends[0].model == "chat-v2", what="routes reload")
+    wait_until("routes reload", lambda: route_in(gw.state.table, "chat").backends[0].model == "chat-v2")
     answer = gw.client().chat.completions.create(model="chat", messages=HI, user="anyone")
     assert answer.choices[0].message.content == "v2"
     objects[1] = aimodel("chat-v2", objects[1]["status"]["endpoint"], ready=False)
     gw.write_routes(objects)
-    wait_until(lambda: not route_in(gw.state.table, "chat").backends[0].ready, what="routes reload")
+    wait_until("routes reload", lambda: not route_in(gw.state.table, "chat").backends[0].ready)
     response = httpx.post(f"{gw.url}/v1/chat/completions", json={"model": "chat", "messages": HI})
     assert response.status_code == 503
     assert int(response.headers["Retry-After"]) >= 1
@@ -150,7 +150,9 @@ def test_stream_passes_through_before_the_upstream_finishes(
     assert [c.choices[0].delta.content for c in rest if c.choices] == ["v1 ", "v1 "]
     assert rest[-1].usage is not None
     assert rest[-1].usage.completion_tokens == 3
-    wait_until(lambda: gw.sample(m.REQUESTS, feature="only-v1", model="chat-v1", code="200") == 1)
+    wait_until(
+        "the request counted", lambda: gw.sample(m.REQUESTS, feature="only-v1", model="chat-v1", code="200") == 1
+    )
     assert gw.sample(m.TOKENS, feature="only-v1", model="chat-v1", kind="completion") == 3
     assert gw.sample(f"{m.TTFT}_count", feature="only-v1", model="chat-v1") == 1
 
@@ -163,7 +165,7 @@ def test_client_disconnect_closes_the_upstream_stream(two_versions: Versions, up
     body = {"model": "only-v1", "stream": True, "messages": [{"role": "user", "content": "hold chunks=50 gap=0.05"}]}
     with httpx.stream("POST", f"{gw.url}/v1/chat/completions", json=body, timeout=10) as response:
         assert next(response.iter_raw()).startswith(b"data: ")
-    wait_until(lambda: gw.sample(m.REQUESTS, feature="only-v1", model="chat-v1", code="499") == 1, what="499 counted")
+    wait_until("499 counted", lambda: gw.sample(m.REQUESTS, feature="only-v1", model="chat-v1", code="499") == 1)
     state.released.set()  # the upstream leaves its hold; its next chunk finds the connection gone
-    wait_until(lambda: state.streams_disconnected == disconnected + 1, what="the upstream to see the disconnect")
+    wait_until("the upstream to see the disconnect", lambda: state.streams_disconnected == disconnected + 1)
     assert gw.sample(m.ERRORS, feature="only-v1", model="chat-v1", reason="stream_aborted") == 0

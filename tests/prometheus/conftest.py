@@ -6,13 +6,13 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.polling import wait_until
 from tests.prometheus.gateway_endpoint import GatewayMetrics, serve_gateway_metrics
 
 SCRAPE_INTERVAL = "1s"
@@ -79,14 +79,15 @@ def prometheus(gateway_metrics: GatewayMetrics, tmp_path: Path) -> Iterator[str]
 
 
 def _wait_ready(base_url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + STARTUP_DEADLINE_SECONDS
-    while time.monotonic() < deadline:
+    def ready() -> bool:
         if process.poll() is not None:
             raise RuntimeError(f"prometheus exited with {process.returncode}: {log.read_text()[-2000:]}")
         try:
-            if httpx.get(f"{base_url}/-/ready", timeout=1).status_code == 200:
-                return
+            return httpx.get(f"{base_url}/-/ready", timeout=1).status_code == 200
         except httpx.HTTPError:
-            pass
-        time.sleep(0.1)  # poll interval under a deadline, not a synchronisation sleep
-    raise TimeoutError(f"prometheus not ready after {STARTUP_DEADLINE_SECONDS}s: {log.read_text()[-2000:]}")
+            return False
+
+    try:
+        wait_until("prometheus /-/ready", ready, STARTUP_DEADLINE_SECONDS, interval=0.1)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{log.read_text()[-2000:]}") from None

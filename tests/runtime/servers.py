@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -20,24 +19,13 @@ import uvicorn
 
 from modelplane_api.runtime_config import RuntimeConfig
 from modelplane_runtime.app import create_app
+from tests.polling import wait_until
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def poll(check: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Call `check()` until it returns something truthy, or fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)  # polling interval of a deadline-bounded wait
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
 class _Server:
@@ -54,7 +42,7 @@ class _Server:
         return dict(self.get("/ready").json())
 
     def wait_ready(self, timeout: float = 120) -> None:
-        poll(lambda: self._ready_or_failed(), timeout, "/ready")
+        wait_until("/ready", lambda: self._ready_or_failed(), timeout)
         body = self.ready_body()
         assert body["status"] == "ready", body
 
@@ -88,7 +76,7 @@ class InProcessServer(_Server):
 
     def __enter__(self) -> InProcessServer:
         self._thread.start()
-        poll(lambda: self._server.started, 30, "uvicorn to start")
+        wait_until("uvicorn to start", lambda: self._server.started, 30)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -119,7 +107,7 @@ class SubprocessServer(_Server):
                 env=self._env,
             )
         try:
-            poll(self._alive, 60, "/health")
+            wait_until("/health", self._alive, 60)
         except BaseException as exc:
             self.__exit__(type(exc), exc, exc.__traceback__)  # never leave the process behind
             raise

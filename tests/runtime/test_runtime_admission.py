@@ -15,8 +15,9 @@ import pytest
 
 from modelplane_runtime.admission import AdmissionController
 from modelplane_runtime.errors import OpenAIError
+from tests.polling import wait_until
 from tests.runtime.conftest import tiny_config
-from tests.runtime.servers import InProcessServer, poll
+from tests.runtime.servers import InProcessServer
 
 LONG = 2000  # tokens: far longer than any step of these tests takes
 
@@ -118,14 +119,14 @@ def test_full_queue_429_then_disconnect_frees_the_slot(one_slot_server: InProces
         with holding_the_slot(server):
             assert in_flight_and_queued(server) == (1, 0)
             queued = [pool.submit(short_request, server) for _ in range(3)]
-            poll(lambda: in_flight_and_queued(server) == (1, 3), 30, "three queued requests")
+            wait_until("three queued requests", lambda: in_flight_and_queued(server) == (1, 3), 30)
             rejected = short_request(server)
             assert rejected.status_code == 429
             assert int(rejected.headers["Retry-After"]) >= 1
             assert rejected.json()["error"]["code"] == "service_overloaded"
         # The holder hung up: its slot passes on and the queue drains.
         assert [f.result(timeout=60).status_code for f in queued] == [200, 200, 200]
-    poll(lambda: in_flight_and_queued(server) == (0, 0), 30, "an idle server")
+    wait_until("an idle server", lambda: in_flight_and_queued(server) == (0, 0), 30)
     generated = server.metric("modelplane_runtime_tokens_total", 'kind="completion"') - generated_before
     assert generated < LONG, "the abandoned stream should have stopped generating"
 
@@ -146,7 +147,7 @@ def test_high_priority_goes_first(one_slot_server: InProcessServer) -> None:
         with holding_the_slot(server):
             for depth, priority in enumerate(["low", "normal", "high"], start=1):
                 futures.append(pool.submit(run, priority))
-                poll(lambda d=depth: in_flight_and_queued(server)[1] == d, 30, f"{depth} queued")
+                wait_until(f"{depth} queued", lambda d=depth: in_flight_and_queued(server)[1] == d, 30)
         assert [f.result(timeout=60) for f in futures] == [200, 200, 200]
     assert finished == ["high", "normal", "low"]
 

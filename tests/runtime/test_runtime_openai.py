@@ -9,7 +9,8 @@ import httpx
 import openai
 import pytest
 
-from tests.runtime.servers import InProcessServer, poll
+from tests.polling import wait_until
+from tests.runtime.servers import InProcessServer
 
 MODEL = "tiny-llama"
 
@@ -183,7 +184,7 @@ def test_eight_concurrent_streams_complete_with_usage(chat_server: InProcessServ
         assert reference.usage is not None
         assert text == reference.choices[0].message.content
         assert (prompt_tokens, completion_tokens) == (reference.usage.prompt_tokens, 6)
-    poll(lambda: chat_server.metric("modelplane_runtime_in_flight") == 0, 30, "no request in flight")
+    wait_until("no request in flight", lambda: chat_server.metric("modelplane_runtime_in_flight") == 0, 30)
 
 
 def test_client_leaving_stops_the_generation(client: openai.OpenAI, chat_server: InProcessServer) -> None:
@@ -198,6 +199,6 @@ def test_client_leaving_stops_the_generation(client: openai.OpenAI, chat_server:
     body = {"model": MODEL, "prompt": "Hi", "max_tokens": long, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(chat_server.v1 + "/completions", json=body, timeout=1.0)
-    poll(lambda: chat_server.metric("modelplane_runtime_in_flight") == 0, 30, "both slots to be freed")
+    wait_until("both slots to be freed", lambda: chat_server.metric("modelplane_runtime_in_flight") == 0, 30)
     generated = chat_server.metric("modelplane_runtime_tokens_total", 'kind="completion"') - before
     assert 1 <= generated < long, "the abandoned requests should have stopped generating"

@@ -11,8 +11,9 @@ import pytest
 
 from modelplane_api.runtime_config import RuntimeConfig
 from modelplane_runtime.model_source import ModelSourceError, resolve_model_source
+from tests.polling import wait_until
 from tests.runtime.conftest import tiny_config
-from tests.runtime.servers import SubprocessServer, poll
+from tests.runtime.servers import SubprocessServer
 
 
 @pytest.fixture
@@ -54,7 +55,7 @@ def test_not_ready_while_loading_then_failed_with_reason(black_hole: str, tmp_pa
         assert early.status_code == 503
         assert "Retry-After" in early.headers
         assert early.json()["error"]["code"] == "service_overloaded"
-        poll(lambda: server.ready_body()["status"] == "failed", 30, "the load timeout")
+        wait_until("the load timeout", lambda: server.ready_body()["status"] == "failed", 30)
         failed = server.get("/ready")
         assert failed.status_code == 503
         assert "load_timeout_seconds=3" in failed.json()["reason"]

@@ -19,8 +19,9 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from tests.polling import wait_until
 from tests.runtime.conftest import tiny_config
-from tests.runtime.servers import SubprocessServer, poll
+from tests.runtime.servers import SubprocessServer
 
 pytestmark = pytest.mark.slow
 
@@ -135,7 +136,7 @@ def test_eight_concurrent_streams_complete_with_usage(vllm_server: SubprocessSer
     assert [r[2] for r in results] == [12] * 8
     assert [r[3] for r in results] == ["length"] * 8
     assert all(r[1] > 0 and r[0] for r in results)
-    poll(lambda: vllm_server.metric("modelplane_runtime_in_flight") == 0, 30, "no request in flight")
+    wait_until("no request in flight", lambda: vllm_server.metric("modelplane_runtime_in_flight") == 0, 30)
 
 
 def test_disconnect_aborts_the_generation(vllm_server: SubprocessServer) -> None:
@@ -146,7 +147,7 @@ def test_disconnect_aborts_the_generation(vllm_server: SubprocessServer) -> None
         assert response.status_code == 200
         lines = response.iter_lines()
         next(line for line in lines if line.startswith("data: {"))
-    poll(lambda: vllm_server.metric("modelplane_runtime_in_flight") == 0, 30, "the slot to be freed")
+    wait_until("the slot to be freed", lambda: vllm_server.metric("modelplane_runtime_in_flight") == 0, 30)
     generated = vllm_server.metric("modelplane_runtime_tokens_total", 'kind="completion"') - before
     assert 1 <= generated < limit, "the abandoned stream should have stopped generating"
 

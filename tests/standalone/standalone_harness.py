@@ -7,8 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,22 +17,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from modelplane_api.metrics import WEIGHT
 from modelplane_cli.state import STATE_FILE, SupervisorState, read_state
+from tests.polling import wait_until
 
 T = TypeVar("T")
-POLL_SECONDS = 0.2
 STARTUP_SECONDS = 150.0  # several runtimes importing torch at once on 2 busy cores
-
-
-def wait_until(check: Callable[[], T | None], timeout: float, what: str) -> T:
-    """Poll `check` until it returns something truthy; fail with `what` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(POLL_SECONDS)
 
 
 def write_manifests(path: Path, documents: list[dict[str, Any]]) -> None:
@@ -86,7 +72,7 @@ class Serve:
             ready = {m.name for m in state.models if m.phase == "Ready"}
             return state if ready >= set(models) else None
 
-        state = wait_until(all_ready, timeout, f"models {models} Ready")
+        state = wait_until(f"models {models} Ready", all_ready, timeout)
 
         def routed() -> bool:
             # The gateway reloads the routes file on its own clock: Ready in the state file is not yet
@@ -97,7 +83,7 @@ class Serve:
                 return False  # the gateway is not listening yet
             return all(sum(weights[f.name].values()) for f in state.features if f.status.stable_model in models)
 
-        wait_until(routed, 10, "the gateway to route to the ready models")
+        wait_until("the gateway to route to the ready models", routed, 10)
         return state
 
     def client(self) -> openai.OpenAI:

@@ -16,7 +16,8 @@ import openai
 import pytest
 
 from modelplane_api.aifeature import AIFeatureStatus
-from tests.standalone.standalone_harness import Serve, ai_feature, ai_model, wait_until, write_manifests
+from tests.polling import wait_until
+from tests.standalone.standalone_harness import Serve, ai_feature, ai_model, write_manifests
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +66,7 @@ def _drive(served: Serve, feature: str, answered: Counter[str], until: str) -> A
         status = _status(served, feature)
         return status if status.phase == until else None
 
-    return wait_until(one_request_then_check, 60, f"feature {feature} to reach {until}")
+    return wait_until(f"feature {feature} to reach {until}", one_request_then_check, 60)
 
 
 def _switch(served: Serve, good: str, bad: str) -> None:
@@ -75,7 +76,7 @@ def _switch(served: Serve, good: str, bad: str) -> None:
 def test_a_good_canary_is_promoted(served: Serve) -> None:
     assert _status(served, "good").stable_model == "tiny-a"
     _switch(served, good="tiny-b", bad="tiny-a")
-    wait_until(lambda: _status(served, "good").canary_model == "tiny-b", 10, "the canary to start")
+    wait_until("the canary to start", lambda: _status(served, "good").canary_model == "tiny-b", 10)
 
     answered: Counter[str] = Counter()
     status = _drive(served, "good", answered, until="Stable")
@@ -89,7 +90,7 @@ def test_a_good_canary_is_promoted(served: Serve) -> None:
     assert answered["tiny-b"] > 0, answered
     assert not [k for k in answered if k.startswith("error")], answered
 
-    wait_until(lambda: served.gateway_weights("good") == {"tiny-b": 100}, 10, "the gateway to apply the promotion")
+    wait_until("the gateway to apply the promotion", lambda: served.gateway_weights("good") == {"tiny-b": 100}, 10)
     after: Counter[str] = Counter()
     for _ in range(6):
         reply = served.client().chat.completions.create(
@@ -102,7 +103,7 @@ def test_a_good_canary_is_promoted(served: Serve) -> None:
 def test_a_failing_canary_is_rolled_back(served: Serve) -> None:
     assert _status(served, "bad").stable_model == "tiny-a"
     _switch(served, good="tiny-b", bad="tiny-bad")
-    wait_until(lambda: _status(served, "bad").canary_model == "tiny-bad", 10, "the canary to start")
+    wait_until("the canary to start", lambda: _status(served, "bad").canary_model == "tiny-bad", 10)
 
     answered: Counter[str] = Counter()
     status = _drive(served, "bad", answered, until="RolledBack")
@@ -122,7 +123,7 @@ def test_a_failing_canary_is_rolled_back(served: Serve) -> None:
     shown = served.cli("status")
     assert "rollback" in shown.stdout, shown.stdout
     assert "tiny-bad" in shown.stdout, shown.stdout
-    wait_until(lambda: served.gateway_weights("bad") == {"tiny-a": 100}, 10, "the gateway to apply the rollback")
+    wait_until("the gateway to apply the rollback", lambda: served.gateway_weights("bad") == {"tiny-a": 100}, 10)
     after: Counter[str] = Counter()
     for _ in range(6):  # sampled requests, which the corrupted model cannot answer
         reply = served.client().chat.completions.create(

@@ -14,7 +14,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.standalone.standalone_harness import Serve, ai_feature, ai_model, group_gone, wait_until, write_manifests
+from tests.polling import wait_until
+from tests.standalone.standalone_harness import Serve, ai_feature, ai_model, group_gone, write_manifests
 
 pytestmark = pytest.mark.slow
 
@@ -84,12 +85,12 @@ def test_a_crashed_runtime_is_restarted(served: Serve) -> None:
         assert model is not None
         return model.restarts == 1 and model.phase == "Ready" and model.pid not in (None, before.pid)
 
-    wait_until(restarted_and_ready, 90, "tiny-chat restarted after kill -9")
+    wait_until("tiny-chat restarted after kill -9", restarted_and_ready, 90)
     after = served.must_state().model("tiny-chat")
     assert after is not None
     assert after.last_exit_code == -signal.SIGKILL
     # The gateway picks the new runtime up from the routes file it polls: 503 until then.
-    wait_until(lambda: _answers(served.client()), 10, "the gateway to route to the restarted runtime")
+    wait_until("the gateway to route to the restarted runtime", lambda: _answers(served.client()), 10)
     answer = served.client().chat.completions.create(
         model="chat", messages=[{"role": "user", "content": "Hello"}], max_tokens=2
     )
@@ -111,8 +112,8 @@ def test_an_edited_model_is_applied_live(served: Serve, tiny_llama_dir: Path) ->
         model = served.must_state().model("tiny-chat")
         return model is not None and model.phase == "Ready" and model.port != before.port
 
-    wait_until(reloaded, 90, "tiny-chat restarted with the edited spec")
-    wait_until(lambda: _answers(client), 10, "the gateway to route to the new runtime")  # it polls the routes file
+    wait_until("tiny-chat restarted with the edited spec", reloaded, 90)
+    wait_until("the gateway to route to the new runtime", lambda: _answers(client), 10)  # it polls the routes file
     with pytest.raises(openai.APIStatusError) as too_long:  # the prompt no longer fits the 32-token context
         client.chat.completions.create(model="chat", messages=[{"role": "user", "content": long_prompt}], max_tokens=1)
     assert too_long.value.status_code == 413

@@ -19,9 +19,10 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from modelplane_api.runtime_config import RuntimeConfig
 from tests.polling import wait_until
 from tests.runtime.conftest import tiny_config
-from tests.runtime.servers import SubprocessServer
+from tests.runtime.servers import InProcessServer, SubprocessServer
 
 pytestmark = pytest.mark.slow
 
@@ -179,3 +180,30 @@ def test_completion_logprobs(client: openai.OpenAI) -> None:
         assert value <= 0
         assert len(top) == 2
         assert math.isclose(value, max(top.values()), abs_tol=1e-4)  # greedy: the most likely token
+
+
+def test_embeddings_match_the_transformers_engine(minilm_model_dir: Path, embed_server: InProcessServer) -> None:
+    """The same MiniLM through vLLM's pooling runner and through transformers: the same vectors."""
+    require_vllm()
+    texts = ["A cat sits on the mat.", "A kitten is sitting on a rug.", "Quarterly tax filing deadlines."]
+    config = RuntimeConfig(
+        model_source=str(minilm_model_dir),
+        served_model_name="minilm",
+        engine="vllm",
+        task="embed",
+        dtype="float32",
+        extra_args=["--enforce-eager"],
+    )
+    with SubprocessServer(config, {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}) as server:
+        server.wait_ready(timeout=300)
+        via_vllm = openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=120)
+        got = via_vllm.embeddings.create(model="minilm", input=texts)
+        with pytest.raises(openai.APIStatusError) as chat:
+            via_vllm.chat.completions.create(model="minilm", messages=HELLO)
+    assert chat.value.status_code == 400
+    via_transformers = openai.OpenAI(base_url=embed_server.v1, api_key="unused", max_retries=0)
+    want = via_transformers.embeddings.create(model="minilm", input=texts)
+    assert got.usage.prompt_tokens == want.usage.prompt_tokens
+    for mine, theirs in zip(got.data, want.data, strict=True):
+        assert len(mine.embedding) == 384
+        assert sum(a * b for a, b in zip(mine.embedding, theirs.embedding, strict=True)) > 0.999

@@ -1,5 +1,7 @@
 """The vLLM engine: vLLM's AsyncLLM in this process (its engine core runs in a child process).
 
+Task `generate` serves chat and completions; task `embed` runs vLLM's pooling runner for /v1/embeddings.
+
 RuntimeConfig becomes vLLM command-line arguments parsed by vLLM's own parser, so `extra_args`
 accepts exactly what `vllm serve` accepts and typed fields cannot drift from vLLM's names.
 """
@@ -7,6 +9,7 @@ accepts exactly what `vllm serve` accepts and typed fields cannot drift from vLL
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -21,6 +24,9 @@ def engine_cli_args(config: RuntimeConfig, model_path: str) -> list[str]:
     """The `vllm serve`-style arguments that express `config` (extra_args last, so they win)."""
     args = ["--model", model_path, "--served-model-name", config.served_model_name, "--dtype", config.dtype]
     args += ["--tensor-parallel-size", str(config.tensor_parallel_size)]
+    if config.task == "embed":
+        # vLLM's pooling runner: the model's own pooler (mean for sentence-transformers models), normalised.
+        args += ["--runner", "pooling"]
     if config.max_model_len is not None:
         args += ["--max-model-len", str(config.max_model_len)]
     if config.gpu_memory_utilization is not None:
@@ -43,8 +49,6 @@ class VllmEngine(Engine):
         return self._max_len
 
     async def load(self) -> None:
-        if self._config.task != "generate":
-            raise EngineError("the vllm engine serves task 'generate'; use the transformers engine for embeddings")
         # Importing vLLM and creating the engine (which starts its core process and blocks until the
         # weights are loaded) take a minute or more, so both run in a thread: /health must keep
         # answering meanwhile. Outside a running loop AsyncLLM defers its background tasks to the
@@ -77,6 +81,8 @@ class VllmEngine(Engine):
     async def generate(
         self, prompt: str, options: SamplingOptions, request_id: str
     ) -> AsyncGenerator[GenerationDelta, None]:
+        if self._config.task != "generate":
+            raise EngineError("this model is loaded for embeddings, not generation")
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -113,7 +119,28 @@ class VllmEngine(Engine):
                 await self._llm.abort(request_id)
 
     async def embed(self, texts: list[str]) -> EmbeddingResult:
-        raise EngineError("the vllm engine does not serve embeddings here; use the transformers engine")
+        if self._config.task != "embed":
+            raise EngineError("this model is loaded for generation; embeddings need task 'embed'")
+        # One request per text, all at once: vLLM's scheduler batches them. If the caller goes away,
+        # gather's cancellation reaches every request, which then aborts itself.
+        request_id = uuid.uuid4().hex
+        outputs = await asyncio.gather(*(self._encode(text, f"{request_id}-{i}") for i, text in enumerate(texts)))
+        vectors = [vector for vector, _ in outputs]
+        return EmbeddingResult(vectors, sum(tokens for _, tokens in outputs))
+
+    async def _encode(self, text: str, request_id: str) -> tuple[list[float], int]:
+        from vllm import PoolingParams
+
+        last: Any = None
+        finished = False
+        try:
+            async for output in self._llm.encode(text, PoolingParams(task="embed"), request_id):
+                last = output
+            finished = True
+        finally:
+            if not finished:
+                await self._llm.abort(request_id)
+        return [float(x) for x in last.outputs.data.tolist()], len(last.prompt_token_ids or [])
 
     async def close(self) -> None:
         if self._llm is not None:

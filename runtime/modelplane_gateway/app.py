@@ -22,7 +22,7 @@ from modelplane_gateway.metrics import GatewayMetrics
 from modelplane_gateway.overrides import apply_overrides
 from modelplane_gateway.proxy import Timeouts
 from modelplane_gateway.ratelimit import Limits, RateLimiter
-from modelplane_gateway.routes import RouteTable
+from modelplane_gateway.routes import RouteTable, describe_shadowing
 from modelplane_gateway.settings import GatewaySettings
 from modelplane_gateway.sources import FileRouteSource, RouteSource, file_signature
 from modelplane_gateway.upstream import UpstreamPool
@@ -97,6 +97,10 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
 
     def on_table(table: RouteTable) -> None:
         table = apply_overrides(table, settings.endpoint_overrides)
+        previous = state.table.shadowed if state.table is not None else {}
+        if table.shadowed != previous:  # said once per change, not at every watch event
+            for line in describe_shadowing(table):
+                log.warning(line)
         state.table = table
         state.metrics.set_weights(table)
 

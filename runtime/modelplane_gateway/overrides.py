@@ -67,4 +67,4 @@ def apply_overrides(table: RouteTable, overrides: Mapping[str, str]) -> RouteTab
             )
             rewritten[id(route)] = dataclasses.replace(route, backends=backends)
         routes[name] = rewritten[id(route)]
-    return RouteTable(routes)
+    return RouteTable(routes, table.shadowed)

@@ -37,6 +37,9 @@ class Route:
 @dataclass(frozen=True)
 class RouteTable:
     routes: dict[str, Route] = field(default_factory=dict)
+    # Plain names held in several namespaces: name -> the namespaces that do not get it (their objects
+    # stay reachable as `namespace/name`).
+    shadowed: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def lookup(self, name: str) -> Route | None:
         return self.routes.get(name)
@@ -91,7 +94,9 @@ def _feature_route(feature: AIFeature, models: dict[tuple[str, str], AIModel]) -
 
 def build_route_table(features: Iterable[AIFeature], models: Iterable[AIModel]) -> RouteTable:
     """Features by name and `namespace/name`; AIModels by served name. Features win a name clash, and
-    between namespaces the alphabetically first namespace owns the plain name."""
+    between namespaces the alphabetically first namespace owns the plain name (the others are listed in
+    `shadowed`, for the gateway to warn about)."""
+    features = list(features)
     by_key = {(m.namespace, m.name): m for m in models}
     routes: dict[str, Route] = {}
     for model in sorted(by_key.values(), key=lambda m: (m.namespace, m.name), reverse=True):
@@ -103,4 +108,23 @@ def build_route_table(features: Iterable[AIFeature], models: Iterable[AIModel]) 
         route = _feature_route(feature, by_key)
         routes[feature.name] = route
         routes[f"{feature.namespace}/{feature.name}"] = route
-    return RouteTable(routes)
+    holders: dict[str, set[str]] = {}
+    for feature in features:
+        holders.setdefault(feature.name, set()).add(feature.namespace)
+    for model in by_key.values():
+        holders.setdefault(_served_name(model), set()).add(model.namespace)
+    shadowed = {
+        name: tuple(sorted(namespaces - {routes[name].namespace}))
+        for name, namespaces in sorted(holders.items())
+        if len(namespaces) > 1
+    }
+    return RouteTable(routes, shadowed)
+
+
+def describe_shadowing(table: RouteTable) -> list[str]:
+    """One line per plain name that several namespaces hold, saying who gets it and how to reach the rest."""
+    return [
+        f"model name {name!r} routes to namespace {table.routes[name].namespace!r}; "
+        f"{', '.join(repr(ns) for ns in losers)} also hold it (call it there as '<namespace>/{name}')"
+        for name, losers in table.shadowed.items()
+    ]

@@ -12,7 +12,7 @@ import yaml
 
 from modelplane_gateway.kube_watch import ObjectStore
 from modelplane_gateway.picking import bucket_of, effective_weights, pick_backend
-from modelplane_gateway.routes import Backend, Route, RouteTable, build_route_table
+from modelplane_gateway.routes import Backend, Route, RouteTable, build_route_table, describe_shadowing
 from modelplane_gateway.sources import flatten_documents, load_routes_file, parse_objects
 from tests.gateway.gateway_harness import aifeature, aimodel, picked, route_in
 
@@ -159,3 +159,19 @@ def test_object_store_applies_watch_events() -> None:
     assert store.apply(("aimodels", ""), "DELETED", aimodel("n", "http://n"))
     assert not store.apply(("aimodels", ""), "BOOKMARK", {"metadata": {"resourceVersion": "9"}})
     assert store.table().lookup("n") is None
+
+
+def test_a_name_held_in_several_namespaces_goes_to_the_first_and_the_others_are_reported() -> None:
+    table = table_of(
+        aimodel("v1", "http://v1"),
+        aifeature("chat", [("v1", 100)], namespace="team-b"),
+        aifeature("chat", [("v1", 100)], namespace="team-a"),
+        aifeature("chat", [("v1", 100)], namespace="team-c"),
+        aifeature("search", [("v1", 100)], namespace="team-c"),
+    )
+    assert route_in(table, "chat").namespace == "team-a"
+    assert route_in(table, "team-c/chat").namespace == "team-c"
+    assert table.shadowed == {"chat": ("team-b", "team-c")}
+    (line,) = describe_shadowing(table)
+    assert "'team-a'" in line
+    assert "'team-b', 'team-c' also hold it" in line

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import openai
@@ -19,7 +19,6 @@ from modelplane_api.metrics import WEIGHT
 from modelplane_cli.state import STATE_FILE, SupervisorState, read_state
 from tests.polling import wait_until
 
-T = TypeVar("T")
 STARTUP_SECONDS = 150.0  # several runtimes importing torch at once on 2 busy cores
 
 

@@ -1,17 +1,17 @@
-# Modelplane's developer entry points. The two a newcomer needs: `make run` and `make test`.
+# Servlane's developer entry points. The two a newcomer needs: `make run` and `make test`.
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup run test lint unit e2e crds cluster-up cluster-down bench helm-test e2e-helm
+.PHONY: setup run test lint unit e2e crds cluster-up cluster-down bench helm-test e2e-helm images
 
 setup:  ## install everything (idempotent, cached)
 	bash scripts/setup.sh
 
 run:  ## install what serving needs, then serve the local example on http://127.0.0.1:8080/v1
 	bash scripts/setup.sh serve
-	$(VENV)/bin/modelplane serve
+	$(VENV)/bin/servlane serve
 
 test: setup lint  ## every test: unit, runtime, gateway, canary metrics, e2e on the local control plane
 	$(PY) -m pytest -q -p no:cacheprovider
@@ -21,22 +21,22 @@ lint:  ## ruff, mypy strict, import-linter contracts, CRDs in sync with the mode
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/modelplane-gencrds --check crds charts/modelplane/crds
+	$(VENV)/bin/servlane-gencrds --check crds charts/servlane/crds
 
 unit:
 	$(PY) -m pytest -q tests/unit
 
 e2e:
-	$(PY) -m pytest -q tests/e2e
+	$(PY) -m pytest -q e2e
 
 crds:  ## regenerate the CRDs from the pydantic models
-	$(VENV)/bin/modelplane-gencrds crds charts/modelplane/crds
+	$(VENV)/bin/servlane-gencrds crds charts/servlane/crds
 
 cluster-up:  ## a local control plane with KWOK GPU nodes; prints the KUBECONFIG export
-	$(PY) -m e2e.cluster up
+	$(PY) -m localcluster up
 
 cluster-down:
-	$(PY) -m e2e.cluster down
+	$(PY) -m localcluster down
 
 bench:
 	$(PY) bench/scale_bench.py
@@ -45,4 +45,7 @@ helm-test:
 	$(PY) -m pytest -q tests/helm
 
 e2e-helm:
-	$(PY) -m pytest -x -q tests/e2e/test_helm.py
+	$(PY) -m pytest -x -q e2e/test_helm.py
+
+images:  ## build the runtime (cpu, cuda), operator and gateway images with docker; cached by content key
+	bash scripts/build-images.sh all

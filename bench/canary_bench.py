@@ -1,6 +1,6 @@
 """Canary rollback timing with every real piece (control plane, operator, Prometheus, gateway, runtimes).
 
-Runs the rollback scenario of tests/e2e/test_canary_full.py, which kills the canary's runtime mid-canary
+Runs the rollback scenario of e2e/test_canary_full.py, which kills the canary's runtime mid-canary
 and measures the time from the first failed client request to all traffic on the stable, and how many
 client requests failed meanwhile; writes them to bench/results/canary.json.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "canary.json"
-SCENARIO = "tests/e2e/test_canary_full.py::test_a_canary_whose_runtime_dies_is_rolled_back"
+SCENARIO = "e2e/test_canary_full.py::test_a_canary_whose_runtime_dies_is_rolled_back"
 
 
 def main() -> int:

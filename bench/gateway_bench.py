@@ -3,7 +3,7 @@
 Every target fronts the same fast stub backend (a bare ASGI app on uvicorn with uvloop + httptools,
 started by this script with `--serve-stub`), so the difference to `direct` is what the router adds:
   - direct:  the stub itself
-  - gateway: `python -m modelplane_gateway --routes-file ...` (one process, as deployed)
+  - gateway: `python -m servlane_gateway --routes-file ...` (one process, as deployed)
   - litellm: LiteLLM's proxy (`litellm --config ...`, one worker), when `--litellm BIN` is given
     (install it outside the project venv: `python3.11 -m venv /tmp/litellm-venv &&
     /tmp/litellm-venv/bin/pip install 'litellm[proxy]'`).
@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from modelplane_api import metrics as contract
+from servlane_api import metric_names as contract
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8}
@@ -196,7 +196,7 @@ def self_reported_added_latency(gateway_url: str) -> dict[str, float]:
 def start_processes(
     tmp: Path, litellm: str | None, gateway_src: Path | None
 ) -> tuple[dict[str, str], list[subprocess.Popen[bytes]]]:
-    paths = [str(ROOT / "operator"), str(ROOT / "runtime")]
+    paths = [str(ROOT / layer) for layer in ("api", "core", "gateway")]
     env = os.environ | {"PYTHONPATH": os.pathsep.join(paths)}
     # Another version of the gateway package (e.g. `git archive` of an older commit) for before/after runs.
     gw_env = env | {"PYTHONPATH": os.pathsep.join([str(gateway_src), *paths])} if gateway_src else env
@@ -207,7 +207,7 @@ def start_processes(
     processes = [
         subprocess.Popen([sys.executable, __file__, "--serve-stub", str(stub_port)], env=env, stdout=NULL, stderr=NULL),
         subprocess.Popen(
-            [sys.executable, "-m", "modelplane_gateway", "--routes-file", str(tmp / "routes.json"),
+            [sys.executable, "-m", "servlane_gateway", "--routes-file", str(tmp / "routes.json"),
              "--keys-file", str(tmp / "keys"), "--host", "127.0.0.1", "--port", str(gw_port), "--log-level", "warning"],
             env=gw_env, stdout=NULL, stderr=NULL,
         ),
@@ -276,7 +276,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=5)
     parser.add_argument("--concurrency", default="1,64,256")
     parser.add_argument("--litellm", help="path of the `litellm` CLI (a venv outside the project)")
-    parser.add_argument("--gateway-src", type=Path, help="a folder holding another modelplane_gateway package")
+    parser.add_argument("--gateway-src", type=Path, help="a folder holding another servlane_gateway package")
     parser.add_argument("--before", type=Path, help="an earlier result (e.g. with --gateway-src) to embed")
     parser.add_argument("--label", default="", help="free text stored with the results (e.g. the code version)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gateway.json")

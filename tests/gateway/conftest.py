@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from modelplane_gateway.app import create_app
-from modelplane_gateway.settings import GatewaySettings
+from servlane_gateway.app import create_app
+from servlane_gateway.settings import GatewaySettings
 from tests.gateway.gateway_harness import Gateway, ServedApp, StartGateway, Upstream
 from tests.gateway.gateway_upstream import create_upstream
 

@@ -13,9 +13,9 @@ from typing import Any, Protocol
 import openai
 import uvicorn
 
-from modelplane_gateway.forwarding import GatewayState
-from modelplane_gateway.picking import pick_backend
-from modelplane_gateway.routes import Route, RouteTable
+from servlane_core.routing.picking import pick_backend
+from servlane_core.routing.routes import Route, RouteTable
+from servlane_gateway.forwarding import GatewayState
 from tests.gateway.gateway_upstream import UpstreamState
 from tests.polling import wait_until
 
@@ -42,7 +42,18 @@ class Gateway:
         tmp.replace(self.routes_file)  # atomic, like a ConfigMap update
 
     def sample(self, name: str, **labels: str) -> float:
-        return self.state.metrics.registry.get_sample_value(name, labels) or 0.0
+        """The sample with exactly these labels, summed over `namespace` unless that is given too."""
+        total = 0.0
+        for family in self.state.metrics.registry.collect():
+            for s in family.samples:
+                rest = {k: v for k, v in s.labels.items() if k not in labels}
+                if (
+                    s.name == name
+                    and all(s.labels.get(k) == v for k, v in labels.items())
+                    and set(rest) <= {"namespace"}
+                ):
+                    total += s.value
+        return total
 
 
 class StartGateway(Protocol):
@@ -106,7 +117,7 @@ def aimodel(name: str, endpoint: str | None, ready: bool = True, served: str | N
         spec["servedModelName"] = served
     meta = {"name": name, "namespace": "default"}
     return {
-        "apiVersion": "modelplane.dev/v1alpha1",
+        "apiVersion": "servlane.dev/v1alpha1",
         "kind": "AIModel",
         "metadata": meta,
         "spec": spec,
@@ -123,7 +134,7 @@ def aifeature(
     if defaults:
         spec["defaults"] = defaults
     meta = {"name": name, "namespace": namespace}
-    obj = {"apiVersion": "modelplane.dev/v1alpha1", "kind": "AIFeature", "metadata": meta, "spec": spec}
+    obj = {"apiVersion": "servlane.dev/v1alpha1", "kind": "AIFeature", "metadata": meta, "spec": spec}
     return obj | {"status": {"weights": split}}
 
 

@@ -67,6 +67,10 @@ def create_upstream(name: str) -> tuple[FastAPI, UpstreamState]:
             for i in range(chunks):
                 if cut is not None and i == cut:
                     raise CutStream(f"cut after {cut} chunks")
+                if steer.get("fail") == str(i):  # an error event inside the 200 stream, as vLLM sends one
+                    error = {"error": {"message": "engine failed", "type": "server_error", "code": 500}}
+                    yield b"data: " + json.dumps(error).encode() + b"\n\n"
+                    break
                 if chat:
                     choice: dict[str, Any] = {"index": 0, "delta": {"content": f"{name} "}, "finish_reason": None}
                 else:

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from modelplane_api.aifeature import FeatureDefaults
-from modelplane_gateway.access import KeyRing, authorize, parse_keys
-from modelplane_gateway.defaults import apply_defaults
-from modelplane_gateway.ratelimit import Limits, RateLimiter, TokenBucket
-from modelplane_gateway.settings import parse_settings
-from modelplane_runtime.errors import OpenAIError
+from servlane_api.aifeature import FeatureDefaults
+from servlane_core.protocol.errors import OpenAIError
+from servlane_core.routing.defaults import apply_defaults
+from servlane_gateway.access import KeyRing, authorize, parse_keys
+from servlane_gateway.ratelimit import Limits, RateLimiter, TokenBucket
+from servlane_gateway.settings import parse_settings
 
 KEYS = """
 # team keys
@@ -134,7 +134,7 @@ def test_feature_defaults_fill_gaps_and_cap_max_tokens() -> None:
 
 
 def test_settings_from_cli_over_environment(tmp_path: Path) -> None:
-    env = {"MODELPLANE_GATEWAY_PORT": "9000", "MODELPLANE_GATEWAY_NAMESPACES": "a, b", "MODELPLANE_GATEWAY_WATCH": "1"}
+    env = {"SERVLANE_GATEWAY_PORT": "9000", "SERVLANE_GATEWAY_NAMESPACES": "a, b", "SERVLANE_GATEWAY_WATCH": "1"}
     settings = parse_settings(["--port", "9100", "--idle-timeout", "7"], env)
     assert (settings.port, settings.namespaces, settings.watch, settings.idle_timeout) == (9100, ["a", "b"], True, 7)
     with pytest.raises(ValueError, match="exactly one"):

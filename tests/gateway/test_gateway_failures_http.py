@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from modelplane_api import metrics as m
+from servlane_api import metric_names as m
 from tests.gateway.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
 from tests.polling import wait_until
 
@@ -83,6 +83,18 @@ def test_stream_cut_short_by_the_upstream(gateway: Gateway) -> None:
     assert len(received) == 2
     labels = {"feature": "chat", "model": "chat-v1", "reason": "stream_aborted"}
     wait_until("aborted stream counted", lambda: gateway.sample(m.ERRORS, **labels) == 1)
+
+
+def test_error_event_inside_a_200_stream_is_a_failure_and_not_a_fast_first_token(gateway: Gateway) -> None:
+    stream = gateway.client().chat.completions.create(model="chat", messages=say("chunks=3 fail=0"), stream=True)
+    with pytest.raises(openai.APIError, match="engine failed"):
+        drain(stream, [])
+    labels = {"feature": "chat", "model": "chat-v1"}
+    wait_until("stream error counted", lambda: gateway.sample(m.ERRORS, **labels, reason="stream_error") == 1)
+    assert gateway.sample(m.REQUESTS, **labels, code="200") == 1
+    # Failed requests are in neither latency histogram, so they cannot make the model look fast.
+    assert gateway.sample(f"{m.TTFT}_count", **labels) == 0
+    assert gateway.sample(f"{m.LATENCY}_count", **labels) == 0
 
 
 def test_keys_401_403_and_model_list_per_key(upstreams: dict[str, Upstream], start_gateway: StartGateway) -> None:
@@ -161,6 +173,6 @@ def test_health_ready_and_metrics(gateway: Gateway) -> None:
     assert httpx.get(f"{gateway.url}/ready").status_code == 200
     gateway.client().chat.completions.create(model="chat", messages=say("hi"))
     text = httpx.get(f"{gateway.url}/metrics").text
-    assert f'{m.REQUESTS}{{code="200",feature="chat",model="chat-v1"}} 1.0' in text
-    assert f'{m.LATENCY}_bucket{{feature="chat",le="0.005",model="chat-v1"}}' in text
-    assert f'{m.WEIGHT}{{feature="other",model="chat-v2"}} 100.0' in text
+    assert f'{m.REQUESTS}{{code="200",feature="chat",model="chat-v1",namespace="default"}} 1.0' in text
+    assert f'{m.LATENCY}_bucket{{feature="chat",le="0.005",model="chat-v1",namespace="default"}}' in text
+    assert f'{m.WEIGHT}{{feature="other",model="chat-v2",namespace="default"}} 100.0' in text

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from modelplane_api import AIFeature, AIModel
-from modelplane_gateway.overrides import apply_overrides, parse_override_env, parse_override_items, rewrite_url
-from modelplane_gateway.routes import build_route_table
-from modelplane_gateway.settings import parse_settings
+from servlane_api import AIFeature, AIModel
+from servlane_core.routing.overrides import apply_overrides, parse_override_env, parse_override_items, rewrite_url
+from servlane_core.routing.routes import build_route_table
+from servlane_gateway.settings import parse_settings
 from tests.gateway.gateway_harness import StartGateway, Upstream, aifeature, aimodel, route_in
 
 CLUSTER = "http://chat-v1.prod.svc.cluster.local:8000"
@@ -41,7 +41,7 @@ def test_environment_takes_a_comma_list_or_json_and_flags_repeat(tmp_path: Path)
     assert parse_override_env(as_list) == want
     assert parse_override_env(as_json) == want
     routes = ["--routes-file", str(tmp_path / "r.json")]
-    env = {"MODELPLANE_GATEWAY_ENDPOINT_OVERRIDES": as_json}
+    env = {"SERVLANE_GATEWAY_ENDPOINT_OVERRIDES": as_json}
     assert parse_settings(routes, env).endpoint_overrides == want
     flags = [
         *routes,

@@ -1,4 +1,4 @@
-"""The gateway in front of real runtime processes (`python -m modelplane_runtime`, tiny Llama, transformers
+"""The gateway in front of real runtime processes (`python -m servlane_runtime`, tiny Llama, transformers
 engine), called with the official openai client: split, stickiness, streaming, errors, dead backends, live
 route changes. Three runtimes start once for the module, side by side; the dead-backend test kills the third.
 """
@@ -23,8 +23,8 @@ from tests.polling import wait_until
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads weights at test time
 
-from modelplane_api import metrics as m
-from modelplane_api.runtime_config import RuntimeConfig
+from servlane_api import metric_names as m
+from servlane_api.runtime_config import RuntimeConfig
 from tests.fixtures import models as shared_models
 from tests.runtime.servers import SubprocessServer
 
@@ -44,7 +44,7 @@ class Runtime(SubprocessServer):
         self._proc.wait(10)
 
     def in_flight(self) -> float:
-        return self.metric("modelplane_runtime_in_flight")
+        return self.metric("servlane_runtime_in_flight")
 
 
 def runtime_config(model_dir: Path, served: str) -> RuntimeConfig:
@@ -154,7 +154,7 @@ def test_stream_first_chunk_arrives_while_the_runtime_still_generates(
 def test_client_errors_never_reach_the_runtimes(runtimes: dict[str, Runtime], start_gateway: StartGateway) -> None:
     features = [aifeature("split", [("model-a", 50), ("model-b", 50)]), aifeature("other", [("model-b", 100)])]
     gw = start_gateway(objects_for(runtimes, *features), keys=KEYS, max_body_bytes=4096)
-    before = sum(r.metric("modelplane_runtime_requests_total") for r in runtimes.values())
+    before = sum(r.metric("servlane_runtime_requests_total") for r in runtimes.values())
     with pytest.raises(openai.NotFoundError) as not_found:
         gw.client("sk-alpha").chat.completions.create(model="no-such-model", messages=HI, max_tokens=1)
     assert not_found.value.code == "model_not_found"
@@ -168,7 +168,7 @@ def test_client_errors_never_reach_the_runtimes(runtimes: dict[str, Runtime], st
     with pytest.raises(openai.APIStatusError) as too_large:
         gw.client("sk-alpha").chat.completions.create(model="split", messages=huge, max_tokens=1)
     assert too_large.value.status_code == 413
-    after = sum(r.metric("modelplane_runtime_requests_total") for r in runtimes.values())
+    after = sum(r.metric("servlane_runtime_requests_total") for r in runtimes.values())
     assert after == before
     allowed = gw.client("sk-bravo").chat.completions.create(model="split", messages=HI, max_tokens=1)
     assert answered_by(allowed) in {"tiny-a", "tiny-b"}

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
-from modelplane_gateway.kube_watch import ObjectStore
-from modelplane_gateway.picking import bucket_of, effective_weights, pick_backend
-from modelplane_gateway.routes import Backend, Route, RouteTable, build_route_table, describe_shadowing
-from modelplane_gateway.sources import flatten_documents, load_routes_file, parse_objects
+from servlane_core.routing.picking import bucket_of, effective_weights, pick_backend
+from servlane_core.routing.routes import Backend, Route, RouteTable, build_route_table, describe_shadowing
+from servlane_gateway.kube_watch import ObjectStore
+from servlane_gateway.sources import flatten_documents, load_routes_file, parse_objects
 from tests.gateway.gateway_harness import aifeature, aimodel, picked, route_in
 
 

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from modelplane_api import metrics as m
+from servlane_api import metric_names as m
 from tests.gateway.gateway_harness import (
     Gateway,
     StartGateway,

@@ -1,4 +1,4 @@
-"""The helm binary (built with the local control plane by e2e/cluster/build.sh) and chart rendering helpers."""
+"""The helm binary (built with the local control plane by localcluster/build.sh) and chart rendering helpers."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "modelplane"
+CHART = ROOT / "charts" / "servlane"
 MONITORING_API = "monitoring.coreos.com/v1"
 
 
@@ -25,7 +25,7 @@ def find_helm() -> Path:
     assets = os.environ.get("KUBEBUILDER_ASSETS")
     if assets and (Path(assets) / "helm").is_file():
         return Path(assets) / "helm"
-    from e2e.cluster.localcluster import ClusterError, build_binaries
+    from localcluster.cluster import ClusterError, build_binaries
 
     try:
         return build_binaries() / "helm"
@@ -55,7 +55,7 @@ class Helm:
         set_values: tuple[str, ...] = (),
         api_versions: tuple[str, ...] = (),
         release: str = "mp",
-        namespace: str = "modelplane-system",
+        namespace: str = "servlane-system",
     ) -> list[dict[str, Any]]:
         """Renders the chart and returns its objects (without the CRDs in crds/)."""
         args = ["template", release, str(CHART), "--namespace", namespace]

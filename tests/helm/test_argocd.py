@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from modelplane_api.aifeature import AIFeature
-from modelplane_api.aimodel import AIModel
+from servlane_api.aifeature import AIFeature
+from servlane_api.aimodel import AIModel
 from tests.helm.helmtool import CHART, ROOT, Helm
 
 ARGOCD = ROOT / "examples" / "argocd"
@@ -139,7 +139,7 @@ def test_aifeature_health(status: dict[str, Any], expected: str, in_message: str
 def test_argocd_cm_embeds_the_health_scripts_unchanged() -> None:
     data = yaml.safe_load((ARGOCD / "argocd-cm.yaml").read_text())["data"]
     for kind, script in (("AIModel", "aimodel.lua"), ("AIFeature", "aifeature.lua")):
-        assert data[f"resource.customizations.health.modelplane.dev_{kind}"] == (ARGOCD / "health" / script).read_text()
+        assert data[f"resource.customizations.health.servlane.dev_{kind}"] == (ARGOCD / "health" / script).read_text()
     assert data["application.resourceTrackingMethod"] == "annotation"
     assert "resource.customizations.health.argoproj.io_Application" in data
 
@@ -147,8 +147,8 @@ def test_argocd_cm_embeds_the_health_scripts_unchanged() -> None:
 def test_sync_waves_put_the_chart_before_the_custom_resources() -> None:
     apps = {p.stem: yaml.safe_load(p.read_text()) for p in (ARGOCD / "apps").glob("*.yaml")}
     wave = {name: int(app["metadata"]["annotations"]["argocd.argoproj.io/sync-wave"]) for name, app in apps.items()}
-    assert wave["modelplane"] < wave["team-search"]
-    assert "ServerSideApply=true" in apps["modelplane"]["spec"]["syncPolicy"]["syncOptions"]
+    assert wave["servlane"] < wave["team-search"]
+    assert "ServerSideApply=true" in apps["servlane"]["spec"]["syncPolicy"]["syncOptions"]
     assert "SkipDryRunOnMissingResource=true" in apps["team-search"]["spec"]["syncPolicy"]["syncOptions"]
     assert apps["team-search"]["spec"]["source"]["path"] == "examples/gitops/teams/search"
     root = yaml.safe_load((ARGOCD / "root-application.yaml").read_text())
@@ -175,7 +175,7 @@ def test_gitops_team_manifests_are_valid_models_and_features() -> None:
 
 
 def test_gitops_platform_values_pass_the_chart_schema(helm: Helm) -> None:
-    objects = helm.template(GITOPS / "platform" / "modelplane" / "values.yaml")
+    objects = helm.template(GITOPS / "platform" / "servlane" / "values.yaml")
     assert any(o["kind"] == "HorizontalPodAutoscaler" for o in objects)
     assert (CHART / "values.schema.json").is_file()
 

@@ -1,4 +1,4 @@
-"""`helm lint` and `helm template` of charts/modelplane over the defaults and every ci/*-values.yaml scenario,
+"""`helm lint` and `helm template` of charts/servlane over the defaults and every ci/*-values.yaml scenario,
 with assertions on what is rendered: labels, RBAC, probes, security contexts, peering, monitors, schema."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from tests.helm.helmtool import CHART, MONITORING_API, ROOT, Helm, find, one
 
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 RULES = yaml.safe_load((CHART / "files" / "operator-rules.yaml").read_text())
-WORKLOADS = ("mp-modelplane-operator", "mp-modelplane-gateway")
+WORKLOADS = ("mp-servlane-operator", "mp-servlane-gateway")
 
 
 def containers(deployment: dict[str, Any]) -> list[dict[str, Any]]:
@@ -45,10 +45,10 @@ def test_every_object_has_the_recommended_labels_and_stable_selectors(helm: Helm
     objects = helm.template(values, api_versions=(MONITORING_API,))
     for obj in objects:
         labels = obj["metadata"]["labels"]
-        assert labels["app.kubernetes.io/name"] == "modelplane", obj["metadata"]["name"]
+        assert labels["app.kubernetes.io/name"] == "servlane", obj["metadata"]["name"]
         assert labels["app.kubernetes.io/instance"] == "mp"
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
-        assert labels["app.kubernetes.io/part-of"] == "modelplane"
+        assert labels["app.kubernetes.io/part-of"] == "servlane"
         assert labels["app.kubernetes.io/version"] == "0.1.0"
     for dep in find(objects, "Deployment"):
         selector = dep["spec"]["selector"]["matchLabels"]
@@ -60,19 +60,20 @@ def test_every_object_has_the_recommended_labels_and_stable_selectors(helm: Helm
 def test_default_install_renders_operator_and_gateway_with_their_service_accounts(helm: Helm) -> None:
     objects = helm.template()
     operator, gateway = (one(objects, "Deployment", name) for name in WORKLOADS)
-    assert operator["spec"]["template"]["spec"]["serviceAccountName"] == "mp-modelplane-operator"
-    assert gateway["spec"]["template"]["spec"]["serviceAccountName"] == "mp-modelplane-gateway"
+    assert operator["spec"]["template"]["spec"]["serviceAccountName"] == "mp-servlane-operator"
+    assert gateway["spec"]["template"]["spec"]["serviceAccountName"] == "mp-servlane-gateway"
     assert {sa["metadata"]["name"] for sa in find(objects, "ServiceAccount")} == set(WORKLOADS)
-    assert containers(operator)[0]["image"] == "ghcr.io/modelplane/operator:0.1.0"
-    assert containers(operator)[0]["command"] == ["python", "-m", "modelplane_operator"]
-    assert containers(gateway)[0]["image"] == "ghcr.io/modelplane/runtime:0.1.0"
+    assert containers(operator)[0]["image"] == "ghcr.io/servlane/operator:0.1.0"
+    assert containers(operator)[0]["command"] == ["python", "-m", "servlane_operator"]
+    assert containers(gateway)[0]["image"] == "ghcr.io/servlane/gateway:0.1.0"  # its own image, not the runtime's
+    assert containers(gateway)[0]["command"] == ["python", "-m", "servlane_gateway"]
     assert containers(gateway)[0]["args"] == ["--watch"]
     assert operator["spec"]["strategy"]["type"] == "Recreate"  # never two standalone operators at once
-    # The operator finds the gateway pods by these labels (modelplane_operator.labels.GATEWAY_SELECTOR).
+    # The operator finds the gateway pods by these labels (servlane_operator.labels.GATEWAY_SELECTOR).
     pod_labels = gateway["spec"]["template"]["metadata"]["labels"]
     assert pod_labels["app.kubernetes.io/component"] == "gateway"
-    assert pod_labels["app.kubernetes.io/part-of"] == "modelplane"
-    service = one(objects, "Service", "mp-modelplane-gateway")
+    assert pod_labels["app.kubernetes.io/part-of"] == "servlane"
+    service = one(objects, "Service", "mp-servlane-gateway")
     assert service["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
     assert service["spec"]["selector"] == gateway["spec"]["selector"]["matchLabels"]
     assert one(objects, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
@@ -80,55 +81,93 @@ def test_default_install_renders_operator_and_gateway_with_their_service_account
     assert not find(objects, "Secret")
 
 
+def test_runtime_images_default_to_the_app_version_variants(helm: Helm) -> None:
+    env = env_of(one(helm.template(), "Deployment", "mp-servlane-operator"))
+    assert env["SERVLANE_RUNTIME_IMAGE_GPU"] == "ghcr.io/servlane/runtime:0.1.0-cuda"
+    assert env["SERVLANE_RUNTIME_IMAGE_CPU"] == "ghcr.io/servlane/runtime:0.1.0-cpu"
+    assert "SERVLANE_RUNTIME_IMAGE" not in env  # the operator refuses to start with the removed variable
+
+
+@pytest.mark.parametrize(
+    ("set_values", "gpu", "cpu"),
+    [
+        (
+            ("operator.runtimeImages.gpu.repository=registry.local/rt-cuda", "operator.runtimeImages.gpu.tag=9.9"),
+            "registry.local/rt-cuda:9.9",
+            "ghcr.io/servlane/runtime:0.1.0-cpu",
+        ),
+        (
+            ("operator.runtimeImages.cpu.repository=registry.local/rt-cpu", "operator.runtimeImages.cpu.tag=9.9"),
+            "ghcr.io/servlane/runtime:0.1.0-cuda",
+            "registry.local/rt-cpu:9.9",
+        ),
+        (
+            (
+                "operator.runtimeImages.gpu.repository=mirror/runtime",
+                "operator.runtimeImages.cpu.repository=mirror/runtime",
+            ),
+            "mirror/runtime:0.1.0-cuda",
+            "mirror/runtime:0.1.0-cpu",
+        ),
+    ],
+    ids=["gpu", "cpu", "repositories-only"],
+)
+def test_each_runtime_image_can_be_overridden(helm: Helm, set_values: tuple[str, ...], gpu: str, cpu: str) -> None:
+    env = env_of(one(helm.template(set_values=set_values), "Deployment", "mp-servlane-operator"))
+    assert (env["SERVLANE_RUNTIME_IMAGE_GPU"], env["SERVLANE_RUNTIME_IMAGE_CPU"]) == (gpu, cpu)
+
+
+def test_gateway_image_can_be_overridden(helm: Helm) -> None:
+    objects = helm.template(set_values=("gateway.image.repository=registry.local/gw", "gateway.image.tag=9.9"))
+    assert containers(one(objects, "Deployment", "mp-servlane-gateway"))[0]["image"] == "registry.local/gw:9.9"
+
+
 def test_operator_settings_come_from_values(helm: Helm) -> None:
     objects = helm.template(
         set_values=(
-            "operator.runtimeImage.repository=registry.local/runtime",
-            "operator.runtimeImage.tag=9.9",
             "operator.prometheusUrl=http://prom:9090",
             "operator.resyncSeconds=30",
             "operator.watchNamespaces={a,b}",
         )
     )
-    env = env_of(one(objects, "Deployment", "mp-modelplane-operator"))
-    assert env["MODELPLANE_RUNTIME_IMAGE"] == "registry.local/runtime:9.9"
-    assert env["MODELPLANE_PROMETHEUS_URL"] == "http://prom:9090"
-    assert env["MODELPLANE_RESYNC_SECONDS"] == "30"
-    assert env["MODELPLANE_NAMESPACES"] == "a,b"
-    assert env["MODELPLANE_METRICS_PORT"] == "9090"
-    assert env_of(one(objects, "Deployment", "mp-modelplane-gateway"))["MODELPLANE_GATEWAY_NAMESPACES"] == "a,b"
+    env = env_of(one(objects, "Deployment", "mp-servlane-operator"))
+    assert env["SERVLANE_PROMETHEUS_URL"] == "http://prom:9090"
+    assert env["SERVLANE_RESYNC_SECONDS"] == "30"
+    assert env["SERVLANE_NAMESPACES"] == "a,b"
+    assert env["SERVLANE_METRICS_PORT"] == "9090"
+    assert env_of(one(objects, "Deployment", "mp-servlane-gateway"))["SERVLANE_GATEWAY_NAMESPACES"] == "a,b"
 
 
 def test_cluster_wide_operator_gets_exactly_the_rules_file(helm: Helm) -> None:
     objects = helm.template()
-    role = one(objects, "ClusterRole", "mp-modelplane-operator")
+    role = one(objects, "ClusterRole", "mp-servlane-operator")
     assert role["rules"] == RULES
-    binding = one(objects, "ClusterRoleBinding", "mp-modelplane-operator")
-    assert binding["roleRef"]["name"] == "mp-modelplane-operator"
+    binding = one(objects, "ClusterRoleBinding", "mp-servlane-operator")
+    assert binding["roleRef"]["name"] == "mp-servlane-operator"
     assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "mp-modelplane-operator", "namespace": "modelplane-system"}
+        {"kind": "ServiceAccount", "name": "mp-servlane-operator", "namespace": "servlane-system"}
     ]
     assert not find(objects, "Role")
 
 
 def test_namespaced_operator_gets_the_rules_split_into_roles(helm: Helm) -> None:
     objects = helm.template(CHART / "ci" / "namespaced-values.yaml")
-    cluster = rule_set(one(objects, "ClusterRole", "mp-modelplane-operator")["rules"])
+    cluster = rule_set(one(objects, "ClusterRole", "mp-servlane-operator")["rules"])
     # Only what is cluster-scoped stays cluster-wide (Prometheus is set, so no cluster-wide pod reads).
     assert {r for _, r, _ in cluster} == {"customresourcedefinitions", "namespaces"}
-    roles = [r for r in find(objects, "Role") if r["metadata"]["name"] == "mp-modelplane-operator"]
+    roles = [r for r in find(objects, "Role") if r["metadata"]["name"] == "mp-servlane-operator"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     peering = {("kopf.dev", "kopfpeerings", v) for v in ("get", "list", "watch", "patch")}
     for role in roles:
         assert cluster | rule_set(role["rules"]) == rule_set(RULES) | peering
-    bindings = [b for b in find(objects, "RoleBinding") if b["metadata"]["name"] == "mp-modelplane-operator"]
+    bindings = [b for b in find(objects, "RoleBinding") if b["metadata"]["name"] == "mp-servlane-operator"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
 
 
 def test_namespaced_operator_without_prometheus_may_read_pods_cluster_wide(helm: Helm) -> None:
     # The canary analysis then scrapes the gateway pods, which it finds with a cluster-wide pod list.
     objects = helm.template(set_values=("operator.watchNamespaces={team-a}",))
-    cluster = rule_set(one(objects, "ClusterRole", "mp-modelplane-operator")["rules"])
+    cluster = rule_set(one(objects, "ClusterRole", "mp-servlane-operator")["rules"])
     assert ("", "pods", "list") in cluster
     assert ("apps", "deployments", "create") not in cluster
 
@@ -138,11 +177,11 @@ def test_gateway_rbac_is_read_only(helm: Helm) -> None:
         (helm.template(), "ClusterRole"),
         (helm.template(CHART / "ci/namespaced-values.yaml"), "Role"),
     ):
-        roles = [r for r in find(objects, kind) if r["metadata"]["name"] == "mp-modelplane-gateway"]
+        roles = [r for r in find(objects, kind) if r["metadata"]["name"] == "mp-servlane-gateway"]
         assert roles
         for role in roles:
             assert rule_set(role["rules"]) == {
-                ("modelplane.dev", res, verb) for res in ("aifeatures", "aimodels") for verb in ("get", "list", "watch")
+                ("servlane.dev", res, verb) for res in ("aifeatures", "aimodels") for verb in ("get", "list", "watch")
             }
 
 
@@ -168,7 +207,7 @@ def test_pods_run_as_non_root_with_a_read_only_root_filesystem_and_probes(helm: 
 
 
 def test_gateway_probes_use_health_and_ready(helm: Helm) -> None:
-    container = containers(one(helm.template(), "Deployment", "mp-modelplane-gateway"))[0]
+    container = containers(one(helm.template(), "Deployment", "mp-servlane-gateway"))[0]
     assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
 
@@ -177,16 +216,16 @@ def test_peering_objects_and_rbac_only_with_more_than_one_replica(helm: Helm) ->
     single = helm.template()
     assert not find(single, "ClusterKopfPeering")
     assert not find(single, "KopfPeering")
-    assert "--peering" not in containers(one(single, "Deployment", "mp-modelplane-operator"))[0]["args"]
-    assert not any(r[0] == "kopf.dev" for r in rule_set(one(single, "ClusterRole", "mp-modelplane-operator")["rules"]))
+    assert "--peering" not in containers(one(single, "Deployment", "mp-servlane-operator"))[0]["args"]
+    assert not any(r[0] == "kopf.dev" for r in rule_set(one(single, "ClusterRole", "mp-servlane-operator")["rules"]))
 
     ha = helm.template(CHART / "ci" / "ha-values.yaml")
     peering = one(ha, "ClusterKopfPeering")
-    operator = one(ha, "Deployment", "mp-modelplane-operator")
+    operator = one(ha, "Deployment", "mp-servlane-operator")
     args = containers(operator)[0]["args"]
     assert args[args.index("--peering") + 1] == peering["metadata"]["name"]
     assert operator["spec"]["strategy"]["type"] == "RollingUpdate"
-    grants = rule_set(one(ha, "ClusterRole", "mp-modelplane-operator")["rules"])
+    grants = rule_set(one(ha, "ClusterRole", "mp-servlane-operator")["rules"])
     assert {("kopf.dev", "clusterkopfpeerings", v) for v in ("get", "list", "watch", "patch")} <= grants
 
     namespaced = helm.template(CHART / "ci" / "namespaced-values.yaml")
@@ -197,9 +236,9 @@ def test_peering_objects_and_rbac_only_with_more_than_one_replica(helm: Helm) ->
 def test_autoscaled_gateway_leaves_replicas_to_the_hpa(helm: Helm) -> None:
     objects = helm.template(CHART / "ci" / "ha-values.yaml")
     hpa = one(objects, "HorizontalPodAutoscaler")
-    assert hpa["spec"]["scaleTargetRef"]["name"] == "mp-modelplane-gateway"
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "mp-servlane-gateway"
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 12)
-    assert "replicas" not in one(objects, "Deployment", "mp-modelplane-gateway")["spec"]
+    assert "replicas" not in one(objects, "Deployment", "mp-servlane-gateway")["spec"]
 
 
 def test_hpa_without_cpu_requests_fails_with_a_clear_message(helm: Helm) -> None:
@@ -217,14 +256,14 @@ def test_monitors_and_rules_only_when_the_prometheus_operator_api_exists(helm: H
     objects = helm.template(values, api_versions=(MONITORING_API,))
     monitor = one(objects, "ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    gateway = one(objects, "Service", "mp-modelplane-gateway")
+    gateway = one(objects, "Service", "mp-servlane-gateway")
     assert monitor["spec"]["selector"]["matchLabels"].items() <= gateway["metadata"]["labels"].items()
     assert monitor["spec"]["endpoints"][0]["port"] == "http"
     pod_monitor = one(objects, "PodMonitor")
     assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     rule = one(objects, "PrometheusRule")
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
-    assert {"ModelplaneCanaryRolledBack", "ModelplaneModelNotReady", "ModelplaneFeatureErrorRateHigh"} <= alerts
+    assert {"ServlaneCanaryRolledBack", "ServlaneModelNotReady", "ServlaneFeatureErrorRateHigh"} <= alerts
 
     disabled = helm.template(api_versions=(MONITORING_API,))
     assert not {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap"} & {o["kind"] for o in disabled}
@@ -232,8 +271,8 @@ def test_monitors_and_rules_only_when_the_prometheus_operator_api_exists(helm: H
 
 def test_dashboard_configmap_holds_the_dashboard_file(helm: Helm) -> None:
     objects = helm.template(CHART / "ci" / "monitoring-values.yaml")
-    data = one(objects, "ConfigMap")["data"]["modelplane.json"]
-    assert data == (CHART / "dashboards" / "modelplane.json").read_text().rstrip("\n")
+    data = one(objects, "ConfigMap")["data"]["servlane.json"]
+    assert data == (CHART / "dashboards" / "servlane.json").read_text().rstrip("\n")
 
 
 def test_api_keys_secret_is_mounted_as_a_folder_for_rotation(helm: Helm) -> None:
@@ -244,8 +283,8 @@ def test_api_keys_secret_is_mounted_as_a_folder_for_rotation(helm: Helm) -> None
         "team-a: sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
         "team-b: sk-team-b-example chat,summarise",
     ]
-    gateway = one(objects, "Deployment", "mp-modelplane-gateway")
-    assert env_of(gateway)["MODELPLANE_GATEWAY_KEYS_FILE"] == "/etc/modelplane/api-keys/keys"
+    gateway = one(objects, "Deployment", "mp-servlane-gateway")
+    assert env_of(gateway)["SERVLANE_GATEWAY_KEYS_FILE"] == "/etc/servlane/api-keys/keys"
     mount = next(m for m in containers(gateway)[0]["volumeMounts"] if m["name"] == "api-keys")
     assert "subPath" not in mount
     volume = next(v for v in gateway["spec"]["template"]["spec"]["volumes"] if v["name"] == "api-keys")
@@ -253,17 +292,17 @@ def test_api_keys_secret_is_mounted_as_a_folder_for_rotation(helm: Helm) -> None
 
     existing = helm.template(set_values=("gateway.apiKeys.existingSecret=my-keys",))
     assert not find(existing, "Secret")
-    assert env_of(one(existing, "Deployment", "mp-modelplane-gateway"))["MODELPLANE_GATEWAY_KEYS_FILE"]
+    assert env_of(one(existing, "Deployment", "mp-servlane-gateway"))["SERVLANE_GATEWAY_KEYS_FILE"]
 
 
 def test_network_policies_admit_the_operator_to_the_gateway(helm: Helm) -> None:
     objects = helm.template(CHART / "ci" / "secured-values.yaml")
-    policy = one(objects, "NetworkPolicy", "mp-modelplane-gateway")
+    policy = one(objects, "NetworkPolicy", "mp-servlane-gateway")
     peers = policy["spec"]["ingress"][0]["from"]
-    operator = one(objects, "Deployment", "mp-modelplane-operator")
+    operator = one(objects, "Deployment", "mp-servlane-operator")
     assert {"podSelector": {"matchLabels": operator["spec"]["selector"]["matchLabels"]}} in peers
-    assert {"namespaceSelector": {"matchLabels": {"modelplane.dev/clients": "true"}}} in peers
-    assert one(objects, "NetworkPolicy", "mp-modelplane-operator")
+    assert {"namespaceSelector": {"matchLabels": {"servlane.dev/clients": "true"}}} in peers
+    assert one(objects, "NetworkPolicy", "mp-servlane-operator")
     assert not find(helm.template(), "NetworkPolicy")
 
 
@@ -277,6 +316,9 @@ def test_network_policies_admit_the_operator_to_the_gateway(helm: Helm) -> None:
         ("operator.watchNamespaces={Bad_NS}", "at '/operator/watchNamespaces/0'"),
         ("monitoring.prometheusRule.notReadyFor=soon", "at '/monitoring/prometheusRule/notReadyFor'"),
         ("gateway.autoscaling.enabeld=true", "additional properties 'enabeld' not allowed"),
+        # The single runtime image of before: two per-variant images replaced it.
+        ("operator.runtimeImage.tag=1", "additional properties 'runtimeImage' not allowed"),
+        ("operator.runtimeImages.gpu.image=x", "additional properties 'image' not allowed"),
     ],
 )
 def test_schema_rejects_bad_values_with_a_clear_message(helm: Helm, setting: str, message: str) -> None:
@@ -307,6 +349,6 @@ def test_chart_crds_are_the_generated_crds() -> None:
     in_chart = {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
     assert generated, "crds/ is empty"
     for name, content in generated.items():
-        assert in_chart.get(name) == content, f"charts/modelplane/crds/{name} differs: run `make chart-crds`"
+        assert in_chart.get(name) == content, f"charts/servlane/crds/{name} differs: run `make chart-crds`"
     # The one addition: kopf's peering CRDs, which the peering objects of a multi-replica operator need.
     assert set(in_chart) - set(generated) == {"kopf-peering.yaml"}

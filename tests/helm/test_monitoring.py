@@ -1,5 +1,6 @@
 """The chart's alerts, run by promtool against synthetic series, and the dashboard, checked against the
-metrics contracts (gateway: modelplane_api.metrics, operator: opmetrics, kube-state-metrics config)."""
+metrics contracts (gateway: servlane_api.metric_names, operator: servlane_operator.operator_metrics,
+kube-state-metrics config)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
-from modelplane_api import metrics as contract
+from servlane_api import metric_names as contract
 from tests.helm.helmtool import CHART, MONITORING_API, Helm, one
 
-DASHBOARD = CHART / "dashboards" / "modelplane.json"
+DASHBOARD = CHART / "dashboards" / "servlane.json"
 KSM_CONFIG = CHART / "files" / "kube-state-metrics-crs.yaml"
 
 
@@ -31,8 +32,8 @@ def promtool() -> str:
 
 
 def operator_metric_names() -> set[str]:
-    text = (CHART.parents[1] / "operator" / "modelplane_operator" / "opmetrics.py").read_text()
-    return set(re.findall(r'"(modelplane_operator_[a-z_]+)"', text))
+    text = (CHART.parents[1] / "operator" / "servlane_operator" / "operator_metrics.py").read_text()
+    return set(re.findall(r'"(servlane_operator_[a-z_]+)"', text))
 
 
 def ksm_metric_names() -> set[str]:
@@ -46,14 +47,14 @@ def known_series() -> set[str]:
         contract.LATENCY,
         contract.TTFT,
         contract.ADDED_LATENCY,
-        "modelplane_operator_reconcile_duration_seconds",
+        "servlane_operator_reconcile_duration_seconds",
     }
     suffixed = {f"{h}_{s}" for h in histograms for s in ("bucket", "sum", "count")}
     return gateway | suffixed | operator_metric_names() | ksm_metric_names()
 
 
 def referenced_metrics(expr: str) -> set[str]:
-    return set(re.findall(r"\b(modelplane_[a-z_]+)", expr))
+    return set(re.findall(r"\b(servlane_[a-z_]+)", expr))
 
 
 def rules(helm: Helm, *sets: str) -> list[dict[str, Any]]:
@@ -79,7 +80,7 @@ def test_rules_pass_promtool_check(helm: Helm, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_alerts_fire_on_rollback_not_ready_and_error_spike_only(helm: Helm, tmp_path: Path) -> None:
+def test_alerts_fire_on_rollback_not_ready_error_spike_and_stalled_canaries_only(helm: Helm, tmp_path: Path) -> None:
     groups = rules(helm, "monitoring.prometheusRule.notReadyFor=15m")
     for group in groups:  # expressions and labels are under test here; annotations are templated text
         for rule in group["rules"]:
@@ -87,30 +88,51 @@ def test_alerts_fire_on_rollback_not_ready_and_error_spike_only(helm: Helm, tmp_
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
     series = [
         # chat: 100 requests/min, 20 of them failing -> 20 % errors.
-        ('modelplane_gateway_requests_total{feature="chat",model="a",code="200"}', "0+80x30"),
-        ('modelplane_gateway_requests_total{feature="chat",model="a",code="503"}', "0+20x30"),
-        ('modelplane_gateway_request_errors_total{feature="chat",model="a",reason="status_5xx"}', "0+20x30"),
+        ('servlane_gateway_requests_total{namespace="t",feature="chat",model="a",code="200"}', "0+80x30"),
+        ('servlane_gateway_requests_total{namespace="t",feature="chat",model="a",code="503"}', "0+20x30"),
+        (
+            'servlane_gateway_request_errors_total{namespace="t",feature="chat",model="a",reason="status_5xx"}',
+            "0+20x30",
+        ),
         # search: healthy; rare: every request fails, but far below the minimum request rate.
-        ('modelplane_gateway_requests_total{feature="search",model="b",code="200"}', "0+100x30"),
-        ('modelplane_gateway_request_errors_total{feature="search",model="b",reason="status_5xx"}', "0x30"),
-        ('modelplane_gateway_requests_total{feature="rare",model="c",code="503"}', "0+1x30"),
-        ('modelplane_gateway_request_errors_total{feature="rare",model="c",reason="status_5xx"}', "0+1x30"),
-        ('modelplane_aifeature_status_phase{namespace="t",name="chat",phase="RolledBack"}', "0x4 1x25"),
-        ('modelplane_aifeature_status_phase{namespace="t",name="search",phase="RolledBack"}', "0x30"),
-        ('modelplane_aimodel_status_phase{namespace="t",name="stuck",phase="Ready"}', "0x30"),
-        ('modelplane_aimodel_status_phase{namespace="t",name="fine",phase="Ready"}', "1x30"),
-        ('modelplane_aimodel_status_phase{namespace="t",name="late",phase="Ready"}', "0x9 1x20"),
-        ('modelplane_operator_model_phase{namespace="t",name="broken",phase="Failed"}', "1x30"),
-        ('modelplane_operator_model_phase{namespace="t",name="broken",phase="Ready"}', "0x30"),
-        ('modelplane_operator_model_phase{namespace="t",name="fine",phase="Ready"}', "1x30"),
-        ('modelplane_operator_reconciles_total{kind="AIModel",trigger="change",result="ok"}', "0+5x30"),
+        ('servlane_gateway_requests_total{feature="search",model="b",code="200"}', "0+100x30"),
+        ('servlane_gateway_request_errors_total{feature="search",model="b",reason="status_5xx"}', "0x30"),
+        ('servlane_gateway_requests_total{feature="rare",model="c",code="503"}', "0+1x30"),
+        ('servlane_gateway_request_errors_total{feature="rare",model="c",reason="status_5xx"}', "0+1x30"),
+        ('servlane_aifeature_status_phase{namespace="t",name="chat",phase="RolledBack"}', "0x4 1x25"),
+        ('servlane_aifeature_status_phase{namespace="t",name="search",phase="RolledBack"}', "0x30"),
+        ('servlane_aimodel_status_phase{namespace="t",name="stuck",phase="Ready"}', "0x30"),
+        ('servlane_aimodel_status_phase{namespace="t",name="fine",phase="Ready"}', "1x30"),
+        ('servlane_aimodel_status_phase{namespace="t",name="late",phase="Ready"}', "0x9 1x20"),
+        ('servlane_operator_model_phase{namespace="t",name="broken",phase="Failed"}', "1x30"),
+        ('servlane_operator_model_phase{namespace="t",name="broken",phase="Ready"}', "0x30"),
+        ('servlane_operator_model_phase{namespace="t",name="fine",phase="Ready"}', "1x30"),
+        ('servlane_operator_reconciles_total{kind="AIModel",trigger="change",result="ok"}', "0+5x30"),
+        # chat's rollout ran into its progress deadline at 10m; search's never did.
+        (
+            'servlane_operator_feature_progress_deadline_exceeded_total{namespace="t",feature="chat",action="Rollback"}',
+            "0x9 1x20",
+        ),
+        (
+            'servlane_operator_feature_progress_deadline_exceeded_total{namespace="t",feature="search",action="Pause"}',
+            "0x30",
+        ),
+        # chat's canary metrics fail at every analysis; search's read fine.
+        ('servlane_operator_canary_metrics_unavailable_total{namespace="t",feature="chat"}', "0+6x30"),
+        ('servlane_operator_canary_metrics_unavailable_total{namespace="t",feature="search"}', "0x30"),
     ]
     alerts = {
-        "ModelplaneFeatureErrorRateHigh": [{"exp_labels": {"severity": "critical", "feature": "chat"}}],
-        "ModelplaneCanaryRolledBack": [{"exp_labels": {"severity": "warning", "namespace": "t", "name": "chat"}}],
-        "ModelplaneModelNotReady": [{"exp_labels": {"severity": "warning", "namespace": "t", "name": "stuck"}}],
-        "ModelplaneModelsFailing": [{"exp_labels": {"severity": "warning", "phase": "Failed"}}],
-        "ModelplaneReconcileErrors": [],
+        "ServlaneFeatureErrorRateHigh": [{"exp_labels": {"severity": "critical", "namespace": "t", "feature": "chat"}}],
+        "ServlaneCanaryRolledBack": [{"exp_labels": {"severity": "warning", "namespace": "t", "name": "chat"}}],
+        "ServlaneModelNotReady": [{"exp_labels": {"severity": "warning", "namespace": "t", "name": "stuck"}}],
+        "ServlaneModelsFailing": [{"exp_labels": {"severity": "warning", "phase": "Failed"}}],
+        "ServlaneReconcileErrors": [],
+        "ServlaneCanaryProgressDeadlineExceeded": [
+            {"exp_labels": {"severity": "warning", "namespace": "t", "feature": "chat", "action": "Rollback"}}
+        ],
+        "ServlaneCanaryMetricsUnavailable": [
+            {"exp_labels": {"severity": "warning", "namespace": "t", "feature": "chat"}}
+        ],
     }
     test_file = {
         "rule_files": ["rules.yaml"],
@@ -126,7 +148,13 @@ def test_alerts_fire_on_rollback_not_ready_and_error_spike_only(helm: Helm, tmp_
                 "input_series": [{"series": s, "values": v} for s, v in series],
                 "alert_rule_test": [
                     {"eval_time": "3m", "alertname": a, "exp_alerts": []}
-                    for a in ("ModelplaneFeatureErrorRateHigh", "ModelplaneModelNotReady", "ModelplaneCanaryRolledBack")
+                    for a in (
+                        "ServlaneFeatureErrorRateHigh",
+                        "ServlaneModelNotReady",
+                        "ServlaneCanaryRolledBack",
+                        "ServlaneCanaryProgressDeadlineExceeded",
+                        "ServlaneCanaryMetricsUnavailable",
+                    )
                 ],
             },
         ],
@@ -140,14 +168,14 @@ def test_alerts_fire_on_rollback_not_ready_and_error_spike_only(helm: Helm, tmp_
 
 def test_kube_state_metrics_alerts_can_be_turned_off(helm: Helm) -> None:
     alerts = {r["alert"] for g in rules(helm, "monitoring.prometheusRule.kubeStateMetrics=false") for r in g["rules"]}
-    assert "ModelplaneCanaryRolledBack" not in alerts
-    assert "ModelplaneFeatureErrorRateHigh" in alerts
+    assert "ServlaneCanaryRolledBack" not in alerts
+    assert "ServlaneFeatureErrorRateHigh" in alerts
 
 
 def test_kube_state_metrics_config_lists_every_api_phase() -> None:
     from typing import get_args
 
-    from modelplane_api.aifeature import FeaturePhase
+    from servlane_api.aifeature import FeaturePhase
 
     config = yaml.safe_load(KSM_CONFIG.read_text())
     by_kind = {r["groupVersionKind"]["kind"]: r for r in config["spec"]["resources"]}

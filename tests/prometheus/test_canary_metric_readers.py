@@ -9,26 +9,39 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 
-from modelplane_api import metrics as contract
-from modelplane_operator.rollout import MetricsUnavailableError
-from modelplane_operator.rollout.prometheus_reader import PrometheusReader
-from modelplane_operator.rollout.scrape_reader import ScrapeReader
+from servlane_api import metric_names as contract
+from servlane_core.rollout import MetricsUnavailableError
+from servlane_operator.metric_readers.prometheus_reader import PrometheusReader
+from servlane_operator.metric_readers.scrape_reader import ScrapeReader
 from tests.prometheus.gateway_endpoint import GatewayMetrics
 
 DEADLINE_SECONDS = 60.0
-CANARY_REQUESTS, CANARY_ERRORS, STABLE_REQUESTS, STABLE_ERRORS = 200, 14, 100, 1
-# p95 by linear interpolation inside the bucket holding rank 0.95 * 200 = 190: 180 fast requests sit in
-# lower buckets, the 20 slow ones in (2.5, 5] for latency and (0.5, 1] for time to first token.
-EXPECTED_P95_LATENCY = 2.5 + (5 - 2.5) * (190 - 180) / 20
-EXPECTED_P95_TTFT = 0.5 + (1 - 0.5) * (190 - 180) / 20
+NAMESPACE = "prod"
+SERVED, CANARY_ERRORS, CANARY_REJECTED, CANARY_GONE = 200, 14, 10, 6
+CANARY_REQUESTS = SERVED + CANARY_REJECTED + CANARY_GONE
+STABLE_REQUESTS, STABLE_ERRORS = 100, 1
+# Only successes are in the histograms: 186 of the 200, the 20 slow ones last. p95 by linear interpolation
+# inside the bucket holding rank 0.95 * 186: 166 fast requests sit in lower buckets, the 20 slow ones in
+# (2.5, 5] for latency and (0.5, 1] for time to first token.
+SUCCESSES, FAST = SERVED - CANARY_ERRORS, SERVED - CANARY_ERRORS - 20
+EXPECTED_P95_LATENCY = 2.5 + (5 - 2.5) * (0.95 * SUCCESSES - FAST) / 20
+EXPECTED_P95_TTFT = 0.5 + (1 - 0.5) * (0.95 * SUCCESSES - FAST) / 20
 
 
 def _drive_chat_traffic(gateway: GatewayMetrics) -> None:
-    for i in range(CANARY_REQUESTS):
+    for i in range(SERVED):
         slow = i >= 180
         gateway.serve("chat", "b", latency=3.0 if slow else 0.3, ttft=0.7 if slow else 0.04, error=i < CANARY_ERRORS)
+    for _ in range(CANARY_REJECTED):
+        gateway.answer("chat", "b", "429")  # the backend shedding load: a 4xx of its own
+    for _ in range(CANARY_GONE):
+        gateway.answer("chat", "b", "499")  # clients that walked away: nobody's failure
     for i in range(STABLE_REQUESTS):
         gateway.serve("chat", "a", latency=0.1, ttft=0.02, error=i < STABLE_ERRORS)
+    # The same feature and model names in another namespace: never part of prod's windows.
+    for _ in range(50):
+        gateway.serve("chat", "b", latency=9.0, ttft=9.0, error=True, namespace="staging")
+        gateway.answer("chat", "b", "400", namespace="staging")
 
 
 async def _until(check: Callable[[], Awaitable[bool]], what: str) -> None:
@@ -49,32 +62,34 @@ async def _query(client: httpx.AsyncClient, base_url: str, promql: str) -> list[
 async def test_prometheus_reader_reads_error_rate_and_p95(gateway_metrics: GatewayMetrics, prometheus: str) -> None:
     for model in ("a", "b"):
         gateway_metrics.declare("chat", model)
-    selector = f'{contract.REQUESTS}{{feature="chat"}}'
+    selector = f'{contract.REQUESTS}{{namespace="{NAMESPACE}",feature="chat"}}'
     async with httpx.AsyncClient(timeout=5) as client:
 
         async def zero_samples_scraped() -> bool:
             # Every request series scraped at 0, so increase() starts from a known 0.
             counts = await _query(client, prometheus, f"count_over_time({selector}[1m])")
-            return len(counts) == 4 and min(counts) >= 1
+            return len(counts) == 8 and min(counts) >= 1
 
         await _until(zero_samples_scraped, "Prometheus to scrape the declared series")
         scraper = ScrapeReader([gateway_metrics.url], client=client)
-        assert await scraper.read("chat", ["b", "a"], 60) is None  # its baseline, for the cross-check below
+        assert await scraper.read(NAMESPACE, "chat", ["b", "a"], 60) is None  # its baseline, for the cross-check
         _drive_chat_traffic(gateway_metrics)
 
         async def traffic_scraped() -> bool:
             return await _query(client, prometheus, f"sum({selector})") == [CANARY_REQUESTS + STABLE_REQUESTS]
 
         await _until(traffic_scraped, "Prometheus to scrape the traffic")
-        reader = PrometheusReader(prometheus, client=client)
-        metrics = await reader.read("chat", ["b", "a", "absent"], window_seconds=60)
-        scraped = await scraper.read("chat", ["b", "a"], 60)
+        reader = PrometheusReader(prometheus, client=client, scrape_interval_seconds=1)
+        assert reader.min_window_seconds == 2
+        metrics = await reader.read(NAMESPACE, "chat", ["b", "a", "absent"], window_seconds=60)
+        scraped = await scraper.read(NAMESPACE, "chat", ["b", "a"], 60)
 
     canary, stable = metrics.models["b"], metrics.models["a"]
     # increase() extrapolates every series of one scrape alike: counts may exceed the truth a little,
     # ratios and quantiles do not move.
     assert CANARY_REQUESTS <= canary.requests <= CANARY_REQUESTS * 1.5
     assert canary.error_rate == pytest.approx(CANARY_ERRORS / CANARY_REQUESTS)
+    assert canary.client_error_rate == pytest.approx(CANARY_REJECTED / CANARY_REQUESTS)
     assert canary.p95_latency_seconds == pytest.approx(EXPECTED_P95_LATENCY)
     assert canary.p95_ttft_seconds == pytest.approx(EXPECTED_P95_TTFT)
     assert stable.error_rate == pytest.approx(STABLE_ERRORS / STABLE_REQUESTS)
@@ -83,6 +98,7 @@ async def test_prometheus_reader_reads_error_rate_and_p95(gateway_metrics: Gatew
     # The direct scrape of the same endpoint agrees with Prometheus.
     assert scraped is not None
     assert scraped.models["b"].error_rate == pytest.approx(canary.error_rate)
+    assert scraped.models["b"].client_errors == CANARY_REJECTED
     assert scraped.models["b"].p95_latency_seconds == pytest.approx(canary.p95_latency_seconds)
     assert scraped.models["b"].p95_ttft_seconds == pytest.approx(canary.p95_ttft_seconds)
 
@@ -98,19 +114,23 @@ async def test_scrape_reader_windows_across_gateway_pods(
     async with httpx.AsyncClient(timeout=5) as client:
         reader = ScrapeReader(list_targets, client=client)
         _drive_chat_traffic(gateway_metrics)  # before the baseline: not in any window
-        assert await reader.read("chat", ["b"], 60) is None
+        assert await reader.read(NAMESPACE, "chat", ["b"], 60) is None
 
         _drive_chat_traffic(gateway_metrics)
-        first = await reader.read("chat", ["b", "a"], 60)
+        first = await reader.read(NAMESPACE, "chat", ["b", "a"], 60)
         assert first is not None
         assert first.window_seconds > 0
         canary = first.models["b"]
-        assert (canary.requests, canary.errors) == (CANARY_REQUESTS, CANARY_ERRORS)
+        assert (canary.requests, canary.errors, canary.client_errors) == (
+            CANARY_REQUESTS,
+            CANARY_ERRORS,
+            CANARY_REJECTED,
+        )
         assert canary.p95_latency_seconds == pytest.approx(EXPECTED_P95_LATENCY)
         assert canary.p95_ttft_seconds == pytest.approx(EXPECTED_P95_TTFT)
         assert first.models["a"].error_rate == pytest.approx(STABLE_ERRORS / STABLE_REQUESTS)
 
-        idle = await reader.read("chat", ["b"], 60)
+        idle = await reader.read(NAMESPACE, "chat", ["b"], 60)
         assert idle is not None
         assert (idle.models["b"].requests, idle.models["b"].error_rate, idle.models["b"].p95_latency_seconds) == (
             0,
@@ -121,28 +141,29 @@ async def test_scrape_reader_windows_across_gateway_pods(
         # A second gateway pod appears: its first scrape is its baseline, then both pods add up.
         _drive_chat_traffic(second_gateway_metrics)
         targets.append(second_gateway_metrics.url)
-        joined = await reader.read("chat", ["b"], 60)
+        joined = await reader.read(NAMESPACE, "chat", ["b"], 60)
         assert joined is not None
         assert joined.models["b"].requests == 0
         _drive_chat_traffic(gateway_metrics)
         _drive_chat_traffic(second_gateway_metrics)
-        both = await reader.read("chat", ["b"], 60)
+        both = await reader.read(NAMESPACE, "chat", ["b"], 60)
         assert both is not None
         assert both.models["b"].requests == 2 * CANARY_REQUESTS
         assert both.models["b"].p95_latency_seconds == pytest.approx(EXPECTED_P95_LATENCY)
 
-        # Another feature keeps its own baseline.
-        assert await reader.read("search", ["b"], 60) is None
+        # Another feature, or the same feature in another namespace, keeps its own baseline.
+        assert await reader.read(NAMESPACE, "search", ["b"], 60) is None
+        assert await reader.read("staging", "chat", ["b"], 60) is None
 
 
 async def test_scrape_reader_skips_a_dead_pod_and_fails_when_all_are(gateway_metrics: GatewayMetrics) -> None:
     dead = "http://127.0.0.1:9/metrics"  # nothing listens on the discard port here
     async with httpx.AsyncClient(timeout=2) as client:
         reader = ScrapeReader([gateway_metrics.url, dead], client=client)
-        assert await reader.read("chat", ["b"], 60) is None
+        assert await reader.read(NAMESPACE, "chat", ["b"], 60) is None
         _drive_chat_traffic(gateway_metrics)
-        metrics = await reader.read("chat", ["b"], 60)
+        metrics = await reader.read(NAMESPACE, "chat", ["b"], 60)
         assert metrics is not None
         assert metrics.models["b"].requests == CANARY_REQUESTS
         with pytest.raises(MetricsUnavailableError, match="none of 1"):
-            await ScrapeReader([dead], client=client).read("chat", ["b"], 60)
+            await ScrapeReader([dead], client=client).read(NAMESPACE, "chat", ["b"], 60)

@@ -10,7 +10,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads weights at test time
 
-from modelplane_api.runtime_config import RuntimeConfig
+from servlane_api.runtime_config import RuntimeConfig
 from tests.fixtures import models as shared_models
 from tests.runtime.servers import InProcessServer
 

@@ -1,4 +1,4 @@
-"""Start the runtime for tests: in this process (uvicorn in a thread) or as `python -m modelplane_runtime`."""
+"""Start the runtime for tests: in this process (uvicorn in a thread) or as `python -m servlane_runtime`."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from typing import Any
 import httpx
 import uvicorn
 
-from modelplane_api.runtime_config import RuntimeConfig
-from modelplane_runtime.app import create_app
+from servlane_api.runtime_config import RuntimeConfig
+from servlane_api.runtime_exit import TERMINATION_LOG_ENV
+from servlane_runtime.app import create_app
 from tests.polling import wait_until
 
 
@@ -85,27 +86,48 @@ class InProcessServer(_Server):
 
 
 class SubprocessServer(_Server):
-    """`python -m modelplane_runtime --config FILE` as its own process, the way a pod runs it."""
+    """`python -m servlane_runtime --config FILE` as its own process, the way a pod runs it."""
 
-    def __init__(self, config: RuntimeConfig, env: dict[str, str] | None = None) -> None:
+    def __init__(self, config: RuntimeConfig, env: dict[str, str] | None = None, wait_for_health: bool = True) -> None:
+        self.wait_for_health = wait_for_health  # False: for runtimes meant to fail (and exit) at once
         self.port = free_port()
         self.config = config.model_copy(update={"host": "127.0.0.1", "port": self.port})
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self._dir = tempfile.TemporaryDirectory(prefix="modelplane-runtime-")
+        self._dir = tempfile.TemporaryDirectory(prefix="servlane-runtime-")
         self.config_path = Path(self._dir.name) / "config.json"
         self.config_path.write_text(self.config.to_env_value())
         self.log_path = Path(self._dir.name) / "server.log"
-        self._env = {**os.environ, **(env or {})}
+        # Where a pod's /dev/termination-log would be (never the real one on this machine).
+        self.termination_log = Path(self._dir.name) / "termination-log"
+        self._env = {**os.environ, TERMINATION_LOG_ENV: str(self.termination_log), **(env or {})}
         self._proc: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> SubprocessServer:
+    def start(self) -> SubprocessServer:
         with self.log_path.open("wb") as log:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "modelplane_runtime", "--config", str(self.config_path)],
+                [sys.executable, "-m", "servlane_runtime", "--config", str(self.config_path)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self._env,
             )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None
+        return self._proc.pid
+
+    def exit_code_within(self, timeout: float) -> int:
+        """The process's exit code; it must exit within `timeout` seconds."""
+        proc = self._proc
+        assert proc is not None
+        wait_until("the runtime process to exit", lambda: proc.poll() is not None, timeout)
+        return proc.returncode
+
+    def __enter__(self) -> SubprocessServer:
+        self.start()
+        if not self.wait_for_health:
+            return self
         try:
             wait_until("/health", self._alive, 60)
         except BaseException as exc:

@@ -8,13 +8,14 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import httpx
 import pytest
 
-from modelplane_runtime.admission import AdmissionController
-from modelplane_runtime.errors import OpenAIError
+from servlane_core.protocol.errors import OpenAIError
+from servlane_runtime.admission import AdmissionController
 from tests.polling import wait_until
 from tests.runtime.conftest import tiny_config
 from tests.runtime.servers import InProcessServer
@@ -104,7 +105,11 @@ def holding_the_slot(server: InProcessServer) -> Iterator[None]:
 
 
 def in_flight_and_queued(server: InProcessServer) -> tuple[float, float]:
-    return server.metric("modelplane_runtime_in_flight"), server.metric("modelplane_runtime_queue_depth")
+    return server.metric("servlane_runtime_in_flight"), server.metric("servlane_runtime_queue_depth")
+
+
+def queued_is(server: InProcessServer, depth: int) -> bool:
+    return in_flight_and_queued(server)[1] == depth
 
 
 def short_request(server: InProcessServer, priority: str = "normal", max_tokens: int = 2) -> httpx.Response:
@@ -114,7 +119,7 @@ def short_request(server: InProcessServer, priority: str = "normal", max_tokens:
 
 def test_full_queue_429_then_disconnect_frees_the_slot(one_slot_server: InProcessServer) -> None:
     server = one_slot_server
-    generated_before = server.metric("modelplane_runtime_tokens_total", 'kind="completion"')
+    generated_before = server.metric("servlane_runtime_tokens_total", 'kind="completion"')
     with ThreadPoolExecutor(4) as pool:
         with holding_the_slot(server):
             assert in_flight_and_queued(server) == (1, 0)
@@ -127,7 +132,7 @@ def test_full_queue_429_then_disconnect_frees_the_slot(one_slot_server: InProces
         # The holder hung up: its slot passes on and the queue drains.
         assert [f.result(timeout=60).status_code for f in queued] == [200, 200, 200]
     wait_until("an idle server", lambda: in_flight_and_queued(server) == (0, 0), 30)
-    generated = server.metric("modelplane_runtime_tokens_total", 'kind="completion"') - generated_before
+    generated = server.metric("servlane_runtime_tokens_total", 'kind="completion"') - generated_before
     assert generated < LONG, "the abandoned stream should have stopped generating"
 
 
@@ -147,7 +152,7 @@ def test_high_priority_goes_first(one_slot_server: InProcessServer) -> None:
         with holding_the_slot(server):
             for depth, priority in enumerate(["low", "normal", "high"], start=1):
                 futures.append(pool.submit(run, priority))
-                wait_until(f"{depth} queued", lambda d=depth: in_flight_and_queued(server)[1] == d, 30)
+                wait_until(f"{depth} queued", partial(queued_is, server, depth), 30)
         assert [f.result(timeout=60) for f in futures] == [200, 200, 200]
     assert finished == ["high", "normal", "low"]
 

@@ -106,9 +106,9 @@ def test_embeddings_on_a_generation_model_is_a_clean_error(chat_server: InProces
 
 
 def test_failures_are_counted_by_status(chat_server: InProcessServer) -> None:
-    before = chat_server.metric("modelplane_runtime_requests_total", 'code="404"')
+    before = chat_server.metric("servlane_runtime_requests_total", 'code="404"')
     httpx.post(chat_server.v1 + "/completions", json={"model": "nope", "prompt": "x"}, timeout=30)
-    assert chat_server.metric("modelplane_runtime_requests_total", 'code="404"') == before + 1
+    assert chat_server.metric("servlane_runtime_requests_total", 'code="404"') == before + 1
 
 
 def test_embedding_input_beyond_context_is_413(embed_server: InProcessServer) -> None:

@@ -184,13 +184,13 @@ def test_eight_concurrent_streams_complete_with_usage(chat_server: InProcessServ
         assert reference.usage is not None
         assert text == reference.choices[0].message.content
         assert (prompt_tokens, completion_tokens) == (reference.usage.prompt_tokens, 6)
-    wait_until("no request in flight", lambda: chat_server.metric("modelplane_runtime_in_flight") == 0, 30)
+    wait_until("no request in flight", lambda: chat_server.metric("servlane_runtime_in_flight") == 0, 30)
 
 
 def test_client_leaving_stops_the_generation(client: openai.OpenAI, chat_server: InProcessServer) -> None:
     """A stream closed after its first chunk, and a plain request given up on, both stop the engine."""
     long = 2000  # tokens: many seconds of generation on this model
-    before = chat_server.metric("modelplane_runtime_tokens_total", 'kind="completion"')
+    before = chat_server.metric("servlane_runtime_tokens_total", 'kind="completion"')
     stream = client.completions.create(
         model=MODEL, prompt="Hi", max_tokens=long, stream=True, extra_body={"ignore_eos": True}
     )
@@ -199,6 +199,6 @@ def test_client_leaving_stops_the_generation(client: openai.OpenAI, chat_server:
     body = {"model": MODEL, "prompt": "Hi", "max_tokens": long, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(chat_server.v1 + "/completions", json=body, timeout=1.0)
-    wait_until("both slots to be freed", lambda: chat_server.metric("modelplane_runtime_in_flight") == 0, 30)
-    generated = chat_server.metric("modelplane_runtime_tokens_total", 'kind="completion"') - before
+    wait_until("both slots to be freed", lambda: chat_server.metric("servlane_runtime_in_flight") == 0, 30)
+    generated = chat_server.metric("servlane_runtime_tokens_total", 'kind="completion"') - before
     assert 1 <= generated < long, "the abandoned requests should have stopped generating"

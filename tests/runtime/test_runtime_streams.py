@@ -7,9 +7,9 @@ from collections.abc import AsyncGenerator
 
 import pytest
 
-from modelplane_runtime import protocol as p
-from modelplane_runtime.engines.base import GenerationDelta
-from modelplane_runtime.streams import ContentChunkFrames, merge_generations, sse
+from servlane_core.protocol import openai as p
+from servlane_runtime.engines.base import GenerationDelta
+from servlane_runtime.streams import ContentChunkFrames, merge_generations, sse
 
 
 @pytest.mark.parametrize("text", ["a", ' "quoted" \n\t\\ ', "é😀\u2028", "\x00\x1f", ""])

@@ -19,7 +19,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from modelplane_api.runtime_config import RuntimeConfig
+from servlane_api.runtime_config import RuntimeConfig
 from tests.polling import wait_until
 from tests.runtime.conftest import tiny_config
 from tests.runtime.servers import InProcessServer, SubprocessServer
@@ -137,19 +137,19 @@ def test_eight_concurrent_streams_complete_with_usage(vllm_server: SubprocessSer
     assert [r[2] for r in results] == [12] * 8
     assert [r[3] for r in results] == ["length"] * 8
     assert all(r[1] > 0 and r[0] for r in results)
-    wait_until("no request in flight", lambda: vllm_server.metric("modelplane_runtime_in_flight") == 0, 30)
+    wait_until("no request in flight", lambda: vllm_server.metric("servlane_runtime_in_flight") == 0, 30)
 
 
 def test_disconnect_aborts_the_generation(vllm_server: SubprocessServer) -> None:
-    before = vllm_server.metric("modelplane_runtime_tokens_total", 'kind="completion"')
+    before = vllm_server.metric("servlane_runtime_tokens_total", 'kind="completion"')
     limit = MAX_MODEL_LEN - 16
     body = {"model": MODEL, "prompt": "Hi", "max_tokens": limit, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", vllm_server.v1 + "/completions", json=body, timeout=60) as response:
         assert response.status_code == 200
         lines = response.iter_lines()
         next(line for line in lines if line.startswith("data: {"))
-    wait_until("the slot to be freed", lambda: vllm_server.metric("modelplane_runtime_in_flight") == 0, 30)
-    generated = vllm_server.metric("modelplane_runtime_tokens_total", 'kind="completion"') - before
+    wait_until("the slot to be freed", lambda: vllm_server.metric("servlane_runtime_in_flight") == 0, 30)
+    generated = vllm_server.metric("servlane_runtime_tokens_total", 'kind="completion"') - before
     assert 1 <= generated < limit, "the abandoned stream should have stopped generating"
 
 

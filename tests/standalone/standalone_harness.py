@@ -1,4 +1,4 @@
-"""`modelplane serve` as a real subprocess, read through its state file, driven with the `openai` client."""
+"""`servlane serve` as a real subprocess, read through its state file, driven with the `openai` client."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import openai
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from modelplane_api.metrics import WEIGHT
-from modelplane_cli.state import STATE_FILE, SupervisorState, read_state
+from servlane_api.metric_names import WEIGHT
+from servlane_cli.state import STATE_FILE, SupervisorState, read_state
 from tests.polling import wait_until
 
 STARTUP_SECONDS = 150.0  # several runtimes importing torch at once on 2 busy cores
@@ -43,7 +43,7 @@ class Serve:
         self.state_dir = state_dir
         self.log_path = state_dir.parent / f"{state_dir.name}-serve.log"
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        argv = [sys.executable, "-m", "modelplane_cli", "serve", "-f", str(manifests), "--port", "0"]
+        argv = [sys.executable, "-m", "servlane_cli", "serve", "-f", str(manifests), "--port", "0"]
         argv += ["--state-dir", str(state_dir), "--stop-timeout", "5"]
         self.early_chat: tuple[str, int | None] = ("", None)  # stderr and exit code of a chat run during startup
         with self.log_path.open("wb") as out:
@@ -64,7 +64,7 @@ class Serve:
 
     def wait_ready(self, models: list[str], timeout: float = STARTUP_SECONDS) -> SupervisorState:
         def all_ready() -> SupervisorState | None:
-            assert self.process.poll() is None, f"modelplane serve exited:\n{self.log()}"
+            assert self.process.poll() is None, f"servlane serve exited:\n{self.log()}"
             state = self.state()
             if state is None or state.gateway.pid is None:
                 return None
@@ -99,11 +99,11 @@ class Serve:
         }
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "modelplane_cli", *args, "--state-dir", str(self.state_dir)]
+        argv = [sys.executable, "-m", "servlane_cli", *args, "--state-dir", str(self.state_dir)]
         return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
 
     def cli_background(self, *args: str) -> subprocess.Popen[str]:
-        argv = [sys.executable, "-m", "modelplane_cli", *args, "--state-dir", str(self.state_dir)]
+        argv = [sys.executable, "-m", "servlane_cli", *args, "--state-dir", str(self.state_dir)]
         return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def stop(self, timeout: float = 30.0) -> int:
@@ -129,7 +129,7 @@ class Serve:
 
 def ai_model(name: str, source: str, **spec: Any) -> dict[str, Any]:
     return {
-        "apiVersion": "modelplane.dev/v1alpha1",
+        "apiVersion": "servlane.dev/v1alpha1",
         "kind": "AIModel",
         "metadata": {"name": name},
         "spec": {"source": {"uri": source}, "engine": "transformers", **spec},
@@ -138,7 +138,7 @@ def ai_model(name: str, source: str, **spec: Any) -> dict[str, Any]:
 
 def ai_feature(name: str, model: str, **spec: Any) -> dict[str, Any]:
     return {
-        "apiVersion": "modelplane.dev/v1alpha1",
+        "apiVersion": "servlane.dev/v1alpha1",
         "kind": "AIFeature",
         "metadata": {"name": name},
         "spec": {"model": model, **spec},

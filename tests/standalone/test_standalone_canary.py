@@ -15,7 +15,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from modelplane_api.aifeature import AIFeatureStatus
+from servlane_api.aifeature import AIFeatureStatus
 from tests.polling import wait_until
 from tests.standalone.standalone_harness import Serve, ai_feature, ai_model, write_manifests
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from modelplane_cli.local_config import local_runtime
-from modelplane_cli.main import default_inputs
-from modelplane_cli.manifests import ManifestError, files_signature, load_manifests
-from modelplane_operator.builders.deployment import build_runtime_config
+from servlane_cli.local_config import local_runtime
+from servlane_cli.main import default_inputs
+from servlane_cli.manifests import ManifestError, files_signature, load_manifests
+from servlane_operator.builders.deployment import build_runtime_config
 from tests.standalone.standalone_harness import ai_feature, ai_model, write_manifests
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +24,7 @@ def test_the_local_example_loads_with_its_sources_resolved() -> None:
     assert (Path(minilm.spec.source.uri) / "config.json").is_file()  # pkg:// -> the installed package's folder
     tiny = manifests.models["tiny-chat"]
     assert tiny.create_tiny_model
-    assert tiny.model.spec.source.uri == str(Path.home() / ".cache/modelplane/models/tiny-chat")
+    assert tiny.model.spec.source.uri == str(Path.home() / ".cache/servlane/models/tiny-chat")
 
 
 def test_relative_sources_are_relative_to_the_manifest(tmp_path: Path) -> None:

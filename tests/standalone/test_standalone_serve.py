@@ -1,4 +1,4 @@
-"""`modelplane serve` on one machine: routing by feature, restarts after a crash and after an edit, clean stop.
+"""`servlane serve` on one machine: routing by feature, restarts after a crash and after an edit, clean stop.
 
 One supervisor for the module (its runtimes take seconds to load on a CPU); the tests run in file
 order and the last one stops it.
@@ -37,7 +37,7 @@ def served(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         root / "manifests" / "features.yaml", [ai_feature("chat", "tiny-chat"), ai_feature("embeddings", "minilm")]
     )
     serve = Serve(root / "manifests", root / "state")
-    # A user who runs `modelplane chat` at once waits for the model, with progress shown.
+    # A user who runs `servlane chat` at once waits for the model, with progress shown.
     early_chat = serve.cli_background("chat", "chat", "--message", "Hello", "--max-tokens", "3")
     try:
         serve.wait_ready(["tiny-chat", "minilm"])

@@ -4,13 +4,16 @@ from typing import Any
 
 import pytest
 
-from modelplane_api.aimodel import AIModel
-from modelplane_operator.settings import OperatorSettings
+from servlane_api.aimodel import AIModel
+from servlane_operator.settings import OperatorSettings
+
+GPU_IMAGE = "registry.local/servlane-runtime:test-cuda"
+CPU_IMAGE = "registry.local/servlane-runtime:test-cpu"
 
 
 def make_model(spec: dict[str, Any], name: str = "llama", namespace: str = "team-a", **status: Any) -> AIModel:
     body = {
-        "apiVersion": "modelplane.dev/v1alpha1",
+        "apiVersion": "servlane.dev/v1alpha1",
         "kind": "AIModel",
         "metadata": {"name": name, "namespace": namespace, "uid": "uid-123", "generation": 3},
         "spec": spec,
@@ -21,4 +24,4 @@ def make_model(spec: dict[str, Any], name: str = "llama", namespace: str = "team
 
 @pytest.fixture
 def settings() -> OperatorSettings:
-    return OperatorSettings(runtime_image="registry.local/modelplane-runtime:test")
+    return OperatorSettings(runtime_image_gpu=GPU_IMAGE, runtime_image_cpu=CPU_IMAGE)

@@ -8,10 +8,22 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from modelplane_api.runtime_config import ENV_VAR, RuntimeConfig
-from modelplane_operator.builders import build_deployment, build_hpa, build_service, endpoint_url, plan_children
-from modelplane_operator.settings import OperatorSettings
-from tests.unit.conftest import make_model
+from servlane_api.runtime_config import ENV_VAR, RuntimeConfig
+from servlane_operator.builders import (
+    build_deployment,
+    build_hpa,
+    build_service,
+    endpoint_url,
+    plan_children,
+    runtime_image,
+)
+from servlane_operator.main import main as operator_main
+from servlane_operator.settings import (
+    DEFAULT_RUNTIME_IMAGE_CPU,
+    DEFAULT_RUNTIME_IMAGE_GPU,
+    OperatorSettings,
+)
+from tests.unit.conftest import CPU_IMAGE, GPU_IMAGE, make_model
 
 GPU_SPEC: dict[str, Any] = {
     "source": {"uri": "hf://meta-llama/Llama-3.1-8B-Instruct@main", "credentialsSecret": "hf-token"},
@@ -43,7 +55,7 @@ def test_gpu_model_requests_gpus_and_maps_options_to_the_runtime(settings: Opera
     c = container(dep)
     assert c["resources"]["limits"] == {"nvidia.com/gpu": "2", "cpu": "8", "memory": "64Gi"}
     assert c["resources"]["requests"] == {"cpu": "8", "memory": "64Gi"}
-    assert c["image"] == "registry.local/modelplane-runtime:test"
+    assert c["image"] == GPU_IMAGE
     assert c["envFrom"] == [{"secretRef": {"name": "hf-token"}}]
     cfg = runtime_config(dep)
     assert cfg.engine == "vllm"
@@ -66,6 +78,53 @@ def test_cpu_model_has_no_gpu_and_surges_for_zero_downtime(settings: OperatorSet
     assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     assert runtime_config(dep).tensor_parallel_size == 1
     assert runtime_config(dep).engine == "transformers"
+    assert c["image"] == CPU_IMAGE
+
+
+@pytest.mark.parametrize(("gpus", "expected"), [(0, CPU_IMAGE), (1, GPU_IMAGE), (8, GPU_IMAGE)])
+def test_runtime_image_follows_the_gpu_count(settings: OperatorSettings, gpus: int, expected: str) -> None:
+    spec = make_model({**CPU_SPEC, "resources": {"gpus": gpus}}).spec
+    assert runtime_image(spec, settings) == expected
+
+
+@pytest.mark.parametrize("gpus", [0, 1, 8])
+def test_spec_image_overrides_both_runtime_images(settings: OperatorSettings, gpus: int) -> None:
+    model = make_model({**CPU_SPEC, "resources": {"gpus": gpus}, "image": "my/runtime:1"})
+    assert runtime_image(model.spec, settings) == "my/runtime:1"
+    assert container(build_deployment(model, settings))["image"] == "my/runtime:1"
+
+
+def test_runtime_image_settings_from_the_environment() -> None:
+    defaults = OperatorSettings.from_env({})
+    assert (defaults.runtime_image_gpu, defaults.runtime_image_cpu) == (
+        DEFAULT_RUNTIME_IMAGE_GPU,
+        DEFAULT_RUNTIME_IMAGE_CPU,
+    )
+    assert DEFAULT_RUNTIME_IMAGE_GPU == "ghcr.io/servlane/runtime:0.1.0-cuda"
+    assert DEFAULT_RUNTIME_IMAGE_CPU == "ghcr.io/servlane/runtime:0.1.0-cpu"
+    env = {"SERVLANE_RUNTIME_IMAGE_GPU": "r/rt:2-cuda", "SERVLANE_RUNTIME_IMAGE_CPU": "r/rt:2-cpu"}
+    settings = OperatorSettings.from_env(env)
+    assert (settings.runtime_image_gpu, settings.runtime_image_cpu) == ("r/rt:2-cuda", "r/rt:2-cpu")
+
+
+@pytest.mark.parametrize("value", ["ghcr.io/servlane/runtime:0.1.0", ""])
+def test_the_removed_single_runtime_image_variable_is_refused(value: str) -> None:
+    env = {"SERVLANE_RUNTIME_IMAGE": value, "SERVLANE_RUNTIME_IMAGE_CPU": "r/rt:2-cpu"}
+    with pytest.raises(ValueError, match="SERVLANE_RUNTIME_IMAGE_GPU") as info:
+        OperatorSettings.from_env(env)
+    assert "SERVLANE_RUNTIME_IMAGE_CPU" in str(info.value)
+
+
+def test_the_operator_exits_cleanly_with_the_settings_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SERVLANE_RUNTIME_IMAGE", "ghcr.io/servlane/runtime:0.1.0")
+    assert operator_main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("servlane-operator: invalid settings: SERVLANE_RUNTIME_IMAGE ")
+    assert "SERVLANE_RUNTIME_IMAGE_GPU" in err
+    assert "SERVLANE_RUNTIME_IMAGE_CPU" in err
+    assert "Traceback" not in err
 
 
 def test_custom_gpu_resource_name(settings: OperatorSettings) -> None:
@@ -91,7 +150,14 @@ def test_probes_tolerate_slow_loads_and_pods_are_locked_down(settings: OperatorS
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
     assert "/tmp" in mounts
-    assert "/var/cache/modelplane" in mounts
+    assert "/var/cache/servlane" in mounts
+
+
+def test_the_runtime_leaves_its_exit_reason_in_the_pod_status(settings: OperatorSettings) -> None:
+    c = container(build_deployment(make_model(CPU_SPEC), settings))
+    # The runtime writes /dev/termination-log (the default path); a crash before that leaves the log's tail.
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert "terminationMessagePath" not in c
 
 
 def test_labels_owner_and_selector(settings: OperatorSettings) -> None:
@@ -100,11 +166,11 @@ def test_labels_owner_and_selector(settings: OperatorSettings) -> None:
         meta = obj["metadata"]
         assert meta["name"] == "model-llama"
         assert meta["namespace"] == "team-a"
-        assert meta["labels"]["app.kubernetes.io/managed-by"] == "modelplane-operator"
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "servlane-operator"
         assert "app.kubernetes.io/instance" not in meta["labels"]  # Argo CD tracking label
         (owner,) = meta["ownerReferences"]
         assert owner == {
-            "apiVersion": "modelplane.dev/v1alpha1",
+            "apiVersion": "servlane.dev/v1alpha1",
             "kind": "AIModel",
             "name": "llama",
             "uid": "uid-123",
@@ -112,11 +178,11 @@ def test_labels_owner_and_selector(settings: OperatorSettings) -> None:
             "blockOwnerDeletion": True,
         }
     dep = build_deployment(model, settings)
-    assert dep["spec"]["selector"]["matchLabels"] == {"modelplane.dev/model": "llama"}
+    assert dep["spec"]["selector"]["matchLabels"] == {"servlane.dev/model": "llama"}
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert labels.items() >= dep["spec"]["selector"]["matchLabels"].items()
     svc = build_service(model)
-    assert svc["spec"]["selector"] == {"modelplane.dev/model": "llama"}
+    assert svc["spec"]["selector"] == {"servlane.dev/model": "llama"}
     assert svc["spec"]["ports"][0]["port"] == 8000
     assert endpoint_url(model, "cluster.local") == "http://model-llama.team-a.svc.cluster.local:8000/v1"
 
@@ -187,7 +253,7 @@ def test_autoscaling_on_cpu_hands_replicas_to_the_hpa(settings: OperatorSettings
 
 
 def test_autoscaling_on_a_pods_metric(settings: OperatorSettings) -> None:
-    metric = {"type": "Pods", "name": "modelplane_requests_in_flight", "targetAverageValue": "8"}
+    metric = {"type": "Pods", "name": "servlane_requests_in_flight", "targetAverageValue": "8"}
     model = make_model({**GPU_SPEC, "autoscaling": {"minReplicas": 1, "maxReplicas": 4, "metric": metric}})
     hpa = build_hpa(model)
     assert hpa is not None
@@ -195,7 +261,7 @@ def test_autoscaling_on_a_pods_metric(settings: OperatorSettings) -> None:
         {
             "type": "Pods",
             "pods": {
-                "metric": {"name": "modelplane_requests_in_flight"},
+                "metric": {"name": "servlane_requests_in_flight"},
                 "target": {"type": "AverageValue", "averageValue": "8"},
             },
         }

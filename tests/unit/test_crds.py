@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from modelplane_api.crdgen import all_crds, main, render
+from servlane_api.crdgen import all_crds, main, render
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,7 +50,7 @@ def test_printer_columns_and_names() -> None:
     assert columns[:5] == ["Engine", "GPUs", "Ready", "Desired", "Phase"]
     assert "Age" in columns
     assert model["names"]["shortNames"] == ["aim", "aimodel"]
-    assert "modelplane" in model["names"]["categories"]
+    assert "servlane" in model["names"]["categories"]
     feature = all_crds()["aifeatures.yaml"]["spec"]
     columns = [c["name"] for c in feature["versions"][0]["additionalPrinterColumns"]]
     assert columns[:4] == ["Stable", "Canary", "Weight", "Phase"]

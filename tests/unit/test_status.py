@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
-from modelplane_api.aimodel import AIModelStatus
-from modelplane_operator.observed import DeploymentView, PodView
-from modelplane_operator.status import build_status, decide
+from servlane_api.aimodel import AIModelStatus
+from servlane_api.runtime_exit import ENGINE_DIED, MODEL_LOAD_FAILED
+from servlane_operator.observed import ContainerExit, DeploymentView, PodView
+from servlane_operator.status import build_status, decide
 from tests.unit.conftest import make_model
 
 MODEL = make_model({"source": {"uri": "/models/x"}, "resources": {"gpus": 4}})
@@ -138,3 +139,102 @@ def test_deployment_view_parses_status() -> None:
     }
     view = DeploymentView.parse(raw)
     assert (view.generation, view.desired, view.ready, view.updated, view.deadline_exceeded) == (4, 3, 2, 3, True)
+
+
+LOAD_FAILURE = "ModelSourceError: model path '/models/x' does not exist or is not a directory"
+
+
+def runtime_status(ready: bool = False, restarts: int = 3, **states: dict[str, Any]) -> dict[str, Any]:
+    return {"name": "runtime", "ready": ready, "restartCount": restarts, **states}
+
+
+def pod_with(*container_statuses: dict[str, Any], deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "model-x-abc"}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta, "status": {"phase": "Running", "containerStatuses": list(container_statuses)}}
+
+
+CRASH_LOOPING = runtime_status(
+    state={"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}},
+    lastState={"terminated": {"exitCode": MODEL_LOAD_FAILED, "reason": "Error", "message": LOAD_FAILURE + "\n"}},
+)
+
+
+def test_a_crash_looping_runtime_is_parsed_with_its_termination_message() -> None:
+    view = PodView.parse(pod_with(CRASH_LOOPING))
+    assert view.runtime_exit == ContainerExit("runtime", MODEL_LOAD_FAILED, LOAD_FAILURE, 3, backing_off=True)
+    # Running again (loading once more) after a crash: still the last exit, no longer backing off.
+    restarting = runtime_status(state={"running": {}}, lastState=CRASH_LOOPING["lastState"])
+    assert PodView.parse(pod_with(restarting)).runtime_exit == ContainerExit(
+        "runtime", MODEL_LOAD_FAILED, LOAD_FAILURE, 3, backing_off=False
+    )
+    # An OOM kill leaves no message: the kubelet's reason stands in.
+    oom = runtime_status(state={"terminated": {"exitCode": 137, "reason": "OOMKilled"}}, restarts=0)
+    assert PodView.parse(pod_with(oom)).runtime_exit == ContainerExit("runtime", 137, "OOMKilled", 0, False)
+
+
+@pytest.mark.parametrize(
+    "healthy",
+    [
+        pod_with(runtime_status(ready=True, state={"running": {}}, lastState=CRASH_LOOPING["lastState"])),
+        pod_with(runtime_status(state={"running": {}}, lastState={"terminated": {"exitCode": 0}})),
+        pod_with(runtime_status(state={"running": {}}, restarts=0)),
+        pod_with(runtime_status(state={"terminated": {"exitCode": 143, "reason": "Error"}}), deleting=True),
+    ],
+    ids=["ready-again-after-a-crash", "clean-exit", "first-start", "stopped-on-purpose"],
+)
+def test_no_runtime_exit_is_reported_for_a_pod_that_serves_or_was_stopped(healthy: dict[str, Any]) -> None:
+    assert PodView.parse(healthy).runtime_exit is None
+
+
+def test_a_model_that_cannot_load_makes_the_aimodel_say_model_load_failed() -> None:
+    status = build_status(
+        MODEL,
+        dep(ready=0),
+        [PodView.parse(pod_with(CRASH_LOOPING))],
+        observed_generation=2,
+        endpoint="http://e",
+        now="2026-01-01T00:00:00Z",
+    )
+    conditions = {c.type: c for c in status.conditions}
+    assert status.phase == "Degraded"
+    assert (conditions["Ready"].status, conditions["Ready"].reason) == ("False", "ModelLoadFailed")
+    assert (conditions["Degraded"].status, conditions["Degraded"].reason) == ("True", "ModelLoadFailed")
+    message = conditions["Degraded"].message
+    assert message == (
+        f"pod model-x-abc: the model failed to load (3 restarts, back-off before the next): {LOAD_FAILURE}"
+    )
+
+
+def test_a_runtime_whose_engine_died_is_a_crash_loop_even_while_other_replicas_serve() -> None:
+    died = runtime_status(
+        restarts=1,
+        state={"running": {}},
+        lastState={"terminated": {"exitCode": ENGINE_DIED, "message": "the engine died: vLLM's engine core"}},
+    )
+    verdict = decide(MODEL, dep(ready=1), [pod("ok"), PodView.parse(pod_with(died))])
+    assert (verdict.phase, verdict.reason, verdict.ready, verdict.degraded) == (
+        "Degraded",
+        "RuntimeCrashLoop",
+        True,
+        True,
+    )
+    assert verdict.message == "pod model-x-abc: the engine died (1 restart): the engine died: vLLM's engine core"
+
+
+def test_a_long_log_tail_is_cut_to_its_end() -> None:
+    log_tail = "\n".join(f"line {i}" for i in range(500)) + "\nRuntimeError: the real cause"
+    crash = runtime_status(state={"terminated": {"exitCode": 1, "message": log_tail}})
+    verdict = decide(MODEL, dep(ready=0), [PodView.parse(pod_with(crash))])
+    assert verdict.reason == "RuntimeCrashLoop"
+    assert verdict.message.endswith("line 499 RuntimeError: the real cause")
+    assert "\n" not in verdict.message
+    assert len(verdict.message) < 600
+    assert "the runtime exited with code 1 (3 restarts): …" in verdict.message
+
+
+def test_a_crash_loop_is_reported_before_the_bare_back_off() -> None:
+    view = PodView.parse(pod_with(CRASH_LOOPING))
+    assert view.blocking_reason == "CrashLoopBackOff"
+    assert decide(MODEL, dep(ready=0), [view]).reason == "ModelLoadFailed"

@@ -1,4 +1,4 @@
--- Argo CD health of a modelplane.dev AIFeature (gopher-lua, Lua 5.1).
+-- Argo CD health of a servlane.dev AIFeature (gopher-lua, Lua 5.1).
 -- Healthy: Stable or Split with the current generation observed. Progressing: not yet observed,
 -- Pending, or a canary running. Suspended: the rollout is paused. Degraded: the canary was rolled back.
 local hs = {status = "Progressing", message = "Waiting for the operator to report status"}

@@ -1,4 +1,4 @@
--- Argo CD health of a modelplane.dev AIModel (gopher-lua, Lua 5.1).
+-- Argo CD health of a servlane.dev AIModel (gopher-lua, Lua 5.1).
 -- Healthy: phase Ready, Ready=True and the current generation observed. Progressing: not yet observed,
 -- Pending or Deploying. Degraded: Degraded or Failed (insufficient GPUs, crash loops, bad source).
 local hs = {status = "Progressing", message = "Waiting for the operator to report status"}

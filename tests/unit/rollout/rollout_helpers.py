@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from modelplane_api.aifeature import AIFeatureSpec, AIFeatureStatus
-from modelplane_operator.rollout import ModelWindow, RolloutPlan, WindowMetrics, plan
+from servlane_api.aifeature import AIFeatureSpec, AIFeatureStatus
+from servlane_core.rollout import MetricsOutage, ModelWindow, RolloutPlan, WindowMetrics, plan
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
 MINUTE = timedelta(minutes=1)
@@ -24,13 +24,28 @@ def feature_spec(model: str | None = "a", split: list[dict[str, Any]] | None = N
 
 
 def window(
-    requests: float = 100, errors: float = 0, ttft: float | None = None, latency: float | None = None
+    requests: float = 100,
+    errors: float = 0,
+    ttft: float | None = None,
+    latency: float | None = None,
+    client_errors: float = 0,
 ) -> ModelWindow:
-    return ModelWindow(requests=requests, errors=errors, p95_ttft_seconds=ttft, p95_latency_seconds=latency)
+    return ModelWindow(
+        requests=requests,
+        errors=errors,
+        p95_ttft_seconds=ttft,
+        p95_latency_seconds=latency,
+        client_errors=client_errors,
+    )
 
 
-def canary_metrics(canary: ModelWindow, name: str = "b", stable: str = "a") -> WindowMetrics:
-    return WindowMetrics(window_seconds=60, models={name: canary, stable: window(requests=1000, errors=1)})
+STABLE = window(requests=1000, errors=1)
+
+
+def canary_metrics(
+    canary: ModelWindow, name: str = "b", stable: str = "a", stable_window: ModelWindow = STABLE
+) -> WindowMetrics:
+    return WindowMetrics(window_seconds=60, models={name: canary, stable: stable_window})
 
 
 @dataclass
@@ -44,9 +59,22 @@ class Feature:
     last: RolloutPlan | None = None
 
     def reconcile(
-        self, at: datetime, metrics: WindowMetrics | None = None, annotations: Mapping[str, str] | None = None
+        self,
+        at: datetime,
+        metrics: WindowMetrics | MetricsOutage | None = None,
+        annotations: Mapping[str, str] | None = None,
+        min_window_seconds: float = 0.0,
     ) -> RolloutPlan:
-        self.last = plan(self.spec, self.status, self.ready, metrics, at, annotations or {}, self.generation)
+        self.last = plan(
+            self.spec,
+            self.status,
+            self.ready,
+            metrics,
+            at,
+            annotations or {},
+            self.generation,
+            min_window_seconds=min_window_seconds,
+        )
         self.status = self.last.status
         return self.last
 

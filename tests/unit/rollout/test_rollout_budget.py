@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from modelplane_operator.rollout import ROLLOUT_ANNOTATION, ReplicaSplit, budget_replicas, split_budget
+from servlane_core.rollout import ROLLOUT_ANNOTATION, ReplicaSplit, budget_replicas, split_budget
 from tests.unit.rollout.rollout_helpers import MINUTE, T0, Feature, at_first_step, canary_metrics, feature_spec, window
 
 

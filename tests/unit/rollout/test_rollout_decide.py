@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from modelplane_api.aifeature import AIFeatureStatus
-from modelplane_operator.rollout import (
+from servlane_api.aifeature import AIFeatureStatus
+from servlane_core.rollout import (
     ROLLOUT_ANNOTATION,
     ModelWindow,
     WindowMetrics,
@@ -40,7 +40,7 @@ def test_first_model_not_ready_is_reported_not_ready() -> None:
 
 
 def test_new_model_waits_for_canary_ready_without_traffic() -> None:
-    feature = Feature(feature_spec("a"))
+    feature = Feature(feature_spec("a", progressDeadlineSeconds=7200))  # the deadline is tested elsewhere
     feature.reconcile(T0)
     feature.change_model("b")
     feature.ready["b"] = False
@@ -182,7 +182,7 @@ def test_walks_every_step_then_promotes() -> None:
 
 
 def test_analysis_history_is_bounded() -> None:
-    feature = at_first_step()
+    feature = at_first_step(progressDeadlineSeconds=3600)
     for minute in range(1, 16):
         feature.reconcile(T0 + minute * MINUTE, metrics=canary_metrics(window(requests=1)))
     assert len(feature.status.analyses) == 10

@@ -8,12 +8,12 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from modelplane_api import metrics as contract
-from modelplane_operator.rollout import MetricsUnavailableError, ModelWindow
-from modelplane_operator.rollout.prometheus_reader import PrometheusReader
-from modelplane_operator.rollout.quantile import bucket_quantile
-from modelplane_operator.rollout.scrape_reader import _feature_series
-from modelplane_operator.rollout.timeutil import from_rfc3339, parse_duration, to_rfc3339
+from servlane_api import metric_names as contract
+from servlane_core.rollout import MetricsUnavailableError, ModelWindow
+from servlane_core.rollout.quantile import bucket_quantile
+from servlane_core.rollout.timeutil import from_rfc3339, parse_duration, to_rfc3339
+from servlane_operator.metric_readers.prometheus_reader import PrometheusReader
+from servlane_operator.metric_readers.scrape_reader import _feature_series
 
 INF = math.inf
 
@@ -61,28 +61,33 @@ def test_error_rate() -> None:
 
 def test_feature_series_sums_other_labels_and_keeps_only_the_feature() -> None:
     registry = CollectorRegistry()
-    requests = Counter(contract.REQUESTS, "requests", ["feature", "model", "code"], registry=registry)
-    errors = Counter(contract.ERRORS, "errors", ["feature", "model", "reason"], registry=registry)
-    latency = Histogram(
-        contract.LATENCY, "latency", ["feature", "model"], buckets=contract.LATENCY_BUCKETS, registry=registry
-    )
-    requests.labels("chat", "b", "200").inc(7)
-    requests.labels("chat", "b", "503").inc(3)
-    requests.labels("other", "b", "200").inc(100)
-    errors.labels("chat", "b", "status_5xx").inc(2)
-    errors.labels("chat", "b", "upstream_timeout").inc(1)
-    latency.labels("chat", "b").observe(0.3)
-    series = _feature_series(generate_latest(registry).decode(), "chat")
-    assert series[("requests", "b", "")] == 10
+    labels = ["namespace", "feature", "model"]
+    requests = Counter(contract.REQUESTS, "requests", [*labels, "code"], registry=registry)
+    errors = Counter(contract.ERRORS, "errors", [*labels, "reason"], registry=registry)
+    latency = Histogram(contract.LATENCY, "latency", labels, buckets=contract.LATENCY_BUCKETS, registry=registry)
+    requests.labels("prod", "chat", "b", "200").inc(7)
+    requests.labels("prod", "chat", "b", "503").inc(3)
+    requests.labels("prod", "chat", "b", "413").inc(4)
+    requests.labels("prod", "chat", "b", "429").inc(1)
+    requests.labels("prod", "chat", "b", "499").inc(2)  # the client left: not the backend's 4xx
+    requests.labels("prod", "other", "b", "200").inc(100)
+    requests.labels("staging", "chat", "b", "400").inc(100)  # another namespace's feature of the same name
+    errors.labels("prod", "chat", "b", "status_5xx").inc(2)
+    errors.labels("prod", "chat", "b", "upstream_timeout").inc(1)
+    errors.labels("staging", "chat", "b", "stream_error").inc(50)
+    latency.labels("prod", "chat", "b").observe(0.3)
+    series = _feature_series(generate_latest(registry).decode(), "prod", "chat")
+    assert series[("requests", "b", "")] == 17
     assert series[("errors", "b", "")] == 3
+    assert series[("client_errors", "b", "")] == 5
     assert series[("latency", "b", "0.5")] == 1
     assert series[("latency", "b", "0.25")] == 0
     assert series[("latency", "b", "+Inf")] == 1
-    assert {key[0] for key in series} == {"requests", "errors", "latency"}
+    assert {key[0] for key in series} == {"requests", "errors", "client_errors", "latency"}
 
 
 async def test_prometheus_reader_unreachable_raises() -> None:
     # Port 9 (discard) on loopback has no listener here: a real connection refusal.
     reader = PrometheusReader("http://127.0.0.1:9", client=httpx.AsyncClient(timeout=2))
     with pytest.raises(MetricsUnavailableError, match="Prometheus query failed"):
-        await reader.read("chat", ["b"], 60)
+        await reader.read("prod", "chat", ["b"], 60)

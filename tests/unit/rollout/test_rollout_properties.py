@@ -16,8 +16,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from modelplane_api.aifeature import AIFeatureSpec, AIFeatureStatus
-from modelplane_operator.rollout import (
+from servlane_api.aifeature import AIFeatureSpec, AIFeatureStatus
+from servlane_core.rollout import (
     ROLLOUT_ANNOTATION,
     ModelWindow,
     RolloutPlan,
@@ -27,7 +27,7 @@ from modelplane_operator.rollout import (
     plan,
     split_budget,
 )
-from modelplane_operator.rollout.timeutil import parse_duration
+from servlane_core.rollout.timeutil import parse_duration
 from tests.unit.rollout.rollout_helpers import T0, Feature, feature_spec
 
 MODELS = ("a", "b", "c")

@@ -1,0 +1,290 @@
+"""AIModel: one model version served by the shared runtime (spec and status)."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from servlane_api._base import ApiModel, ApiObject
+from servlane_api.cel import CelRule, CelValidated, max_name_length
+from servlane_api.conditions import Condition
+from servlane_api.pod_env import RESERVED_ENV_NAMES
+
+# Children are named model-<name> and must stay valid DNS labels (63 characters).
+MAX_MODEL_NAME = 57
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# Kubernetes resource quantities, e.g. 500m, 2, 16Gi, 1.5G.
+QUANTITY = r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
+SOURCE_URI = r"^(hf://[^/@\s]+/[^/@\s]+(@[^\s]+)?|pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/[^\s]*)?|s3://[^/\s]+(/[^\s]*)?|/[^\s]*)$"
+SOURCE_URI_MESSAGE = (
+    "source.uri must be hf://org/name[@revision], pvc://claim/path, s3://bucket/path, or an absolute path in the image"
+)
+Quantity = Annotated[str, Field(pattern=QUANTITY, max_length=32)]
+RESERVED_ENV_MESSAGE = (
+    f"env must not set {', '.join(RESERVED_ENV_NAMES[:-1])} or {RESERVED_ENV_NAMES[-1]}: "
+    "the operator sets them on every model pod"
+)
+
+
+class Engine(StrEnum):
+    VLLM = "vllm"
+    TRANSFORMERS = "transformers"
+
+
+class Task(StrEnum):
+    GENERATE = "generate"
+    EMBED = "embed"
+
+
+class SourceKind(StrEnum):
+    HF = "hf"
+    PVC = "pvc"
+    S3 = "s3"
+    IMAGE = "image"
+
+
+class ModelSource(CelValidated):
+    cel_rules = (
+        # RE2's $ is the end of the text; Python's re.match would also allow a trailing newline.
+        CelRule(
+            f"self.uri.matches(r'{SOURCE_URI}')",
+            SOURCE_URI_MESSAGE,
+            lambda source: re.fullmatch(SOURCE_URI, source.uri) is not None,
+        ),
+        CelRule(
+            "!has(self.credentialsSecret) || self.uri.startsWith('hf://') || self.uri.startsWith('s3://')",
+            "source.credentialsSecret applies only to hf:// and s3:// sources",
+            lambda source: source.credentials_secret is None or source.uri.startswith(("hf://", "s3://")),
+        ),
+    )
+
+    uri: str = Field(
+        max_length=1024,
+        description=(
+            "Where the weights are: hf://org/name[@revision], pvc://claim/path, s3://bucket/path, "
+            "or an absolute path baked into the image."
+        ),
+    )
+    credentials_secret: str | None = Field(
+        default=None,
+        pattern=DNS_LABEL,
+        max_length=253,
+        description="Secret in the same namespace whose keys become environment variables "
+        "(HF_TOKEN for hf://, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY for s3://).",
+    )
+
+    @property
+    def kind(self) -> SourceKind:
+        scheme = self.uri.split("://", 1)[0] if "://" in self.uri else ""
+        return {"hf": SourceKind.HF, "pvc": SourceKind.PVC, "s3": SourceKind.S3}.get(scheme, SourceKind.IMAGE)
+
+    def pvc_claim_and_path(self) -> tuple[str, str]:
+        """For pvc://claim/path: the claim name and the path inside it ('' for its root)."""
+        match = re.match(r"^pvc://([^/]+)/?(.*)$", self.uri)
+        if match is None:
+            raise ValueError(f"{self.uri!r} is not a pvc:// source")
+        return match.group(1), match.group(2)
+
+
+class EngineOptions(ApiModel):
+    dtype: Literal["auto", "float16", "bfloat16", "float32"] = Field(
+        default="auto", description="Weights and activations dtype."
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=16, le=10_000_000, description="Maximum context length in tokens (prompt + output)."
+    )
+    gpu_memory_utilization: float | None = Field(
+        default=None, gt=0, le=1, description="Fraction of each GPU's memory the vLLM engine may use."
+    )
+    quantization: Literal["awq", "gptq", "fp8", "bitsandbytes", "compressed-tensors"] | None = Field(
+        default=None, description="Quantization method of the weights."
+    )
+    extra_args: list[Annotated[str, Field(max_length=512)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Free-form engine arguments, e.g. ['--enable-prefix-caching'], passed as given.",
+    )
+
+
+class Resources(ApiModel):
+    gpus: int = Field(default=0, ge=0, le=64, description="GPUs per replica; for vLLM also the tensor-parallel size.")
+    gpu_resource_name: str = Field(
+        default="nvidia.com/gpu",
+        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$",
+        max_length=253,
+        description="Extended resource that counts GPUs on the nodes.",
+    )
+    cpu: Quantity | None = Field(default=None, description="CPU request and limit per replica, e.g. '4'.")
+    memory: Quantity | None = Field(default=None, description="Memory request and limit per replica, e.g. 32Gi.")
+
+
+class Toleration(ApiModel):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class Scheduling(ApiModel):
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    affinity: dict[str, Any] | None = Field(
+        default=None, description="A core/v1 Affinity, passed to the pods unchanged."
+    )
+    priority_class_name: str | None = Field(default=None, max_length=253)
+
+
+class AutoscalingMetric(CelValidated):
+    cel_rules = (
+        CelRule(
+            "self.type != 'Pods' || has(self.name)",
+            "a Pods metric needs metric.name, e.g. servlane_requests_in_flight",
+            lambda metric: metric.type != "Pods" or metric.name is not None,
+        ),
+        CelRule(
+            "self.type != 'Pods' || has(self.targetAverageValue)",
+            "a Pods metric needs metric.targetAverageValue",
+            lambda metric: metric.type != "Pods" or metric.target_average_value is not None,
+        ),
+    )
+
+    type: Literal["CPU", "Pods"] = Field(
+        default="CPU", description="CPU utilisation, or a per-pod custom metric served by a metrics adapter."
+    )
+    target_utilization: int = Field(
+        default=70, ge=1, le=100, description="Target average CPU utilisation in percent (type CPU)."
+    )
+    name: str | None = Field(default=None, max_length=253, description="Pods metric name (type Pods).")
+    target_average_value: Quantity | None = Field(default=None, description="Per-pod target (type Pods).")
+
+
+class Autoscaling(CelValidated):
+    cel_rules = (
+        CelRule(
+            "self.minReplicas <= self.maxReplicas",
+            "autoscaling.minReplicas must not exceed autoscaling.maxReplicas",
+            lambda autoscaling: autoscaling.min_replicas <= autoscaling.max_replicas,
+        ),
+    )
+
+    min_replicas: int = Field(default=1, ge=0, le=1000)
+    max_replicas: int = Field(ge=1, le=1000)
+    metric: AutoscalingMetric = Field(default_factory=AutoscalingMetric)
+
+
+class EnvVar(ApiModel):
+    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", max_length=253)
+    value: str | None = None
+    value_from: dict[str, Any] | None = Field(
+        default=None, description="A core/v1 EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef)."
+    )
+
+
+class CacheVolume(CelValidated):
+    cel_rules = (
+        CelRule(
+            "[has(self.persistentVolumeClaim), has(self.emptyDirSizeLimit)].filter(x, x).size() == 1",
+            "cache needs exactly one of persistentVolumeClaim or emptyDirSizeLimit",
+            lambda cache: (cache.persistent_volume_claim is None) != (cache.empty_dir_size_limit is None),
+        ),
+    )
+
+    persistent_volume_claim: str | None = Field(
+        default=None,
+        pattern=DNS_LABEL,
+        max_length=253,
+        description="Existing PVC that caches downloaded weights.",
+    )
+    empty_dir_size_limit: Quantity | None = Field(
+        default=None, description="A pod-local cache of at most this size, e.g. 50Gi."
+    )
+
+
+class AIModelSpec(CelValidated):
+    # engineOptions, resources and env have defaults, so CEL's has() on them always holds.
+    cel_rules = (
+        CelRule(
+            "!(has(self.replicas) && has(self.autoscaling))",
+            "set either replicas or autoscaling, not both",
+            lambda spec: spec.replicas is None or spec.autoscaling is None,
+        ),
+        CelRule(
+            "!has(self.autoscaling) || self.autoscaling.metric.type != 'CPU' || has(self.resources.cpu)",
+            "autoscaling on CPU utilisation needs resources.cpu, the request utilisation is measured against",
+            lambda spec: (
+                spec.autoscaling is None or spec.autoscaling.metric.type != "CPU" or spec.resources.cpu is not None
+            ),
+        ),
+        CelRule(
+            "self.engine == 'vllm' || !has(self.engineOptions) || !has(self.engineOptions.gpuMemoryUtilization)",
+            "engineOptions.gpuMemoryUtilization applies to the vllm engine only",
+            lambda spec: spec.engine == Engine.VLLM or spec.engine_options.gpu_memory_utilization is None,
+        ),
+        CelRule(
+            "self.engine == 'vllm' || !has(self.engineOptions) || !has(self.engineOptions.quantization) "
+            "|| self.engineOptions.quantization == 'bitsandbytes'",
+            "the transformers engine supports only bitsandbytes quantization",
+            lambda spec: spec.engine == Engine.VLLM or spec.engine_options.quantization in (None, "bitsandbytes"),
+        ),
+        CelRule(
+            f"self.env.all(e, !(e.name in [{', '.join(repr(name) for name in RESERVED_ENV_NAMES)}]))",
+            RESERVED_ENV_MESSAGE,
+            lambda spec: all(e.name not in RESERVED_ENV_NAMES for e in spec.env),
+        ),
+        # A pod's env is a list keyed by name: a duplicate would make server-side apply of the Deployment fail.
+        CelRule(
+            "self.env.all(e, self.env.exists_one(f, f.name == e.name))",
+            "env must not set the same variable twice",
+            lambda spec: len({e.name for e in spec.env}) == len(spec.env),
+        ),
+    )
+
+    source: ModelSource
+    served_model_name: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$",
+        max_length=253,
+        description="The model name clients send; defaults to the AIModel's name.",
+    )
+    engine: Engine = Field(default=Engine.VLLM, description="vllm, or transformers for CPU and small GPUs.")
+    task: Task = Field(default=Task.GENERATE, description="generate (chat/completions) or embed (embeddings).")
+    engine_options: EngineOptions = Field(default_factory=EngineOptions)
+    resources: Resources = Field(default_factory=Resources)
+    scheduling: Scheduling = Field(default_factory=Scheduling)
+    replicas: int | None = Field(default=None, ge=0, le=1000, description="Fixed replica count (default 1).")
+    autoscaling: Autoscaling | None = None
+    image: str | None = Field(default=None, max_length=512, description="Runtime image override.")
+    env: list[EnvVar] = Field(default_factory=list, max_length=128)
+    cache: CacheVolume | None = Field(default=None, description="Volume at the model cache for downloaded weights.")
+    shm_size: Quantity = Field(default="1Gi", description="Size of the memory-backed /dev/shm.")
+
+
+Phase = Literal["Pending", "Deploying", "Ready", "Degraded", "Failed"]
+
+
+class AIModelStatus(ApiModel):
+    observed_generation: int | None = None
+    phase: Phase | None = None
+    replicas: int | None = Field(default=None, description="Pods the Deployment has.")
+    ready_replicas: int | None = None
+    desired_replicas: int | None = None
+    endpoint: str | None = Field(default=None, description="In-cluster base URL of the OpenAI API.")
+    served_model_name: str | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+class AIModel(ApiObject, CelValidated):
+    # The root of the CRD schema; crdgen writes these next to spec and status.
+    cel_rules = (max_name_length(MAX_MODEL_NAME),)
+
+    kind: str = "AIModel"
+    spec: AIModelSpec
+    status: AIModelStatus = Field(default_factory=AIModelStatus)
+
+    @property
+    def served_model_name(self) -> str:
+        return self.spec.served_model_name or self.name

@@ -1,0 +1,64 @@
+"""The contract between the operator and the runtime: what one runtime process serves and how.
+
+The operator writes it into the Deployment as the JSON env var `SERVLANE_RUNTIME_CONFIG`;
+standalone mode passes the same JSON; the runtime reads it back with `RuntimeConfig.from_env()`.
+Both sides test against this one model.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ENV_VAR = "SERVLANE_RUNTIME_CONFIG"
+DEFAULT_PORT = 8000
+HEALTH_PATH = "/health"
+READY_PATH = "/ready"
+METRICS_PATH = "/metrics"
+MODEL_CACHE_DIR = "/var/cache/servlane"
+PVC_MOUNT_DIR = "/mnt/models"
+# Request body limits (the runtime's and the gateway's defaults): generous for any real OpenAI request.
+DEFAULT_MAX_BODY_BYTES = 4 << 20
+DEFAULT_MAX_JSON_DEPTH = 64
+DEFAULT_MAX_LIST_ITEMS = 2048
+
+
+class RuntimeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_source: str = Field(description="A local path, or hf://org/name[@revision], or s3://bucket/path.")
+    served_model_name: str
+    engine: Literal["vllm", "transformers"]
+    task: Literal["generate", "embed"] = "generate"
+    dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None
+    quantization: str | None = None
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    extra_args: list[str] = Field(default_factory=list)
+    port: int = DEFAULT_PORT
+    host: str = "0.0.0.0"
+    cache_dir: str = MODEL_CACHE_DIR
+    load_timeout_seconds: float = Field(default=1800, gt=0)
+    # Admission control: how many requests run at once, how many may wait, and for how long.
+    max_in_flight: int = Field(default=64, ge=1)
+    max_queue: int = Field(default=256, ge=0)
+    queue_timeout_seconds: float = Field(default=30, gt=0)
+    # Request bodies: larger than max_body_bytes is a 413; nested deeper than max_json_depth, or with an
+    # array (messages, prompt, input, ...) longer than max_list_items, a 400.
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1)
+    max_json_depth: int = Field(default=DEFAULT_MAX_JSON_DEPTH, ge=2, le=128)
+    max_list_items: int = Field(default=DEFAULT_MAX_LIST_ITEMS, ge=1)
+
+    def to_env_value(self) -> str:
+        return self.model_dump_json(exclude_defaults=False)
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> RuntimeConfig:
+        env = os.environ if environ is None else environ
+        raw = env.get(ENV_VAR)
+        if raw is None:
+            raise KeyError(f"{ENV_VAR} is not set: the runtime needs its configuration as JSON")
+        return cls.model_validate_json(raw)

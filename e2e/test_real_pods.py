@@ -1,0 +1,234 @@
+"""The keystone: our CPU runtime image really serves an AIModel on a real pod (root, the real node's binaries
+and the locally built image ghcr.io/servlane/runtime:0.1.0-cpu needed; see localcluster/README.md, "A real
+node"; opt-in with SERVLANE_REAL_NODE=1).
+
+The image is imported from Docker into the real node's containerd, the tiny Llama reaches the pod through a
+`pvc://` source (a static `local` PersistentVolume on real-node-1, bound to its claim by name), the operator runs
+as a real process with its ServiceAccount token, and the host asks the model's Service ClusterIP (kube-proxy)
+with the official `openai` client. A failing pod is reported with its status, events and the runtime's log.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from e2e.harness import (
+    RUNTIME_CPU_IMAGE as RUNTIME_IMAGE,
+)
+from e2e.harness import (
+    Kube,
+    OperatorProcess,
+    install_crds,
+    operator_rbac,
+    service_account_kubeconfig,
+)
+from e2e.real_pods import (
+    NODE,
+    NODE_SELECTOR,
+    ModelRollout,
+    answers_200,
+    describe_model,
+    ensure_namespace,
+    gone,
+    local_model_claim,
+    pods,
+)
+from localcluster.cluster import LocalCluster
+from tests.polling import wait_until
+
+pytestmark = [
+    pytest.mark.e2e,
+    # The first test's setup brings the cluster up and imports a 7 GB image: more than the suite's 600 s.
+    pytest.mark.timeout(1800),
+]
+
+NAMESPACE = "real-pods-e2e"
+CLAIM = "tiny-models"
+# The model loads in ~10-40 s on 2 cores once the container runs; the image's first start (python + torch
+# imports from a cold page cache) adds to it.
+READY_DEADLINE_SECONDS = 600
+
+
+@pytest.fixture(scope="module")
+def cluster(real_cluster: LocalCluster, real_node_images: list[str]) -> LocalCluster:
+    assert RUNTIME_IMAGE in real_node_images
+    return real_cluster
+
+
+@pytest.fixture(scope="module")
+def kube(cluster: LocalCluster) -> Kube:
+    k = Kube(cluster.kubeconfig)
+    install_crds(k)
+    ensure_namespace(cluster, NAMESPACE)
+    return k
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: LocalCluster, kube: Kube) -> Iterator[OperatorProcess]:
+    operator_rbac(kube)
+    kubeconfig = service_account_kubeconfig(kube, cluster.workdir / "operator-sa.kubeconfig")
+    env = {"SERVLANE_RUNTIME_IMAGE_CPU": RUNTIME_IMAGE}
+    process = OperatorProcess(kubeconfig, cluster.workdir / "logs" / "operator.log", extra_env=env)
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def model_claim(cluster: LocalCluster, kube: Kube) -> str:
+    """A claim holding the tiny Llama; returns the model's folder inside it."""
+    from servlane_devtools.tiny_model import build_tiny_llama
+
+    source = build_tiny_llama()
+    local_model_claim(cluster, NAMESPACE, CLAIM, {source.name: source})
+    return source.name
+
+
+def model_spec(model_dir: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "source": {"uri": f"pvc://{CLAIM}/{model_dir}"},
+        "engine": "transformers",
+        "engineOptions": {"maxModelLen": 256},
+        "resources": {"gpus": 0, "cpu": "1500m", "memory": "4Gi"},
+        "scheduling": {"nodeSelector": NODE_SELECTOR},
+        "replicas": 1,
+        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
+        **extra,
+    }
+
+
+def describe(c: LocalCluster, model: str) -> str:
+    return describe_model(c, NAMESPACE, model)
+
+
+def test_runtime_image_serves_an_aimodel_on_a_real_pod(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, model_claim: str
+) -> None:
+    c, name = cluster, "tiny"
+    rollout = ModelRollout(c, kube, NAMESPACE, name)
+    kube.create_model(NAMESPACE, name, model_spec(model_claim))
+    model = rollout.wait_ready(READY_DEADLINE_SECONDS)
+    print(f"\napply -> {rollout.timings()}")
+
+    pod = rollout.pod
+    assert pod["spec"]["nodeName"] == NODE, describe(c, name)
+    (container,) = pod["spec"]["containers"]
+    assert container["image"] == RUNTIME_IMAGE
+    assert pod["spec"]["securityContext"]["runAsUser"] == 10001
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    status = model["status"]
+    assert status["readyReplicas"] == 1, status
+    assert status["endpoint"] == f"http://model-{name}.{NAMESPACE}.svc.cluster.local:8000/v1", status
+    assert {x["type"]: x["status"] for x in status["conditions"]}["Ready"] == "True", status
+
+    # The model's Service, from the host: its ClusterIP through kube-proxy's rules.
+    service = c.api("GET", f"/api/v1/namespaces/{NAMESPACE}/services/model-{name}")
+    cluster_ip, port = service["spec"]["clusterIP"], service["spec"]["ports"][0]["port"]
+    base = f"http://{cluster_ip}:{port}/v1"
+    wait_until(
+        f"GET {base}/models through the ClusterIP",
+        lambda: answers_200(f"{base}/models"),
+        timeout=60,
+        interval=0.5,
+        tolerate=lambda exc: isinstance(exc, OSError),
+    )
+    http = openai.DefaultHttpxClient(trust_env=False, timeout=120)  # a ClusterIP: never through a proxy
+    client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, http_client=http)
+    try:
+        assert [m.id for m in client.models.list().data] == [name], describe(c, name)
+
+        reply = client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": "Hello!"}], max_tokens=8, temperature=0
+        )
+        # The weights are random: greedy tokens may decode to nothing printable, so the proof of generation is
+        # the token count, and an answer of exactly max_tokens tokens unless the model chose to stop.
+        answer = reply.choices[0]
+        assert answer.message.role == "assistant"
+        assert isinstance(answer.message.content, str), describe(c, name)
+        assert answer.finish_reason in ("stop", "length")
+        assert reply.usage is not None
+        assert reply.usage.prompt_tokens > 0
+        assert 0 < reply.usage.completion_tokens <= 8
+        assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+        if answer.finish_reason == "length":
+            assert reply.usage.completion_tokens == 8
+        print(f"chat: {answer.message.content!r} ({answer.finish_reason}, {reply.usage})")
+
+        stream = client.chat.completions.create(
+            model=name,
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        text, finish, deltas, usage = "", None, 0, None
+        for chunk in stream:
+            usage = chunk.usage or usage
+            if chunk.choices:
+                deltas += 1
+                text += chunk.choices[0].delta.content or ""
+                finish = chunk.choices[0].finish_reason or finish
+        assert deltas > 2, (deltas, describe(c, name))  # streamed as it was generated, not one answer
+        assert finish in ("stop", "length")
+        assert usage is not None  # the final chunk (stream_options.include_usage)
+        assert usage.prompt_tokens > 0
+        assert 0 < usage.completion_tokens <= 8
+        print(f"streamed chat: {text!r} in {deltas} chunks ({finish}, {usage})")
+    finally:
+        client.close()
+
+    # Still the first container: no restart from a probe along the way.
+    pod = c.api("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{pod['metadata']['name']}")
+    assert [cs["restartCount"] for cs in pod["status"]["containerStatuses"]] == [0], describe(c, name)
+
+    kube.delete_model(NAMESPACE, name)
+    pod_path = f"/api/v1/namespaces/{NAMESPACE}/pods/{pod['metadata']['name']}"
+    # preStop sleeps 10 s, then the runtime drains; the grace period allows 100 s.
+    wait_until("the model's pod deleted", lambda: gone(c, pod_path), timeout=180, interval=0.5)
+    assert cluster.node is not None
+    node = cluster.node
+    wait_until(
+        "no runtime container left on the node",
+        lambda: RUNTIME_IMAGE not in node.ctr("containers", "ls").stdout,
+        timeout=60,
+        interval=0.5,
+    )
+
+
+def test_a_model_that_cannot_load_is_reported_on_the_aimodel(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, model_claim: str
+) -> None:
+    """A source folder that is not in the claim: the runtime exits with the reason, the kubelet restarts it, and
+    the AIModel says why it does not serve (the container's termination message) within a minute or two, not
+    after the 30-minute startup probe."""
+    c, name = cluster, "broken"
+    kube.create_model(NAMESPACE, name, model_spec("no-such-model", resources={"cpu": "500m", "memory": "2Gi"}))
+
+    def reported() -> dict[str, Any] | None:
+        status = kube.get_model(NAMESPACE, name).get("status") or {}
+        explained = [x for x in status.get("conditions", []) if "/mnt/models/no-such-model" in (x.get("message") or "")]
+        return status if explained and status.get("phase") != "Ready" else None
+
+    try:
+        status = wait_until("the AIModel reports the load failure", reported, timeout=240, interval=1)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{describe(c, name)}") from None
+    conditions = {x["type"]: x for x in status["conditions"]}
+    print(f"\nconditions of a model that cannot load: {json.dumps(conditions, indent=1)}")
+    assert conditions["Ready"]["status"] == "False", status
+    story = describe(c, name)
+    assert "/mnt/models/no-such-model" in story  # the runtime's own log line, via the API server
+    assert f"node={NODE}" in story
+
+    kube.delete_model(NAMESPACE, name)
+    wait_until(
+        "the broken model's pods deleted",
+        lambda: not pods(c, NAMESPACE, f"servlane.dev/model={name}"),
+        timeout=180,
+        interval=0.5,
+    )

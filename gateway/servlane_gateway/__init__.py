@@ -1,0 +1,1 @@
+"""Servlane's gateway: the OpenAI-compatible entry point that routes by AIFeature weights."""

@@ -1,0 +1,28 @@
+"""`python -m servlane_gateway --routes-file routes.yaml` or `--watch` in a cluster; see --help."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import uvicorn
+from pydantic import ValidationError
+
+from servlane_gateway.app import create_app
+from servlane_gateway.settings import parse_settings
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        settings = parse_settings(sys.argv[1:] if argv is None else argv)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
+        sys.exit(f"servlane_gateway: {problems}")
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(settings)
+    # Access logs stay off: they would add a line per request; metrics count requests instead.
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False)
+
+
+if __name__ == "__main__":
+    main()

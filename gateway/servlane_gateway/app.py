@@ -1,0 +1,169 @@
+"""The gateway's FastAPI app: OpenAI endpoints, /v1/models, /health, /ready and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from servlane_core.protocol import openai as p
+from servlane_core.protocol.errors import install_error_handlers
+from servlane_core.protocol.limits import RequestLimits
+from servlane_core.routing.overrides import apply_overrides
+from servlane_core.routing.routes import RouteTable, describe_shadowing
+from servlane_gateway.access import KeyRing, parse_keys
+from servlane_gateway.forwarding import GatewayState, handle
+from servlane_gateway.gateway_metrics import GatewayMetrics
+from servlane_gateway.kube_watch import KubeRouteSource
+from servlane_gateway.proxy import Timeouts
+from servlane_gateway.ratelimit import Limits, RateLimiter
+from servlane_gateway.settings import GatewaySettings
+from servlane_gateway.sources import FileRouteSource, RouteSource, file_signature
+from servlane_gateway.upstream import UpstreamPool
+
+log = logging.getLogger(__name__)
+
+
+def load_key_ring(path: Path | None) -> KeyRing:
+    return KeyRing(parse_keys(path.read_text()) if path is not None else [])
+
+
+async def _watch_keys(state: GatewayState, path: Path, poll_seconds: float) -> None:
+    """Secret rotation: a mounted Secret changes in place; reload it, keeping the old keys if it is bad."""
+    signature = file_signature(path)
+    while True:
+        await asyncio.sleep(poll_seconds)
+        current = file_signature(path)
+        if current is None or current == signature:
+            continue
+        signature = current
+        try:
+            state.keys = load_key_ring(path)
+            log.info("reloaded %d API keys", len(state.keys.keys))
+        except (OSError, ValueError) as exc:
+            log.error("keeping the previous API keys: the keys file does not load: %s", exc)
+
+
+def route_source_for(settings: GatewaySettings) -> RouteSource:
+    if settings.routes_file is not None:
+        return FileRouteSource(settings.routes_file, settings.reload_poll_seconds)
+    return KubeRouteSource(settings.namespaces)
+
+
+PROXIED = {f"/v1/{e}": e for e in ("chat/completions", "completions", "embeddings")}
+
+
+class GatewayApp(FastAPI):
+    """FastAPI for the small endpoints; the proxied POSTs go straight to the handler. Profiling showed
+    FastAPI's and Starlette's middleware and routing layers costing more per request than the gateway's
+    own work, and the handler needs none of them: it answers every outcome itself, errors included."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in PROXIED:
+            response = await handle(self.state.gateway, Request(scope, receive, send), PROXIED[scope["path"]])
+            await response(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+def _document_proxied(app: FastAPI, state: GatewayState) -> None:
+    """The proxied endpoints as routes with the runtime's request models: for the OpenAPI schema (clients,
+    the schema fuzz) and for other methods (405). POSTs never get here (GatewayApp.__call__), so the
+    gateway itself never validates beyond its limits: the backend does, and its 400s are relayed."""
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: p.ChatCompletionRequest, request: Request) -> Response:
+        return await handle(state, request, "chat/completions")
+
+    @app.post("/v1/completions")
+    async def completions(body: p.CompletionRequest, request: Request) -> Response:
+        return await handle(state, request, "completions")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: p.EmbeddingRequest, request: Request) -> Response:
+        return await handle(state, request, "embeddings")
+
+
+def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> FastAPI:
+    timeouts = Timeouts(settings.connect_timeout, settings.first_byte_timeout, settings.idle_timeout)
+    state = GatewayState(
+        metrics=GatewayMetrics(),
+        limiter=RateLimiter(
+            per_key=Limits(settings.key_requests_per_minute, settings.key_tokens_per_minute),
+            per_feature=Limits(settings.feature_requests_per_minute, settings.feature_tokens_per_minute),
+        ),
+        timeouts=timeouts,
+        limits=RequestLimits(
+            max_body_bytes=settings.max_body_bytes,
+            max_json_depth=settings.max_json_depth,
+            max_list_items=settings.max_list_items,
+        ),
+        unavailable_retry_after=settings.unavailable_retry_after,
+        keys=load_key_ring(settings.keys_file),  # fails fast on a malformed keys file
+    )
+    routes = source or route_source_for(settings)
+
+    def on_table(table: RouteTable) -> None:
+        table = apply_overrides(table, settings.endpoint_overrides)
+        previous = state.table.shadowed if state.table is not None else {}
+        if table.shadowed != previous:  # said once per change, not at every watch event
+            for line in describe_shadowing(table):
+                log.warning(line)
+        state.table = table
+        state.metrics.set_weights(table)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.pool = UpstreamPool(timeouts.connect)
+        await routes.start(on_table)
+        keys_task = None
+        if settings.keys_file is not None:
+            keys_task = asyncio.create_task(_watch_keys(state, settings.keys_file, settings.reload_poll_seconds))
+        try:
+            yield
+        finally:
+            if keys_task is not None:
+                keys_task.cancel()
+                with suppress(asyncio.CancelledError):
+                    await keys_task
+            await routes.stop()
+            await state.pool.aclose()
+
+    app = GatewayApp(title="Servlane gateway", lifespan=lifespan)
+    app.state.gateway = state
+    install_error_handlers(app)
+
+    _document_proxied(app, state)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        key = state.keys.authenticate(request.headers.get("authorization"))
+        names = state.table.names() if state.table else []
+        visible = [n for n in names if key is None or key.allows(n)]
+        data = [{"id": n, "object": "model", "created": 0, "owned_by": "servlane"} for n in visible]
+        return {"object": "list", "data": data}
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        if state.table is None:
+            return JSONResponse({"status": "waiting for routes"}, status_code=503, headers={"Retry-After": "1"})
+        return JSONResponse({"status": "ready"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

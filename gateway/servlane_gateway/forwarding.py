@@ -1,0 +1,297 @@
+"""One OpenAI request through the gateway: cap, authenticate, route, authorise, limit, forward, count.
+
+The body is parsed once into a dict; the feature's defaults and the backend's served model name are
+written into it and it is serialised once per attempt. A backend that refuses the connection is
+retried once on another ready backend; nothing has reached the client at that point, and nothing is
+retried after the upstream accepted the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
+
+from servlane_core.protocol.errors import OpenAIError, model_not_found, overloaded
+from servlane_core.protocol.limits import RequestLimits, body_too_large, parse_json_object
+from servlane_core.routing.defaults import apply_defaults
+from servlane_core.routing.picking import pick_backend
+from servlane_core.routing.routes import Route, RouteTable
+from servlane_core.routing.sticky_share import StickyShareGuard
+from servlane_gateway.access import KeyRing, authorize
+from servlane_gateway.gateway_metrics import NONE, GatewayMetrics
+from servlane_gateway.proxy import (
+    CLIENT_GONE,
+    COMPLETED,
+    RelayResponse,
+    StreamResult,
+    Timeouts,
+    UpstreamTimeout,
+    open_upstream,
+    read_body,
+)
+from servlane_gateway.ratelimit import RateLimiter
+from servlane_gateway.upstream import UpstreamConnectError, UpstreamError, UpstreamPool, UpstreamResponse
+
+log = logging.getLogger(__name__)
+
+CLIENT_CLOSED = 499  # the `code` label of a request the client abandoned (nginx's convention)
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client disconnected while the gateway waited for the backend."""
+
+
+@dataclass
+class GatewayState:
+    """Everything a request needs; the route table and key ring are swapped whole on reload."""
+
+    metrics: GatewayMetrics
+    limiter: RateLimiter
+    timeouts: Timeouts
+    limits: RequestLimits
+    unavailable_retry_after: float
+    pool: UpstreamPool | None = None
+    table: RouteTable | None = None
+    keys: KeyRing = field(default_factory=KeyRing)
+    sticky_guard: StickyShareGuard = field(default_factory=StickyShareGuard)
+
+
+@dataclass
+class Call:
+    """Bookkeeping of one request, for the metrics."""
+
+    started: float
+    namespace: str = NONE
+    feature: str = NONE
+    model: str = NONE
+    key_name: str | None = None
+    gateway_seconds: float = 0.0  # time spent in the gateway before the upstream was called
+
+
+async def read_capped(request: Request, cap: int) -> bytes:
+    too_large = body_too_large(cap)
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > cap:
+        raise too_large
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise too_large
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def parse_body(raw: bytes, limits: RequestLimits) -> dict[str, Any]:
+    """A JSON object within the limits (depth, list lengths: see servlane_core.protocol.limits) naming a model."""
+    body = parse_json_object(raw, limits)
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise OpenAIError(400, "You must provide a model parameter.", param="model", code="missing_model")
+    return body
+
+
+def sticky_id(request: Request, body: dict[str, Any]) -> str | None:
+    user = body.get("user")
+    return request.headers.get("x-request-id") or (user if isinstance(user, str) and user else None)
+
+
+def unavailable(state: GatewayState, message: str) -> OpenAIError:
+    return overloaded(503, message, state.unavailable_retry_after)
+
+
+async def handle(state: GatewayState, request: Request, endpoint: str) -> Response:
+    """The whole pipeline; every outcome is counted exactly once."""
+    call = Call(started=time.perf_counter())
+    try:
+        return await _handle(state, request, endpoint, call)
+    except (ClientGone, ClientDisconnect):
+        state.metrics.record(
+            call.namespace, call.feature, call.model, CLIENT_CLOSED, time.perf_counter() - call.started
+        )
+        return Response(status_code=CLIENT_CLOSED)  # nobody reads it; the connection is gone
+    except OpenAIError as exc:
+        error = exc
+    except Exception:  # a bug: still one error shape, and still counted
+        log.exception("unexpected error while proxying")
+        error = OpenAIError(500, "The gateway had an error while processing your request.", type="server_error")
+    reason = {503: "upstream_unavailable", 502: "upstream_unavailable", 504: "upstream_timeout"}.get(error.status)
+    elapsed = time.perf_counter() - call.started
+    state.metrics.record(call.namespace, call.feature, call.model, error.status, elapsed, reason)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
+
+
+async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it (which closes its upstream connection) if the client disconnects."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        raise ClientGone
+    finally:
+        for pending in (task, watcher):
+            pending.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+
+
+async def _disconnected(request: Request) -> None:
+    # The body was read already, so the next message is http.disconnect, whenever it comes.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _handle(state: GatewayState, request: Request, endpoint: str, call: Call) -> Response:
+    raw = await read_capped(request, state.limits.max_body_bytes)
+    key = state.keys.authenticate(request.headers.get("authorization"))
+    call.key_name = key.name if key else None
+    body = parse_body(raw, state.limits)
+    route = state.table.lookup(body["model"]) if state.table else None
+    if route is None:
+        raise model_not_found(body["model"])
+    call.feature = route.name
+    call.namespace = route.namespace
+    authorize(key, route.name)
+    state.limiter.admit(call.key_name, route.name)
+    apply_defaults(body, route.defaults, endpoint)
+    return await _forward(state, request, endpoint, call, route, body)
+
+
+async def _forward(
+    state: GatewayState,
+    request: Request,
+    endpoint: str,
+    call: Call,
+    route: Route,
+    body: dict[str, Any],
+) -> Response:
+    sticky = sticky_id(request, body)
+    # A client (its key, else its sticky id) stays pinned to a version only up to its fair share of it.
+    pick = state.sticky_guard.pick(route, sticky, call.key_name or sticky)
+    backend = pick.backend
+    if pick.unpinned and backend is not None:
+        state.metrics.sticky_unpinned.labels(route.namespace, route.name, backend.model).inc()
+    headers = {"content-type": "application/json", "accept": request.headers.get("accept", "*/*")}
+    if request_id := request.headers.get("x-request-id"):
+        headers["x-request-id"] = request_id
+    tried: list[str] = []
+    stream = bool(body.get("stream"))
+    while True:
+        if backend is None:
+            raise unavailable(state, f"No backend of '{route.name}' is ready; try again shortly.")
+        call.model = backend.model
+        body["model"] = backend.served_model_name
+        payload = json.dumps(body).encode()
+        if not tried:
+            call.gateway_seconds = time.perf_counter() - call.started
+        try:
+            url = backend.base_url + _PATHS[endpoint]
+            upstream, content = await _unless_client_leaves(request, _exchange(state, url, payload, headers, stream))
+            break
+        except UpstreamConnectError:
+            log.warning("backend %s/%s refused the connection", backend.namespace, backend.model)
+            tried.append(backend.model)
+            refused, backend = backend, pick_backend(route, sticky, exclude=tried) if len(tried) == 1 else None
+            if backend is not None:
+                # A refused attempt that gets retried counts against the refused model, so a dead canary
+                # shows as failing to the canary analysis even when the retry saves the client's request.
+                # (When no retry follows, the request's own 503 is counted against it below.)
+                elapsed = time.perf_counter() - call.started
+                state.metrics.record(call.namespace, call.feature, refused.model, 502, elapsed, "upstream_unavailable")
+    return _respond(state, call, upstream, content)
+
+
+_PATHS = {endpoint: f"/v1/{endpoint}" for endpoint in ("chat/completions", "completions", "embeddings")}
+
+
+def _is_event_stream(upstream: UpstreamResponse) -> bool:
+    return upstream.status_code < 400 and "text/event-stream" in upstream.headers.get("content-type", "")
+
+
+async def _exchange(
+    state: GatewayState, url: str, payload: bytes, headers: dict[str, str], stream: bool
+) -> tuple[UpstreamResponse, bytes | None]:
+    """Open the upstream call and, unless it answers with a stream to relay, read the whole answer: one
+    awaitable, so one client-disconnect watch covers both. UpstreamConnectError propagates (retry)."""
+    assert state.pool is not None
+    try:
+        upstream = await open_upstream(state.pool, url, payload, headers, state.timeouts.first_byte)
+    except UpstreamTimeout as exc:
+        raise OpenAIError(504, f"{exc}.", type="server_error", code="upstream_timeout") from exc
+    except UpstreamConnectError:
+        raise
+    except UpstreamError as exc:
+        raise OpenAIError(502, "The backend failed before answering.", type="server_error") from exc
+    if stream and _is_event_stream(upstream):
+        return upstream, None
+    try:
+        return upstream, await read_body(upstream, state.timeouts)
+    except UpstreamTimeout as exc:
+        raise OpenAIError(504, f"{exc}.", type="server_error", code="upstream_timeout") from exc
+    except UpstreamError as exc:
+        raise OpenAIError(502, "The backend failed while answering.", type="server_error") from exc
+
+
+def _response_headers(upstream: UpstreamResponse) -> dict[str, str]:
+    headers = {"content-type": upstream.headers.get("content-type", "application/json")}
+    if request_id := upstream.headers.get("x-request-id"):
+        headers["x-request-id"] = request_id
+    return headers
+
+
+def _respond(state: GatewayState, call: Call, upstream: UpstreamResponse, content: bytes | None) -> Response:
+    after_upstream = time.perf_counter()
+    headers = _response_headers(upstream)
+    if content is None:  # a stream: relayed as it comes
+        headers |= {"cache-control": "no-cache", "x-accel-buffering": "no"}
+        state.metrics.added_latency.observe(call.gateway_seconds + time.perf_counter() - after_upstream)
+        status = upstream.status_code
+        return RelayResponse(upstream, state.timeouts, headers, lambda res: _stream_done(state, call, status, res))
+    elapsed = after_upstream - call.started
+    if upstream.status_code < 400:
+        state.metrics.latency_histograms(call.namespace, call.feature, call.model)[1].observe(elapsed)
+        if b'"usage"' in content:  # parsing the answer only when there is something to count
+            _count_usage(state, call, _usage_of(content))
+    state.metrics.record(call.namespace, call.feature, call.model, upstream.status_code, elapsed)
+    response = Response(content, status_code=upstream.status_code, headers=headers)
+    state.metrics.added_latency.observe(call.gateway_seconds + time.perf_counter() - after_upstream)
+    return response
+
+
+def _usage_of(content: bytes) -> object:
+    try:
+        parsed = json.loads(content)
+    except ValueError:
+        return None
+    return parsed.get("usage") if isinstance(parsed, dict) else None
+
+
+def _count_usage(state: GatewayState, call: Call, usage: object) -> None:
+    tokens = state.metrics.record_usage(call.namespace, call.feature, call.model, usage)
+    state.limiter.charge_tokens(call.key_name, call.feature, tokens)
+
+
+def _stream_done(state: GatewayState, call: Call, status: int, result: StreamResult) -> None:
+    elapsed = time.perf_counter() - call.started
+    if result.first_chunk_at is not None and result.outcome == COMPLETED:
+        # Successes only: a stream that opens with an error event must not look quick.
+        first_chunk = result.first_chunk_at - call.started
+        state.metrics.latency_histograms(call.namespace, call.feature, call.model)[1].observe(first_chunk)
+    _count_usage(state, call, result.usage)
+    if result.outcome == CLIENT_GONE:
+        state.metrics.record(call.namespace, call.feature, call.model, CLIENT_CLOSED, elapsed)
+    else:
+        error = None if result.outcome == COMPLETED else result.outcome
+        state.metrics.record(call.namespace, call.feature, call.model, status, elapsed, error)

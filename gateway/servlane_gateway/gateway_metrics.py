@@ -1,0 +1,130 @@
+"""The gateway's Prometheus collectors, named and labelled exactly as servlane_api.metric_names documents.
+
+Each gateway app owns a registry (so tests can run several side by side); `/metrics` serves it. Every
+series carries the route's namespace first, so the canary readers select on namespace and feature.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from servlane_api import metric_names as contract
+from servlane_core.routing.picking import effective_weights
+from servlane_core.routing.routes import RouteTable
+
+# Label value when a request never reached a known route or backend (bounded, unlike client input).
+NONE = ""
+# Request series started at 0 for every route: success, and the backend 4xx a canary analysis compares
+# (a bad chat template, a shorter context, load shedding), whose first occurrence must not go unseen.
+DECLARED_CODES = (200, 400, 413, 429)
+
+
+def _base(name: str, suffix: str) -> str:
+    """prometheus_client appends _total to counters itself, so pass it the name without it."""
+    return name[: -len(suffix)] if name.endswith(suffix) else name
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            _base(contract.REQUESTS, "_total"), "Requests by feature, model and status code.",
+            ["namespace", "feature", "model", "code"], registry=r,
+        )  # fmt: skip
+        self.errors = Counter(
+            _base(contract.ERRORS, "_total"), "Server-side failures by reason.",
+            ["namespace", "feature", "model", "reason"], registry=r,
+        )  # fmt: skip
+        self.latency = Histogram(
+            contract.LATENCY, "Time from request to the last byte of a successful response.",
+            ["namespace", "feature", "model"], buckets=contract.LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            contract.TTFT,
+            "Time from request to the first streamed chunk (the whole answer when not streamed), successes only.",
+            ["namespace", "feature", "model"], buckets=contract.LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.tokens = Counter(
+            _base(contract.TOKENS, "_total"), "Tokens reported by the backends' usage.",
+            ["namespace", "feature", "model", "kind"], registry=r,
+        )  # fmt: skip
+        self.added_latency = Histogram(
+            contract.ADDED_LATENCY, "Time the gateway itself spends on a request, upstream time excluded.",
+            buckets=contract.LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.weight = Gauge(
+            contract.WEIGHT, "Percent of a feature's traffic each model gets now (after readiness).",
+            ["namespace", "feature", "model"], registry=r,
+        )  # fmt: skip
+        self.sticky_unpinned = Counter(
+            _base(contract.STICKY_UNPINNED, "_total"),
+            "Sticky requests routed by weight because their client was over its share of the model's requests.",
+            ["namespace", "feature", "model"], registry=r,
+        )  # fmt: skip
+
+        # Label children cached per label values: `.labels()` takes a lock and builds a key on every call,
+        # and the values are bounded (route names, models, status codes), so the cache is too.
+        self._request_children: dict[tuple[str, str, str, int], Any] = {}
+        self._latency_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+
+    def request_counter(self, namespace: str, feature: str, model: str, code: int) -> Any:
+        key = (namespace, feature, model, code)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self.requests.labels(namespace, feature, model, str(code))
+        return child
+
+    def latency_histograms(self, namespace: str, feature: str, model: str) -> tuple[Any, Any]:
+        """(request duration, time to first token) for these labels."""
+        key = (namespace, feature, model)
+        children = self._latency_children.get(key)
+        if children is None:
+            labels = (namespace, feature, model)
+            children = self._latency_children[key] = (self.latency.labels(*labels), self.ttft.labels(*labels))
+        return children
+
+    def record(
+        self, namespace: str, feature: str, model: str, code: int, seconds: float, error: str | None = None
+    ) -> None:
+        self.request_counter(namespace, feature, model, code).inc()
+        if error is None and code >= 500:
+            error = "status_5xx"
+        if error is not None:
+            self.errors.labels(namespace, feature, model, error).inc()
+        elif model != NONE and code < 400:
+            # Successes only: a version that fails fast must not look fast (4xx and 499 included).
+            self.latency_histograms(namespace, feature, model)[0].observe(seconds)
+
+    def record_usage(self, namespace: str, feature: str, model: str, usage: object) -> int:
+        """Counts prompt/completion tokens from an OpenAI `usage` object; returns the total."""
+        if not isinstance(usage, dict):
+            return 0
+        total = 0
+        for kind in ("prompt", "completion"):
+            value = usage.get(f"{kind}_tokens")
+            if isinstance(value, int) and value > 0:
+                self.tokens.labels(namespace, feature, model, kind).inc(value)
+                total += value
+        return total
+
+    def set_weights(self, table: RouteTable) -> None:
+        """Replace the weights gauge with the table's features (stale series removed), and start every
+        route's request and error series at 0: Prometheus' increase() cannot see a series' first sample,
+        so a canary's first failures would otherwise go unseen for a whole analysis interval."""
+        self.weight.clear()
+        seen: set[tuple[str, str]] = set()
+        for route in table.routes.values():
+            if not route.is_feature or (route.namespace, route.name) in seen:
+                continue
+            seen.add((route.namespace, route.name))
+            for model, share in effective_weights(route).items():
+                self.weight.labels(route.namespace, route.name, model).set(share)
+            for backend in route.backends:
+                for code in DECLARED_CODES:
+                    self.request_counter(route.namespace, route.name, backend.model, code)
+                self.latency_histograms(route.namespace, route.name, backend.model)
+                for reason in contract.ERROR_REASONS:
+                    self.errors.labels(route.namespace, route.name, backend.model, reason)

@@ -1,0 +1,159 @@
+"""The in-cluster route source: watches AIFeature and AIModel objects and rebuilds the table on change.
+
+Uses the official `kubernetes` client, one daemon thread per (plural, namespace) stream. Why not
+kubernetes_asyncio: the official client is already the project's client (operator and serve extras),
+watch traffic is a handful of small objects, and a blocking thread per stream keeps the request path
+free of it; each event is applied under a lock and one rebuild is scheduled on the event loop with
+call_soon_threadsafe, so a change reaches routing within milliseconds of the API server sending it.
+The table is published only once every stream has listed, so routing never sees half the objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from servlane_api import GROUP, VERSION
+from servlane_core.routing.routes import RouteTable, build_route_table
+from servlane_gateway.sources import OnTable, parse_objects
+
+log = logging.getLogger(__name__)
+
+PLURALS = ("aifeatures", "aimodels")
+StreamKey = tuple[str, str]  # (plural, namespace or "" for all namespaces)
+
+
+class ObjectStore:
+    """Raw objects per stream; pure and thread-safe, so the event handling is unit-testable."""
+
+    def __init__(self, streams: Sequence[StreamKey]) -> None:
+        self._objects: dict[StreamKey, dict[tuple[str, str], dict[str, Any]]] = {s: {} for s in streams}
+        self._synced: set[StreamKey] = set()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(obj: dict[str, Any]) -> tuple[str, str]:
+        meta = obj.get("metadata") or {}
+        return (str(meta.get("namespace", "default")), str(meta.get("name", "")))
+
+    def replace(self, stream: StreamKey, items: list[dict[str, Any]]) -> None:
+        """A fresh list of the stream (first sync, or a relist after the watch expired)."""
+        with self._lock:
+            self._objects[stream] = {self._key(o): o for o in items}
+            self._synced.add(stream)
+
+    def apply(self, stream: StreamKey, event_type: str, obj: dict[str, Any]) -> bool:
+        """One watch event; True when it changed the objects."""
+        with self._lock:
+            objects = self._objects[stream]
+            if event_type in ("ADDED", "MODIFIED"):
+                objects[self._key(obj)] = obj
+                return True
+            if event_type == "DELETED":
+                return objects.pop(self._key(obj), None) is not None
+            return False  # BOOKMARK and the like
+
+    @property
+    def synced(self) -> bool:
+        with self._lock:
+            return self._synced == set(self._objects)
+
+    def table(self) -> RouteTable:
+        with self._lock:
+            raw = [o for objects in self._objects.values() for o in objects.values()]
+        return build_route_table(*parse_objects(raw))
+
+
+def _with_kind(obj: dict[str, Any], plural: str) -> dict[str, Any]:
+    # List responses may omit each item's kind; parse_objects dispatches on it.
+    return {**obj, "kind": "AIFeature" if plural == "aifeatures" else "AIModel"}
+
+
+class KubeRouteSource:
+    def __init__(self, namespaces: Sequence[str] = (), watch_timeout_seconds: int = 240) -> None:
+        self.streams: list[StreamKey] = [(p, ns) for p in PLURALS for ns in (namespaces or [""])]
+        self.store = ObjectStore(self.streams)
+        self.watch_timeout_seconds = watch_timeout_seconds
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_table: OnTable | None = None
+        self._publish_pending = False
+        self._publish_lock = threading.Lock()
+
+    async def start(self, on_table: OnTable) -> None:
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        self._loop = asyncio.get_running_loop()
+        self._on_table = on_table
+        api = client.CustomObjectsApi()
+        for stream in self.streams:
+            thread = threading.Thread(target=self._run, args=(api, stream), name=f"watch-{stream[0]}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    async def stop(self) -> None:
+        self._stop.set()  # the threads end at their next event or watch timeout; they are daemons
+
+    def _schedule_publish(self) -> None:
+        """Coalesce a burst of events into one rebuild on the event loop."""
+        if not self.store.synced or self._loop is None:
+            return
+        with self._publish_lock:
+            if self._publish_pending:
+                return
+            self._publish_pending = True
+        self._loop.call_soon_threadsafe(self._publish)
+
+    def _publish(self) -> None:
+        with self._publish_lock:
+            self._publish_pending = False
+        if self._on_table is not None:
+            self._on_table(self.store.table())
+
+    def _list(self, api: Any, stream: StreamKey) -> str:
+        plural, namespace = stream
+        if namespace:
+            result = api.list_namespaced_custom_object(GROUP, VERSION, namespace, plural)
+        else:
+            result = api.list_cluster_custom_object(GROUP, VERSION, plural)
+        self.store.replace(stream, [_with_kind(o, plural) for o in result.get("items", [])])
+        self._schedule_publish()
+        return str(result.get("metadata", {}).get("resourceVersion", ""))
+
+    def _run(self, api: Any, stream: StreamKey) -> None:
+        from kubernetes import watch
+
+        plural, namespace = stream
+        resource_version = ""
+        while not self._stop.is_set():
+            try:
+                if not resource_version:
+                    resource_version = self._list(api, stream)
+                w = watch.Watch()
+                args: tuple[Any, ...] = (GROUP, VERSION, namespace, plural) if namespace else (GROUP, VERSION, plural)
+                func = api.list_namespaced_custom_object if namespace else api.list_cluster_custom_object
+                for event in w.stream(
+                    func, *args, resource_version=resource_version,
+                    timeout_seconds=self.watch_timeout_seconds, allow_watch_bookmarks=True,
+                ):  # fmt: skip
+                    if self._stop.is_set():
+                        w.stop()
+                        break
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":
+                        raise RuntimeError(f"watch error: {obj.get('message', obj)}")
+                    resource_version = str(obj.get("metadata", {}).get("resourceVersion", resource_version))
+                    if self.store.apply(stream, str(event.get("type")), _with_kind(obj, plural)):
+                        self._schedule_publish()
+            except Exception as exc:  # any failure: relist after a short pause (410 Gone included)
+                log.warning("watch of %s in %s failed, relisting: %s", plural, namespace or "all namespaces", exc)
+                resource_version = ""
+                self._stop.wait(1.0)

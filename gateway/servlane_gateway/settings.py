@@ -1,0 +1,100 @@
+"""The gateway's settings: each one from a CLI flag, else an environment variable, else its default.
+
+Environment variables are the flag names upper-cased with SERVLANE_GATEWAY_ in front, e.g.
+--routes-file ↔ SERVLANE_GATEWAY_ROUTES_FILE, --namespaces ↔ SERVLANE_GATEWAY_NAMESPACES (comma-separated).
+`--endpoint-override FROM=TO` repeats; its variable SERVLANE_GATEWAY_ENDPOINT_OVERRIDES holds a comma list of
+FROM=TO or a JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from servlane_api.runtime_config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_LIST_ITEMS
+from servlane_core.routing.overrides import parse_override_env, parse_override_items
+
+ENV_PREFIX = "SERVLANE_GATEWAY_"
+
+
+class GatewaySettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = "0.0.0.0"
+    port: int = Field(default=8080, ge=0, le=65535)
+    routes_file: Path | None = Field(default=None, description="YAML/JSON AIFeature+AIModel objects; else watch.")
+    watch: bool = Field(default=False, description="Watch AIFeature/AIModel objects in the cluster.")
+    namespaces: list[str] = Field(default_factory=list, description="Namespaces to watch; empty: all.")
+    keys_file: Path | None = Field(default=None, description="API keys file; none: access control off.")
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1, description="Larger bodies are a 413.")
+    max_json_depth: int = Field(
+        default=DEFAULT_MAX_JSON_DEPTH, ge=2, le=128, description="Deeper JSON nesting is a 400."
+    )
+    max_list_items: int = Field(
+        default=DEFAULT_MAX_LIST_ITEMS, ge=1, description="Longer JSON arrays (messages, prompt, input) are a 400."
+    )
+    key_requests_per_minute: float = Field(default=0, ge=0, description="Per API key; 0: unlimited.")
+    key_tokens_per_minute: float = Field(default=0, ge=0)
+    feature_requests_per_minute: float = Field(default=0, ge=0, description="Per feature; 0: unlimited.")
+    feature_tokens_per_minute: float = Field(default=0, ge=0)
+    connect_timeout: float = Field(default=5.0, gt=0)
+    first_byte_timeout: float = Field(default=300.0, gt=0)
+    idle_timeout: float = Field(default=60.0, gt=0)
+    unavailable_retry_after: float = Field(default=5.0, gt=0, description="Retry-After when no backend is ready.")
+    reload_poll_seconds: float = Field(default=0.2, gt=0, description="How often the files are checked.")
+    log_level: str = "info"
+    endpoint_overrides: dict[str, str] = Field(
+        default_factory=dict,
+        description="FROM=TO (repeatable): rewrite backend base URLs starting with FROM, e.g. "
+        "http://m.ns.svc.cluster.local:8000=http://127.0.0.1:39001 (port-forwards, local runtimes).",
+    )
+
+    @field_validator("endpoint_overrides", mode="before")
+    @classmethod
+    def _overrides(cls, value: object) -> object:
+        """Normalised whatever the form: a mapping, a list of FROM=TO, or the environment's string."""
+        if isinstance(value, str):
+            return parse_override_env(value)
+        if isinstance(value, dict):
+            return parse_override_items(f"{k}={v}" for k, v in value.items())
+        if isinstance(value, list):
+            return parse_override_items(str(item) for item in value)
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> GatewaySettings:
+        if (self.routes_file is None) == (not self.watch):
+            raise ValueError("set exactly one of --routes-file or --watch")
+        return self
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> GatewaySettings:
+    env = os.environ if environ is None else environ
+    parser = argparse.ArgumentParser(prog="python -m servlane_gateway", description=__doc__)
+    for name, info in GatewaySettings.model_fields.items():
+        if name == "watch":
+            parser.add_argument(_flag(name), action="store_true", default=None, help=info.description)
+        elif name == "endpoint_overrides":
+            parser.add_argument("--endpoint-override", dest=name, action="append", default=None, help=info.description)
+        else:
+            parser.add_argument(_flag(name), default=None, help=info.description or f"default: {info.default}")
+    args = vars(parser.parse_args(argv))
+    values: dict[str, object] = {}
+    for name in GatewaySettings.model_fields:
+        value = args.get(name)
+        if value is None:
+            value = env.get(ENV_PREFIX + name.upper())
+        if value is None:
+            continue
+        if name == "namespaces" and isinstance(value, str):
+            value = [ns.strip() for ns in value.split(",") if ns.strip()]
+        values[name] = value
+    return GatewaySettings.model_validate(values)

@@ -1,1 +1,0 @@
-"""Modelplane's operator: reconciles AIModel and AIFeature resources (kopf)."""

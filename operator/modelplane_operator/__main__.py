@@ -1,5 +1,0 @@
-import sys
-
-from modelplane_operator.main import main
-
-sys.exit(main())

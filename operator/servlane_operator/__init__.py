@@ -1,0 +1,1 @@
+"""Servlane's operator: reconciles AIModel and AIFeature resources (kopf)."""

@@ -1,0 +1,135 @@
+"""Reconciling AIModels: build the children, apply them, write status. Pure parts live elsewhere."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any, cast, get_args
+
+import kopf
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from servlane_api.aimodel import AIModel, Phase
+from servlane_api.conditions import now_rfc3339
+from servlane_operator import operator_metrics
+from servlane_operator.builders import endpoint_url, plan_children
+from servlane_operator.kube import Kube
+from servlane_operator.labels import child_name
+from servlane_operator.observed import DeploymentView, PodView
+from servlane_operator.settings import OperatorSettings
+from servlane_operator.status import build_status
+
+ModelKey = tuple[str, str]
+AIMODEL_PHASES = get_args(Phase)
+
+
+def _body(body: Mapping[str, Any]) -> kopf.Body:
+    return kopf.Body(cast(kopf.RawBody, dict(body)))
+
+
+def parse_model(body: Mapping[str, Any]) -> AIModel:
+    try:
+        return AIModel.model_validate(dict(body))
+    except ValidationError as exc:
+        # The CRD schema rejects most bad specs; what gets here cannot be fixed by retrying.
+        raise kopf.PermanentError(f"invalid AIModel: {exc.errors()[0]['msg']}") from exc
+
+
+def _status_body(
+    model: AIModel,
+    deployment: DeploymentView | None,
+    pods: Iterable[PodView],
+    *,
+    observed_generation: int | None,
+    settings: OperatorSettings,
+) -> dict[str, Any]:
+    status = build_status(
+        model,
+        deployment,
+        list(pods),
+        observed_generation=observed_generation,
+        endpoint=endpoint_url(model, settings.cluster_domain),
+        now=now_rfc3339(),
+    )
+    body = status.model_dump(by_alias=True, mode="json")
+    if observed_generation is None:
+        del body["observedGeneration"]  # left as it is (a merge-patch null would clear it)
+    return body
+
+
+async def write_status(kube: Kube, body: Mapping[str, Any], model: AIModel, status: dict[str, Any]) -> bool:
+    """Patches status when it differs from `body`'s; posts an Event when the phase changed. True if written.
+
+    `body` may be an older copy than the cluster's (from an index). Skipping on it is still safe: any
+    write that landed since produces an AIModel event, and model_changed re-derives status on each one.
+    """
+    old = model.status.model_dump(by_alias=True, mode="json")
+    if old == {**old, **status}:
+        return False
+    await kube.patch_status(model.api_version, model.kind, model.namespace, model.name, status)
+    operator_metrics.STATUS_WRITES.labels("AIModel").inc()
+    operator_metrics.set_phase(
+        operator_metrics.MODEL_PHASE, model.namespace, model.name, status.get("phase"), AIMODEL_PHASES
+    )
+    if old.get("phase") != status.get("phase"):
+        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+        warn = status["phase"] in ("Degraded", "Failed")
+        reason = degraded["reason"] if warn else ready["reason"]
+        kopf.event(_body(body), type="Warning" if warn else "Normal", reason=reason, message=ready["message"])
+    return True
+
+
+async def reconcile(
+    body: Mapping[str, Any],
+    kube: Kube,
+    settings: OperatorSettings,
+    pods: Iterable[PodView],
+    *,
+    trigger: str,
+    known_deployment: DeploymentView | None = None,
+    replicas_override: int | None = None,
+) -> None:
+    """Apply the model's children (server-side apply, one field manager) and write its status."""
+    started = time.perf_counter()
+    model = parse_model(body)
+    plan = plan_children(model, settings, replicas_override)
+    try:
+        applied = {obj["kind"]: await kube.apply(obj) for obj in plan.apply}
+        for api_version, kind in plan.delete:
+            await kube.delete(api_version, kind, model.namespace, child_name(model.name))
+    except ApiException as exc:
+        operator_metrics.RECONCILES.labels("AIModel", trigger, "error").inc()
+        if exc.status == 422:
+            raise kopf.PermanentError(f"the API server rejected a child of {model.name}: {exc.body}") from exc
+        raise kopf.TemporaryError(f"applying children failed ({exc.status} {exc.reason})", delay=5) from exc
+    deployment = DeploymentView.parse(applied["Deployment"])
+    # Our apply changed the Deployment's spec (a new generation) although the AIModel did not change:
+    # someone had edited a field we own.
+    drifted = known_deployment is not None and known_deployment.generation != deployment.generation
+    if drifted and trigger == "resync":
+        operator_metrics.DRIFT_CORRECTED.labels("Deployment").inc()
+        kopf.info(_body(body), reason="DriftCorrected", message="Restored hand-edited fields of the Deployment.")
+    generation = int(model.metadata.get("generation", 0))
+    status = _status_body(model, deployment, pods, observed_generation=generation, settings=settings)
+    await write_status(kube, body, model, status)
+    operator_metrics.RECONCILES.labels("AIModel", trigger, "ok").inc()
+    operator_metrics.RECONCILE_SECONDS.labels("AIModel").observe(time.perf_counter() - started)
+
+
+async def refresh_status(
+    body: Mapping[str, Any],
+    kube: Kube,
+    settings: OperatorSettings,
+    deployment: DeploymentView | None,
+    pods: Iterable[PodView],
+) -> None:
+    """Status follows the children between reconciles. It never touches observedGeneration: only a
+    reconcile that applied the spec may move it, and `body` may be an older copy than the cluster's.
+
+    Called on every child event (with the AIModel from the index) and on every AIModel event (with the
+    event's own copy), so whichever arrives last settles the status: writes race, the last event wins."""
+    model = parse_model(body)
+    status = _status_body(model, deployment, pods, observed_generation=None, settings=settings)
+    await write_status(kube, body, model, status)

@@ -1,0 +1,17 @@
+"""Pure manifest builders: typed AIModel in, plain dicts out. No I/O, no globals."""
+
+from servlane_operator.builders.children import ChildPlan, plan_children
+from servlane_operator.builders.deployment import build_deployment, build_runtime_config, runtime_image
+from servlane_operator.builders.hpa import build_hpa
+from servlane_operator.builders.service import build_service, endpoint_url
+
+__all__ = [
+    "ChildPlan",
+    "build_deployment",
+    "build_hpa",
+    "build_runtime_config",
+    "build_service",
+    "endpoint_url",
+    "plan_children",
+    "runtime_image",
+]

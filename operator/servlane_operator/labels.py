@@ -1,0 +1,35 @@
+"""Labels and names shared by builders, watches and the gateway."""
+
+from __future__ import annotations
+
+MODEL_LABEL = "servlane.dev/model"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+OPERATOR_NAME = "servlane-operator"
+FIELD_MANAGER = "servlane-operator"
+CHILD_PREFIX = "model-"
+
+
+def child_name(model_name: str) -> str:
+    """Name of an AIModel's Deployment, Service and HPA (prefixed so they never take over a user's object)."""
+    return CHILD_PREFIX + model_name
+
+
+def selector_labels(model_name: str) -> dict[str, str]:
+    """Immutable Deployment selector: nothing version-dependent."""
+    return {MODEL_LABEL: model_name}
+
+
+def model_labels(model_name: str, engine: str) -> dict[str, str]:
+    # No app.kubernetes.io/instance: Argo CD's label tracking reads it as the owning Application's name.
+    return {
+        **selector_labels(model_name),
+        "app.kubernetes.io/name": "aimodel",
+        "app.kubernetes.io/component": "model-server",
+        "app.kubernetes.io/part-of": "servlane",
+        MANAGED_BY: OPERATOR_NAME,
+        "servlane.dev/engine": engine,
+    }
+
+
+# The gateway pods, found by these labels when canary metrics are scraped without Prometheus.
+GATEWAY_SELECTOR = "app.kubernetes.io/component=gateway,app.kubernetes.io/part-of=servlane"

@@ -1,0 +1,63 @@
+"""`servlane-operator`: runs the kopf operator with Servlane's handlers.
+
+Settings come from the environment (see settings.py); flags here cover how kopf runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import kopf
+
+from servlane_operator.settings import OperatorSettings
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="servlane-operator", description=__doc__)
+    parser.add_argument(
+        "--namespace", "-n", action="append", default=[], help="watch only these namespaces (repeatable); default all"
+    )
+    parser.add_argument("--peering", default=None, help="kopf peering name; several replicas then share the work")
+    parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="kopf liveness endpoint URL")
+    parser.add_argument(
+        "--log-format", choices=["plain", "full", "json"], default=os.environ.get("SERVLANE_LOG_FORMAT", "json")
+    )
+    parser.add_argument("--verbose", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    namespaces = args.namespace or [n for n in os.environ.get("SERVLANE_NAMESPACES", "").split(",") if n]
+    if namespaces:
+        os.environ["SERVLANE_NAMESPACES"] = ",".join(namespaces)
+    # Checked here, before kopf starts, so a bad setting is one clear line and exit code 2, not a traceback.
+    try:
+        OperatorSettings.from_env()
+    except ValueError as exc:
+        print(f"servlane-operator: invalid settings: {exc}", file=sys.stderr)
+        return 2
+    # Imported after the environment is final: handlers read settings at import time.
+    import servlane_operator.handlers  # noqa: F401
+
+    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
+    loop = asyncio.new_event_loop()
+    # Kubernetes calls run in threads; many models reconcile at once, so give them room.
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=32, thread_name_prefix="kube"))
+    kopf.run(
+        loop=loop,
+        standalone=args.peering is None,
+        peering_name=args.peering,
+        liveness_endpoint=args.liveness,
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

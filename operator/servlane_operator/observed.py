@@ -1,0 +1,112 @@
+"""Typed views of what the cluster reports about an AIModel's children, parsed from raw objects.
+
+Handlers parse watched Deployments and Pods into these once; the status logic reads only these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# Container waiting reasons that will not fix themselves without a change.
+BLOCKING_WAIT_REASONS = frozenset(
+    {"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError", "InvalidImageName"}
+)
+
+
+@dataclass(frozen=True)
+class DeploymentView:
+    generation: int
+    observed_generation: int
+    desired: int
+    replicas: int
+    ready: int
+    updated: int
+    available: int
+    deadline_exceeded: bool
+    resource_version: str = ""
+
+    @classmethod
+    def parse(cls, body: Mapping[str, Any]) -> DeploymentView:
+        meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status") or {}
+        conditions = status.get("conditions") or []
+        deadline = any(
+            c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded" for c in conditions
+        )
+        return cls(
+            generation=int(meta.get("generation", 0)),
+            observed_generation=int(status.get("observedGeneration", 0)),
+            desired=int(spec.get("replicas", 1)),
+            replicas=int(status.get("replicas", 0)),
+            ready=int(status.get("readyReplicas", 0)),
+            updated=int(status.get("updatedReplicas", 0)),
+            available=int(status.get("availableReplicas", 0)),
+            deadline_exceeded=deadline,
+            resource_version=str(meta.get("resourceVersion", "")),
+        )
+
+
+@dataclass(frozen=True)
+class ContainerExit:
+    """A container's last non-zero exit, kept only while the container is not ready again (restarting,
+    backing off, or loading once more): a pod that recovered is not reported for its past."""
+
+    container: str
+    exit_code: int
+    # Its termination message (the runtime's one-line reason, or the log tail with FallbackToLogsOnError),
+    # else the kubelet's reason (OOMKilled, Error).
+    message: str
+    restarts: int
+    backing_off: bool
+
+    @classmethod
+    def parse(cls, container_status: Mapping[str, Any]) -> ContainerExit | None:
+        if container_status.get("ready"):
+            return None
+        state, last = container_status.get("state") or {}, container_status.get("lastState") or {}
+        terminated = state.get("terminated") or last.get("terminated") or {}
+        code = int(terminated.get("exitCode") or 0)
+        if code == 0:
+            return None
+        waiting = state.get("waiting") or {}
+        return cls(
+            container=str(container_status.get("name", "")),
+            exit_code=code,
+            message=str(terminated.get("message") or terminated.get("reason") or f"exit code {code}").strip(),
+            restarts=int(container_status.get("restartCount") or 0),
+            backing_off=waiting.get("reason") == "CrashLoopBackOff",
+        )
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    unschedulable_message: str | None
+    blocking_reason: str | None
+    blocking_message: str | None
+    runtime_exit: ContainerExit | None = None
+
+    @classmethod
+    def parse(cls, body: Mapping[str, Any]) -> PodView:
+        status = body.get("status") or {}
+        unschedulable = None
+        for cond in status.get("conditions") or []:
+            if (cond.get("type"), cond.get("status"), cond.get("reason")) == ("PodScheduled", "False", "Unschedulable"):
+                unschedulable = str(cond.get("message") or "the pod cannot be scheduled")
+        reason = message = None
+        runtime_exit = None
+        for cs in status.get("containerStatuses") or []:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in BLOCKING_WAIT_REASONS:
+                reason, message = str(waiting["reason"]), str(waiting.get("message") or waiting["reason"])
+            runtime_exit = ContainerExit.parse(cs) or runtime_exit
+        if body.get("metadata", {}).get("deletionTimestamp"):
+            runtime_exit = None  # stopped on purpose (rollout, scale-down): SIGTERM's exit is no crash
+        return cls(
+            name=str(body.get("metadata", {}).get("name", "")),
+            unschedulable_message=unschedulable,
+            blocking_reason=reason,
+            blocking_message=message,
+            runtime_exit=runtime_exit,
+        )

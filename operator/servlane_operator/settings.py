@@ -1,0 +1,78 @@
+"""Operator settings, read once from the environment (and CLI flags in main.py)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from pydantic import BaseModel, Field
+
+DEFAULT_RUNTIME_IMAGE_GPU = "ghcr.io/servlane/runtime:0.1.0-cuda"
+DEFAULT_RUNTIME_IMAGE_CPU = "ghcr.io/servlane/runtime:0.1.0-cpu"
+# The single-image setting these two replaced; still set means a stale configuration.
+REMOVED_RUNTIME_IMAGE_VAR = "SERVLANE_RUNTIME_IMAGE"
+REMOVED_RUNTIME_IMAGE_MESSAGE = (
+    f"{REMOVED_RUNTIME_IMAGE_VAR} is no longer supported: the runtime image now depends on the AIModel. "
+    "Set SERVLANE_RUNTIME_IMAGE_GPU (models with resources.gpus > 0, a CUDA image) and/or "
+    f"SERVLANE_RUNTIME_IMAGE_CPU (all other models, a CPU image) instead, and unset {REMOVED_RUNTIME_IMAGE_VAR}."
+)
+
+
+class OperatorSettings(BaseModel):
+    runtime_image_gpu: str = Field(
+        default=DEFAULT_RUNTIME_IMAGE_GPU,
+        min_length=1,
+        description="Runtime image of AIModels with resources.gpus > 0 (CUDA vLLM) unless spec.image is set.",
+    )
+    runtime_image_cpu: str = Field(
+        default=DEFAULT_RUNTIME_IMAGE_CPU,
+        min_length=1,
+        description="Runtime image of AIModels without GPUs (CPU vLLM) unless spec.image is set.",
+    )
+    namespaces: list[str] = Field(default_factory=list, description="Watched namespaces; empty = all.")
+    resync_seconds: float = Field(default=60, gt=0, description="Periodic re-apply, which reverts hand edits.")
+    cluster_domain: str = "cluster.local"
+    metrics_port: int = 9090
+    prometheus_url: str | None = None
+    prometheus_scrape_interval_seconds: float = Field(
+        default=15,
+        gt=0,
+        description="How often Prometheus scrapes the gateway: canary windows shorter than two scrapes are raised.",
+    )
+    analysis_interval_seconds: float = Field(default=10, gt=0, description="How often canaries are checked.")
+    gateway_metrics_urls: list[str] = Field(
+        default_factory=list, description="Gateway /metrics URLs to scrape without Prometheus; empty: find the pods."
+    )
+    gateway_metrics_port: int = Field(default=8080, description="Port of the gateway pods' /metrics.")
+    gateway_namespace: str | None = Field(
+        default=None, description="Namespace of the gateway pods (a Role suffices to find them); None: all."
+    )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorSettings:
+        """Raises ValueError (pydantic's ValidationError is one) for a setting that cannot be used."""
+        e = os.environ if env is None else env
+        if REMOVED_RUNTIME_IMAGE_VAR in e:
+            raise ValueError(REMOVED_RUNTIME_IMAGE_MESSAGE)
+        values: dict[str, object] = {}
+        if e.get("SERVLANE_GATEWAY_METRICS_URLS"):
+            values["gateway_metrics_urls"] = [
+                u.strip() for u in e["SERVLANE_GATEWAY_METRICS_URLS"].split(",") if u.strip()
+            ]
+        if e.get("SERVLANE_NAMESPACES"):
+            values["namespaces"] = [n.strip() for n in e["SERVLANE_NAMESPACES"].split(",") if n.strip()]
+        for key, field in (
+            ("SERVLANE_RUNTIME_IMAGE_GPU", "runtime_image_gpu"),
+            ("SERVLANE_RUNTIME_IMAGE_CPU", "runtime_image_cpu"),
+            ("SERVLANE_RESYNC_SECONDS", "resync_seconds"),
+            ("SERVLANE_CLUSTER_DOMAIN", "cluster_domain"),
+            ("SERVLANE_METRICS_PORT", "metrics_port"),
+            ("SERVLANE_PROMETHEUS_URL", "prometheus_url"),
+            ("SERVLANE_PROMETHEUS_SCRAPE_INTERVAL_SECONDS", "prometheus_scrape_interval_seconds"),
+            ("SERVLANE_ANALYSIS_INTERVAL_SECONDS", "analysis_interval_seconds"),
+            ("SERVLANE_GATEWAY_METRICS_PORT", "gateway_metrics_port"),
+            ("SERVLANE_GATEWAY_NAMESPACE", "gateway_namespace"),
+        ):
+            if e.get(key):
+                values[field] = e[key]
+        return cls.model_validate(values)

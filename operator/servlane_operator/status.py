@@ -1,0 +1,120 @@
+"""The AIModel's status, decided purely from what the cluster reports (no I/O, no clock)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from servlane_api.aimodel import AIModel, AIModelStatus, Phase
+from servlane_api.conditions import Condition, merge_conditions
+from servlane_api.runtime_exit import ENGINE_DIED, MODEL_LOAD_FAILED
+from servlane_operator.observed import ContainerExit, DeploymentView, PodView
+
+# How much of a container's termination message a condition quotes (its end: where a log tail says why).
+MAX_EXIT_MESSAGE_CHARS = 512
+
+
+@dataclass(frozen=True)
+class Verdict:
+    phase: Phase
+    reason: str
+    message: str
+    ready: bool
+    progressing: bool
+    degraded: bool
+
+
+def _problem(model: AIModel, pods: Sequence[PodView]) -> tuple[str, str] | None:
+    """The first reason that blocks pods from running, in order of how actionable it is."""
+    gpu_name = model.spec.resources.gpu_resource_name
+    for pod in pods:
+        msg = pod.unschedulable_message
+        if msg is not None and f"Insufficient {gpu_name}" in msg:
+            return "InsufficientGPU", f"pod {pod.name} cannot be scheduled: {msg}"
+    for pod in pods:
+        if pod.unschedulable_message is not None:
+            return "Unschedulable", f"pod {pod.name} cannot be scheduled: {pod.unschedulable_message}"
+    for pod in pods:
+        if pod.runtime_exit is not None:
+            return _exit_problem(pod.name, pod.runtime_exit)
+    for pod in pods:
+        if pod.blocking_reason is not None:
+            return pod.blocking_reason, f"pod {pod.name}: {pod.blocking_message}"
+    return None
+
+
+def _exit_problem(pod: str, last: ContainerExit) -> tuple[str, str]:
+    """ModelLoadFailed or RuntimeCrashLoop, with what the runtime said as it exited."""
+    reason = "ModelLoadFailed" if last.exit_code == MODEL_LOAD_FAILED else "RuntimeCrashLoop"
+    what = {MODEL_LOAD_FAILED: "the model failed to load", ENGINE_DIED: "the engine died"}.get(
+        last.exit_code, f"the runtime exited with code {last.exit_code}"
+    )
+    restarts = f"{last.restarts} restart{'' if last.restarts == 1 else 's'}"
+    waiting = ", back-off before the next" if last.backing_off else ""
+    return reason, f"pod {pod}: {what} ({restarts}{waiting}): {_tail(last.message, MAX_EXIT_MESSAGE_CHARS)}"
+
+
+def _tail(text: str, limit: int) -> str:
+    """`text` on one line, its end kept when it is too long."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else "…" + flat[-(limit - 1) :]
+
+
+def decide(model: AIModel, deployment: DeploymentView | None, pods: Sequence[PodView]) -> Verdict:
+    if deployment is None:
+        return Verdict("Pending", "Creating", "The Deployment is being created.", False, True, False)
+    rolled_out = deployment.observed_generation >= deployment.generation and deployment.updated >= deployment.desired
+    ready = deployment.ready > 0
+    if deployment.desired == 0:
+        return Verdict("Pending", "ScaledToZero", "The model is scaled to zero replicas.", False, False, False)
+    if deployment.deadline_exceeded:
+        return Verdict(
+            "Failed", "ProgressDeadlineExceeded", "The Deployment did not become ready in time.", ready, False, True
+        )
+    problem = _problem(model, pods)
+    if problem is not None:
+        reason, message = problem
+        return Verdict("Degraded", reason, message, ready, not rolled_out, True)
+    if rolled_out and deployment.ready >= deployment.desired:
+        msg = f"{deployment.ready}/{deployment.desired} replicas ready."
+        return Verdict("Ready", "AllReplicasReady", msg, True, False, False)
+    msg = f"{deployment.ready}/{deployment.desired} replicas ready, {deployment.updated} updated."
+    return Verdict("Deploying", "Deploying", msg, ready, True, False)
+
+
+def build_status(
+    model: AIModel,
+    deployment: DeploymentView | None,
+    pods: Sequence[PodView],
+    *,
+    observed_generation: int | None,
+    endpoint: str,
+    now: str,
+) -> AIModelStatus:
+    """The new status; conditions keep their transition time when their status did not change."""
+    verdict = decide(model, deployment, pods)
+
+    def cond(kind: str, on: bool, reason_when_on: str, reason_when_off: str) -> Condition:
+        return Condition(
+            type=kind,
+            status="True" if on else "False",
+            reason=reason_when_on if on else reason_when_off,
+            message=verdict.message,
+            observed_generation=observed_generation,
+        )
+
+    conditions = [
+        cond("Ready", verdict.ready, "ReplicasReady", verdict.reason),
+        cond("Progressing", verdict.progressing, verdict.reason, "Stable"),
+        cond("Degraded", verdict.degraded, verdict.reason, "AsExpected"),
+    ]
+    return AIModelStatus(
+        observed_generation=observed_generation,
+        phase=verdict.phase,
+        replicas=deployment.replicas if deployment else 0,
+        ready_replicas=deployment.ready if deployment else 0,
+        desired_replicas=deployment.desired if deployment else None,
+        endpoint=endpoint,
+        served_model_name=model.served_model_name,
+        conditions=merge_conditions(model.status.conditions, conditions, now),
+    )

@@ -1,1 +1,0 @@
-"""Modelplane's gateway: the OpenAI-compatible entry point that routes by AIFeature weights."""

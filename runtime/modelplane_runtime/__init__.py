@@ -1,1 +1,0 @@
-"""Modelplane's runtime: one OpenAI-compatible server with vLLM and transformers engines."""

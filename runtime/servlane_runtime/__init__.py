@@ -1,0 +1,1 @@
+"""Servlane's runtime: one OpenAI-compatible server with vLLM and transformers engines."""

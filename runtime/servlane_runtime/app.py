@@ -1,0 +1,154 @@
+"""The FastAPI app: thin routes over OpenAIServing, admission around generation, probes, metrics.
+
+The model loads in a background task started by the lifespan, after the server is listening.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
+from starlette.types import Receive, Scope, Send
+
+from servlane_api.runtime_config import HEALTH_PATH, METRICS_PATH, READY_PATH, RuntimeConfig
+from servlane_core.protocol import openai as p
+from servlane_core.protocol.errors import OpenAIError, install_error_handlers
+from servlane_core.protocol.limits import RequestLimits
+from servlane_runtime.runtime_metrics import MetricsMiddleware, RuntimeMetrics
+
+from .admission import AdmissionController, AdmissionGrant, parse_priority
+from .engines import create_engine
+from .engines.base import EngineError
+from .model_host import EngineFactory, ModelHost
+from .request_guard import RequestGuard
+from .serving import OpenAIServing
+
+T = TypeVar("T")
+_DISCONNECT_POLL_SECONDS = 0.25
+
+
+class SlotStreamingResponse(StreamingResponse):
+    """SSE that gives its admission slot back however the stream ends (done, error, client gone)."""
+
+    def __init__(self, content: AsyncIterator[str], slot: AdmissionGrant) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._slot = slot
+        self._content = content
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            aclose = getattr(self._content, "aclose", None)
+            if aclose is not None:
+                await aclose()  # stops the engine if the client went away mid-stream
+            self._slot.release()
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it (and so the generation) if the client hangs up first."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_SECONDS)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                raise OpenAIError(499, "client closed the request", code="client_closed_request")
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+
+def create_app(config: RuntimeConfig, engine_factory: EngineFactory = create_engine) -> FastAPI:
+    host = ModelHost(config, engine_factory)
+    admission = AdmissionController(config.max_in_flight, config.max_queue, config.queue_timeout_seconds)
+    metrics = RuntimeMetrics(lambda: admission.in_flight, lambda: admission.queue_depth)
+    serving = OpenAIServing(host, metrics)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        loading = asyncio.create_task(host.load(), name="model-load")
+        try:
+            yield
+        finally:
+            loading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loading
+            await host.close()
+
+    app = FastAPI(title="servlane runtime", lifespan=lifespan)
+    app.state.host = host
+    app.state.admission = admission
+    app.state.metrics = metrics
+    install_error_handlers(app)
+
+    async def on_engine_error(_: Request, exc: Exception) -> JSONResponse:
+        error = OpenAIError(500, str(exc), type="server_error", code="engine_error")
+        return JSONResponse(error.body(), status_code=500)
+
+    app.add_exception_handler(EngineError, on_engine_error)
+    limits = RequestLimits(
+        max_body_bytes=config.max_body_bytes,
+        max_json_depth=config.max_json_depth,
+        max_list_items=config.max_list_items,
+    )
+    app.add_middleware(RequestGuard, limits=limits)  # inside the metrics: its 413s and 400s are counted
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+
+    async def admitted(request: Request, model: str, run: Any) -> Response:
+        """Check the model, take a slot (by priority), run, and answer JSON or SSE."""
+        serving.check_model(model)  # 404/503 before queueing
+        slot = await admission.acquire(parse_priority(request.headers.get("x-priority")))
+        try:
+            result = await _unless_disconnected(request, run())
+        except BaseException:
+            slot.release()
+            raise
+        if isinstance(result, BaseModel):
+            slot.release()
+            return JSONResponse(result.model_dump(mode="json"))
+        return SlotStreamingResponse(result, slot)
+
+    @app.get(HEALTH_PATH)
+    async def health() -> JSONResponse:
+        # Failed (the model did not load, or the engine died) is not alive: the process is about to
+        # exit, and until then a liveness probe and a person both see why.
+        if host.state == "failed":
+            return JSONResponse({"status": "failed", "reason": host.reason}, status_code=503)
+        return JSONResponse({"status": "alive"})
+
+    @app.get(READY_PATH)
+    async def ready() -> JSONResponse:
+        return JSONResponse(host.readiness(), status_code=200 if host.state == "ready" else 503)
+
+    @app.get(METRICS_PATH)
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        return JSONResponse(serving.models().model_dump(mode="json"))
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: p.ChatCompletionRequest, request: Request) -> Response:
+        return await admitted(request, body.model, lambda: serving.chat(body))
+
+    @app.post("/v1/completions")
+    async def completions(body: p.CompletionRequest, request: Request) -> Response:
+        return await admitted(request, body.model, lambda: serving.completions(body))
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: p.EmbeddingRequest, request: Request) -> Response:
+        return await admitted(request, body.model, lambda: serving.embeddings(body))
+
+    return app

@@ -1,0 +1,98 @@
+"""The one small interface every engine implements, and the plain data that crosses it.
+
+Serving logic (OpenAI shapes, admission, metrics) talks only to `InferenceEngine`; engines know nothing of
+HTTP. Nothing here imports torch, so the server imports without it.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # How many alternatives to report per token; None: no logprobs at all.
+    logprobs: int | None = None
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass
+class GenerationDelta:
+    """New text since the previous delta; the last delta of a generation carries `finish_reason`."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+
+
+@dataclass(frozen=True)
+class EmbeddingResult:
+    vectors: list[list[float]]
+    prompt_tokens: int
+
+
+class EngineError(Exception):
+    """A failure the engine can explain (bad model files, unsupported task)."""
+
+
+class EngineDeadError(Exception):
+    """The engine can no longer serve anything (vLLM's engine core process is gone, the device failed).
+
+    Not an EngineError: that one is about a request or the model files; this one ends the process, so
+    that Kubernetes restarts it.
+    """
+
+
+class InferenceEngine(abc.ABC):
+    """A loaded model that can generate text or embed it."""
+
+    @property
+    @abc.abstractmethod
+    def max_model_len(self) -> int: ...
+
+    @abc.abstractmethod
+    async def load(self) -> None:
+        """Load weights and tokenizer; heavy work must run off the event loop."""
+
+    @abc.abstractmethod
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """The prompt text for a chat, through the tokenizer's chat template."""
+
+    @abc.abstractmethod
+    def count_tokens(self, text: str) -> int:
+        """How many tokens `text` becomes as a prompt (special tokens included)."""
+
+    @abc.abstractmethod
+    def generate(self, prompt: str, options: SamplingOptions, request_id: str) -> AsyncGenerator[GenerationDelta, None]:
+        """Stream the completion of `prompt`. Closing the iterator early stops the generation."""
+
+    @abc.abstractmethod
+    async def embed(self, texts: list[str]) -> EmbeddingResult:
+        """One normalised vector per text."""
+
+    async def check_health(self) -> None:  # noqa: B027 - optional hook, most engines need nothing
+        """Raise EngineDeadError if the engine has died; called periodically while serving."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook, most engines need nothing
+        """Free the engine's resources."""

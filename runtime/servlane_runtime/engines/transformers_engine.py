@@ -1,0 +1,259 @@
+"""The transformers engine: Hugging Face models on CPU or one GPU, one request per worker thread.
+
+Generation is a plain token-by-token loop with the KV cache (rather than `model.generate`) so that
+each token is streamed as soon as it exists, OpenAI's presence/frequency penalties and logprobs
+are exact, and a cancelled request stops at the next token. The loop runs in a worker thread and
+hands tokens to the event loop through an asyncio queue.
+
+A device failure (a CUDA error: illegal memory access, device-side assert, a lost GPU) leaves the CUDA
+context unusable for every later request, so it is raised as EngineDeadError; out of memory is not one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+from collections.abc import AsyncGenerator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+from servlane_api.runtime_config import RuntimeConfig
+
+from .base import (
+    EmbeddingResult,
+    EngineDeadError,
+    EngineError,
+    GenerationDelta,
+    InferenceEngine,
+    SamplingOptions,
+    TokenLogprob,
+)
+from .text_stream import StopTextStream
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+_DEFAULT_MAX_LEN = 2048
+# vLLM raises a temperature in (0, 0.01) to 0.01: below it logits / temperature overflows to inf and NaN.
+_MIN_TEMPERATURE = 1e-2
+
+
+class TransformersEngine(InferenceEngine):
+    def __init__(self, config: RuntimeConfig, model_path: str) -> None:
+        self._config = config
+        self._path = model_path
+        self._device = "cuda" if torch.cuda.is_available() else "cpu"
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._max_len = config.max_model_len or _DEFAULT_MAX_LEN
+        self._eos: set[int] = set()
+        # One thread per running request: admission control bounds how many there are.
+        self._pool = ThreadPoolExecutor(max_workers=config.max_in_flight, thread_name_prefix="generate")
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_len
+
+    async def load(self) -> None:
+        await asyncio.to_thread(self._load_sync)
+
+    def _load_sync(self) -> None:
+        dtype = _DTYPES.get(self._config.dtype, torch.float32 if self._device == "cpu" else "auto")
+        self._tokenizer = AutoTokenizer.from_pretrained(self._path)
+        model_class: Any = AutoModel if self._config.task == "embed" else AutoModelForCausalLM
+        try:
+            model = model_class.from_pretrained(self._path, dtype=dtype)
+        except (OSError, ValueError) as exc:
+            raise EngineError(f"cannot load the model at {self._path}: {exc}") from exc
+        self._model = model.to(self._device).eval()
+        positions = getattr(model.config, "max_position_embeddings", None)
+        if self._config.max_model_len is None and isinstance(positions, int):
+            self._max_len = positions
+        eos = getattr(model.generation_config, "eos_token_id", None) if self._config.task == "generate" else None
+        eos = eos if eos is not None else self._tokenizer.eos_token_id
+        self._eos = set(eos) if isinstance(eos, list) else ({eos} if eos is not None else set())
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        if not getattr(self._tokenizer, "chat_template", None):
+            raise EngineError("the model's tokenizer has no chat template; use /v1/completions")
+        rendered = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return str(rendered)
+
+    def count_tokens(self, text: str) -> int:
+        # A fast tokenizer's Rust batch call releases the GIL and builds no Python list of ids, so a
+        # multi-megabyte prompt counted in a worker thread does not hold up the event loop (the plain
+        # call holds the GIL for 0.2 s per 3.5 MB turning ids into lists). Same count as `_encode`.
+        backend = getattr(self._tokenizer, "backend_tokenizer", None)
+        if backend is None or backend.truncation is not None:  # a truncating backend would under-count
+            return len(self._encode(text))
+        return len(backend.encode_batch([text], add_special_tokens=not self._has_bos(text))[0])
+
+    def _encode(self, text: str) -> list[int]:
+        # Chat templates already contain the special tokens, so only plain prompts get them added.
+        return list(self._tokenizer(text, add_special_tokens=not self._has_bos(text))["input_ids"])
+
+    def _has_bos(self, text: str) -> bool:
+        bos = self._tokenizer.bos_token
+        return bool(bos) and text.startswith(bos)
+
+    async def generate(
+        self, prompt: str, options: SamplingOptions, request_id: str
+    ) -> AsyncGenerator[GenerationDelta, None]:
+        if self._config.task != "generate":
+            raise EngineError("this model is loaded for embeddings, not generation")
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[GenerationDelta | BaseException] = asyncio.Queue()
+        cancelled = threading.Event()
+
+        def emit(item: GenerationDelta | BaseException) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        future = loop.run_in_executor(self._pool, self._generate_sync, prompt, options, cancelled, emit)
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    break
+        finally:
+            # Reached on completion, error, or the consumer closing us (client gone): stop the loop.
+            cancelled.set()
+            await asyncio.shield(future)
+
+    @torch.inference_mode()
+    def _generate_sync(self, prompt: str, options: SamplingOptions, cancelled: threading.Event, emit: Any) -> None:
+        try:
+            self._generate_loop(prompt, options, cancelled, emit)
+        except Exception as exc:  # handed to the event loop, raised there
+            emit(as_engine_death(exc))
+
+    def _generate_loop(self, prompt: str, options: SamplingOptions, cancelled: threading.Event, emit: Any) -> None:
+        prompt_ids = self._encode(prompt)
+        n_prompt = len(prompt_ids)
+        generator = torch.Generator(device=self._device)
+        generator.manual_seed(options.seed if options.seed is not None else torch.seed())
+        stream = StopTextStream(options.stop)
+        inputs = torch.tensor([prompt_ids], device=self._device)
+        past: Any = None
+        generated: list[int] = []
+        counts: Counter[int] = Counter()
+        pending: list[TokenLogprob] = []
+        for _ in range(options.max_tokens):
+            if cancelled.is_set():
+                return
+            out = self._model(input_ids=inputs, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            logits = out.logits[0, -1].float()
+            token, logprob = self._sample(_penalised(logits, counts, options), options, generator)
+            if token in self._eos and not options.ignore_eos:
+                step = stream.step(self._decode(generated), final=True)
+                emit(GenerationDelta(step.text, n_prompt, len(generated), pending, "stop"))
+                return
+            generated.append(token)
+            counts[token] += 1
+            if logprob is not None:
+                pending.append(logprob)
+            step = stream.step(self._decode(generated))
+            if step.stopped:
+                emit(GenerationDelta(step.text, n_prompt, len(generated), pending, "stop"))
+                return
+            if step.text:
+                emit(GenerationDelta(step.text, n_prompt, len(generated), pending))
+                pending = []
+            inputs = torch.tensor([[token]], device=self._device)
+        step = stream.step(self._decode(generated), final=True)
+        emit(GenerationDelta(step.text, n_prompt, len(generated), pending, "length"))
+
+    def _decode(self, ids: list[int]) -> str:
+        return str(self._tokenizer.decode(ids, skip_special_tokens=True))
+
+    def _sample(
+        self, logits: torch.Tensor, options: SamplingOptions, generator: torch.Generator
+    ) -> tuple[int, TokenLogprob | None]:
+        logprobs = torch.log_softmax(logits, dim=-1)
+        if options.temperature <= 0:
+            token = int(torch.argmax(logits))
+        else:
+            probs = torch.softmax(logits / max(options.temperature, _MIN_TEMPERATURE), dim=-1)
+            if options.top_p < 1.0:
+                probs = _top_p(probs, options.top_p)
+            token = int(torch.multinomial(probs, 1, generator=generator))
+        if options.logprobs is None:
+            return token, None
+        top: tuple[tuple[str, float], ...] = ()
+        if options.logprobs > 0:
+            values, ids = torch.topk(logprobs, options.logprobs)
+            top = tuple((self._token_text(int(i)), float(v)) for v, i in zip(values, ids, strict=True))
+        return token, TokenLogprob(self._token_text(token), float(logprobs[token]), top)
+
+    def _token_text(self, token: int) -> str:
+        return str(self._tokenizer.decode([token]))
+
+    async def embed(self, texts: list[str]) -> EmbeddingResult:
+        if self._config.task != "embed":
+            raise EngineError("this model is loaded for generation; embeddings need task 'embed'")
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, self._embed_sync, texts)
+        except Exception as exc:
+            raise as_engine_death(exc)  # noqa: B904 - the cause is kept by as_engine_death
+
+    @torch.inference_mode()
+    def _embed_sync(self, texts: list[str]) -> EmbeddingResult:
+        batch = self._tokenizer(texts, padding=True, truncation=True, max_length=self._max_len, return_tensors="pt")
+        batch = {k: v.to(self._device) for k, v in batch.items()}
+        hidden = self._model(**batch).last_hidden_state
+        # Mean pooling over real tokens, then L2 normalisation (sentence-transformers' recipe).
+        mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+        vectors = torch.nn.functional.normalize(pooled.float(), p=2, dim=1)
+        return EmbeddingResult(vectors.cpu().tolist(), int(batch["attention_mask"].sum()))
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+# What CUDA errors (torch.AcceleratorError, or RuntimeError before torch 2.8) say when the device is unusable.
+_DEVICE_FAILURE_MARKERS = ("CUDA error", "device-side assert", "CUBLAS_STATUS", "CUDNN_STATUS", "NCCL error")
+
+
+def is_device_failure(exc: BaseException) -> bool:
+    """Whether `exc` means the device can no longer compute (sticky CUDA errors), rather than one request failing."""
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc):
+        return False  # freed with the request's tensors: the next request can run
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(exc, accelerator_error):
+        return True
+    return isinstance(exc, RuntimeError) and any(marker in str(exc) for marker in _DEVICE_FAILURE_MARKERS)
+
+
+def as_engine_death(exc: Exception) -> Exception:
+    """`exc` as EngineDeadError (caused by `exc`) when it is a device failure, else `exc` itself."""
+    if not is_device_failure(exc):
+        return exc
+    dead = EngineDeadError(f"the device failed: {exc}")
+    dead.__cause__ = exc
+    return dead
+
+
+def _penalised(logits: torch.Tensor, counts: Counter[int], options: SamplingOptions) -> torch.Tensor:
+    """OpenAI's penalties: subtract presence once and frequency per occurrence of each seen token."""
+    if not counts or (options.presence_penalty == 0 and options.frequency_penalty == 0):
+        return logits
+    ids = torch.tensor(list(counts.keys()), device=logits.device)
+    freq = torch.tensor(list(counts.values()), dtype=logits.dtype, device=logits.device)
+    logits = logits.clone()
+    logits[ids] -= options.presence_penalty + options.frequency_penalty * freq
+    return logits
+
+
+def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    sorted_probs, order = torch.sort(probs, descending=True)
+    keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < top_p
+    keep[0] = True  # the likeliest token always stays: a tiny top_p (5e-324 is 0.0 in float32) keeps only it
+    filtered = torch.zeros_like(probs)
+    filtered[order[keep]] = sorted_probs[keep]
+    return filtered / filtered.sum()

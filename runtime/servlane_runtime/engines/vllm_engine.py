@@ -1,0 +1,208 @@
+"""The vLLM engine: vLLM's AsyncLLM in this process (its engine core runs in a child process).
+
+Task `generate` serves chat and completions; task `embed` runs vLLM's pooling runner for /v1/embeddings.
+
+RuntimeConfig becomes vLLM command-line arguments parsed by vLLM's own parser, so `extra_args`
+accepts exactly what `vllm serve` accepts and typed fields cannot drift from vLLM's names.
+
+When the engine core process dies, vLLM raises its EngineDeadError from every call; it becomes ours
+(base.EngineDeadError), which ends the runtime as it ends `vllm serve`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncGenerator, Iterator
+from typing import Any
+
+from transformers import AutoTokenizer
+
+from servlane_api.runtime_config import RuntimeConfig
+
+from .base import (
+    EmbeddingResult,
+    EngineDeadError,
+    EngineError,
+    FinishReason,
+    GenerationDelta,
+    InferenceEngine,
+    SamplingOptions,
+    TokenLogprob,
+)
+
+
+def engine_cli_args(config: RuntimeConfig, model_path: str) -> list[str]:
+    """The `vllm serve`-style arguments that express `config` (extra_args last, so they win)."""
+    args = ["--model", model_path, "--served-model-name", config.served_model_name, "--dtype", config.dtype]
+    args += ["--tensor-parallel-size", str(config.tensor_parallel_size)]
+    if config.task == "embed":
+        # vLLM's pooling runner: the model's own pooler (mean for sentence-transformers models), normalised.
+        args += ["--runner", "pooling"]
+    if config.max_model_len is not None:
+        args += ["--max-model-len", str(config.max_model_len)]
+    if config.gpu_memory_utilization is not None:
+        args += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
+    if config.quantization is not None:
+        args += ["--quantization", config.quantization]
+    return args + list(config.extra_args)
+
+
+class VllmEngine(InferenceEngine):
+    def __init__(self, config: RuntimeConfig, model_path: str) -> None:
+        self._config = config
+        self._path = model_path
+        self._llm: Any = None
+        self._tokenizer: Any = None
+        self._max_len = config.max_model_len or 0
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_len
+
+    async def load(self) -> None:
+        # Importing vLLM and creating the engine (which starts its core process and blocks until the
+        # weights are loaded) take a minute or more, so both run in a thread: /health must keep
+        # answering meanwhile. Outside a running loop AsyncLLM defers its background tasks to the
+        # first request, which runs on our loop.
+        self._llm, self._tokenizer = await asyncio.to_thread(self._create_sync)
+        self._max_len = int(self._llm.model_config.max_model_len)
+
+    def _create_sync(self) -> tuple[Any, Any]:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        new_parser: Any = FlexibleArgumentParser  # untyped in vLLM
+        parser = AsyncEngineArgs.add_cli_args(new_parser())
+        namespace = parser.parse_args(engine_cli_args(self._config, self._path))
+        engine_args = AsyncEngineArgs.from_cli_args(namespace)
+        llm = AsyncLLM.from_engine_args(engine_args)
+        return llm, AutoTokenizer.from_pretrained(self._path)
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        if not getattr(self._tokenizer, "chat_template", None):
+            raise EngineError("the model's tokenizer has no chat template; use /v1/completions")
+        return str(self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
+    def count_tokens(self, text: str) -> int:
+        bos = self._tokenizer.bos_token
+        add_special = not (bos and text.startswith(bos))
+        return len(self._tokenizer(text, add_special_tokens=add_special)["input_ids"])
+
+    async def generate(
+        self, prompt: str, options: SamplingOptions, request_id: str
+    ) -> AsyncGenerator[GenerationDelta, None]:
+        if self._config.task != "generate":
+            raise EngineError("this model is loaded for embeddings, not generation")
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
+
+        params = SamplingParams(
+            max_tokens=options.max_tokens,
+            temperature=options.temperature,
+            top_p=options.top_p,
+            stop=list(options.stop) or None,
+            seed=options.seed,
+            presence_penalty=options.presence_penalty,
+            frequency_penalty=options.frequency_penalty,
+            logprobs=options.logprobs,
+            ignore_eos=options.ignore_eos,
+            # Only what is new since the last output (as `vllm serve` streams): no copying of the
+            # whole text and token list at every step.
+            output_kind=RequestOutputKind.DELTA,
+        )
+        sent_tokens = 0
+        finished = False
+        try:
+            async for output in self._llm.generate(prompt, params, request_id):
+                completion = output.outputs[0]
+                n_prompt = len(output.prompt_token_ids or [])
+                logprobs = _logprobs(completion.logprobs, completion.token_ids) if options.logprobs is not None else []
+                sent_tokens += len(completion.token_ids)
+                finished = bool(output.finished)
+                reason: FinishReason | None = None
+                if finished:
+                    reason = "length" if completion.finish_reason == "length" else "stop"
+                if completion.text or logprobs or finished:
+                    yield GenerationDelta(completion.text, n_prompt, sent_tokens, logprobs, reason)
+        except VllmEngineDeadError as exc:
+            raise _engine_dead(exc) from exc
+        finally:
+            if not finished:
+                await self._abort(request_id)
+
+    async def embed(self, texts: list[str]) -> EmbeddingResult:
+        if self._config.task != "embed":
+            raise EngineError("this model is loaded for generation; embeddings need task 'embed'")
+        # One request per text, all at once: vLLM's scheduler batches them. If the caller goes away,
+        # gather's cancellation reaches every request, which then aborts itself.
+        request_id = uuid.uuid4().hex
+        outputs = await asyncio.gather(*(self._encode(text, f"{request_id}-{i}") for i, text in enumerate(texts)))
+        vectors = [vector for vector, _ in outputs]
+        return EmbeddingResult(vectors, sum(tokens for _, tokens in outputs))
+
+    async def _encode(self, text: str, request_id: str) -> tuple[list[float], int]:
+        from vllm import PoolingParams
+        from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
+
+        last: Any = None
+        finished = False
+        try:
+            async for output in self._llm.encode(text, PoolingParams(task="embed"), request_id):
+                last = output
+            finished = True
+        except VllmEngineDeadError as exc:
+            raise _engine_dead(exc) from exc
+        finally:
+            if not finished:
+                await self._abort(request_id)
+        return [float(x) for x in last.outputs.data.tolist()], len(last.prompt_token_ids or [])
+
+    async def _abort(self, request_id: str) -> None:
+        # A dead engine has nothing left to abort (and vLLM would raise EngineDeadError for trying).
+        if not self._llm.errored:
+            with _vllm_engine_dead():
+                await self._llm.abort(request_id)
+
+    async def check_health(self) -> None:
+        if self._llm is None:
+            return
+        with _vllm_engine_dead():
+            await self._llm.check_health()
+
+    async def close(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
+
+
+def _engine_dead(exc: Exception) -> EngineDeadError:
+    return EngineDeadError(f"vLLM's engine core process is gone ({exc})")
+
+
+@contextlib.contextmanager
+def _vllm_engine_dead() -> Iterator[None]:
+    """vLLM's EngineDeadError (its engine core process is gone) raised as ours."""
+    from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
+
+    try:
+        yield
+    except VllmEngineDeadError as exc:
+        raise _engine_dead(exc) from exc
+
+
+def _logprobs(per_token: Any, token_ids: Any) -> list[TokenLogprob]:
+    """vLLM's per-position {token_id: Logprob} dicts for the new tokens `token_ids`."""
+    if not per_token:
+        return []
+    out: list[TokenLogprob] = []
+    for index in range(len(per_token)):
+        position = per_token[index]
+        chosen = position[token_ids[index]]
+        ranked = sorted((lp for lp in position.values() if lp.rank is not None), key=lambda lp: lp.rank)
+        top = tuple((lp.decoded_token or "", float(lp.logprob)) for lp in ranked)
+        out.append(TokenLogprob(chosen.decoded_token or "", float(chosen.logprob), top))
+    return out

@@ -1,0 +1,207 @@
+"""The model's life: loading in the background, a one-token warm-up, then ready; or failed, and then the end.
+
+The server listens before the model loads, so /health answers at once and /ready tells the truth:
+503 with {"status": "loading"|"failed", "reason": ...} until the warm-up has passed.
+
+A model that cannot load, or an engine that dies while serving (vLLM's engine core process killed,
+a device failure), is fatal: the host turns "failed" (/health says 503 with the reason, requests get
+503 with Retry-After) and, a moment later, asks the process to exit with a code that says which
+(servlane_api.runtime_exit), as `vllm serve` does. Kubernetes then restarts the container instead of
+keeping a pod that answers 500 forever, or waiting out the 30-minute startup probe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncGenerator, Callable
+from typing import Literal
+
+from servlane_api.runtime_config import RuntimeConfig
+from servlane_api.runtime_exit import ENGINE_DIED, MODEL_LOAD_FAILED
+from servlane_core.protocol.errors import OpenAIError, overloaded
+
+from .engines.base import EmbeddingResult, EngineDeadError, GenerationDelta, InferenceEngine, SamplingOptions
+from .model_source import resolve_model_source
+from .termination import redact, secret_values
+
+log = logging.getLogger(__name__)
+
+State = Literal["loading", "ready", "failed"]
+EngineFactory = Callable[[RuntimeConfig, str], InferenceEngine]
+
+# How often a serving engine is asked whether it is still alive (a dead one with no traffic is noticed too).
+HEALTH_CHECK_SECONDS = 1.0
+# Between "failed" and asking the process to exit: long enough for in-flight requests and a probe to get
+# the 503 and its reason rather than a reset connection, short next to any probe period.
+EXIT_GRACE_SECONDS = 2.0
+_RETRY_AFTER_LOADING = 5.0
+# A failed runtime is about to exit and restart, which takes at least a model load.
+_RETRY_AFTER_FAILED = 30.0
+
+
+class ModelHost:
+    def __init__(self, config: RuntimeConfig, engine_factory: EngineFactory) -> None:
+        self.config = config
+        self._factory = engine_factory
+        self.state: State = "loading"
+        self.reason = "the model is loading"
+        self.load_seconds: float | None = None
+        # Set once something fatal happened: the code the process should exit with.
+        self.exit_code: int | None = None
+        # Called (once) when the process should exit; the entrypoint stops the server with it.
+        self.on_fatal: Callable[[], None] | None = None
+        self._engine: InferenceEngine | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._secrets = secret_values(os.environ)
+
+    @property
+    def engine(self) -> InferenceEngine:
+        """The ready engine; a 503 with Retry-After while loading, or once loading failed or the engine died."""
+        if self.state == "ready" and self._engine is not None:
+            return self._engine
+        retry = _RETRY_AFTER_LOADING if self.state == "loading" else _RETRY_AFTER_FAILED
+        raise overloaded(503, f"The model is not ready: {self.reason}", retry)
+
+    def readiness(self) -> dict[str, object]:
+        body: dict[str, object] = {"status": self.state, "model": self.config.served_model_name}
+        if self.state != "ready":
+            body["reason"] = self.reason
+        if self.load_seconds is not None:
+            body["load_seconds"] = round(self.load_seconds, 3)
+        return body
+
+    async def load(self) -> None:
+        """Load and warm up within load_timeout_seconds; never raises (the outcome is in `state`)."""
+        start = time.monotonic()
+        timeout = self.config.load_timeout_seconds
+        try:
+            engine = await asyncio.wait_for(self._load_and_warm_up(), timeout=timeout)
+        except TimeoutError:
+            self._fatal(MODEL_LOAD_FAILED, f"loading did not finish within load_timeout_seconds={timeout:g}")
+            return
+        except Exception as exc:
+            # What it was doing says where (e.g. which directory) when the error itself does not.
+            self._fatal(MODEL_LOAD_FAILED, f"{self.reason} failed: {type(exc).__name__}: {exc}")
+            return
+        self._engine = _DeathWatch(engine, self.engine_died)
+        self.load_seconds = time.monotonic() - start
+        self.state = "ready"
+        self.reason = ""
+        log.info("model %s ready in %.1fs", self.config.served_model_name, self.load_seconds)
+        self._watchdog = asyncio.create_task(self._watch(engine), name="engine-health")
+
+    async def _load_and_warm_up(self) -> InferenceEngine:
+        source = self.config.model_source
+        self.reason = f"resolving model source {source}"
+        log.info(self.reason)
+        path = await asyncio.to_thread(resolve_model_source, source, self.config.cache_dir)
+        self.reason = f"loading {self.config.engine} engine from {path}"
+        log.info(self.reason)
+        # In a thread: the factory imports the engine's module (torch, vLLM: seconds), and the loop
+        # must keep answering /health meanwhile.
+        engine = await asyncio.to_thread(self._factory, self.config, path)
+        try:
+            await engine.load()
+            self.reason = "warming up"
+            await _warm_up(engine, self.config.task)
+        except BaseException:
+            await engine.close()
+            raise
+        return engine
+
+    async def _watch(self, engine: InferenceEngine) -> None:
+        while self.state == "ready":
+            await asyncio.sleep(HEALTH_CHECK_SECONDS)  # a period, not a synchronisation
+            try:
+                await engine.check_health()
+            except EngineDeadError as exc:
+                self.engine_died(exc)
+
+    def engine_died(self, exc: EngineDeadError) -> OpenAIError:
+        """Mark the engine dead (once) and return the 503 that requests get from now on."""
+        self._fatal(ENGINE_DIED, f"the engine died: {exc}")
+        return overloaded(503, f"The model is not serving: {self.reason}", _RETRY_AFTER_FAILED)
+
+    def _fatal(self, exit_code: int, reason: str) -> None:
+        if self.exit_code is not None:
+            return
+        self.state = "failed"
+        self.reason = redact(reason, self._secrets)
+        self.exit_code = exit_code
+        log.error(
+            "model %s failed, exiting with code %d in %gs: %s",
+            self.config.served_model_name, exit_code, EXIT_GRACE_SECONDS, self.reason,
+        )  # fmt: skip
+        asyncio.get_running_loop().call_later(EXIT_GRACE_SECONDS, self._request_exit)
+
+    def _request_exit(self) -> None:
+        if self.on_fatal is not None:
+            self.on_fatal()
+
+    async def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        if self._engine is not None:
+            await self._engine.close()
+
+
+class _DeathWatch(InferenceEngine):
+    """The ready engine as serving sees it: an EngineDeadError from any call marks the host failed and
+    reaches the client as a 503 with Retry-After (an OpenAIError, which serving already answers with)."""
+
+    def __init__(self, engine: InferenceEngine, died: Callable[[EngineDeadError], OpenAIError]) -> None:
+        self._engine = engine
+        self._died = died
+
+    @property
+    def max_model_len(self) -> int:
+        return self._engine.max_model_len
+
+    async def load(self) -> None:
+        await self._engine.load()
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        return self._engine.render_chat(messages)
+
+    def count_tokens(self, text: str) -> int:
+        return self._engine.count_tokens(text)
+
+    async def generate(
+        self, prompt: str, options: SamplingOptions, request_id: str
+    ) -> AsyncGenerator[GenerationDelta, None]:
+        stream = self._engine.generate(prompt, options, request_id)
+        try:
+            async for delta in stream:
+                yield delta
+        except EngineDeadError as exc:
+            raise self._died(exc) from exc
+        finally:
+            await stream.aclose()
+
+    async def embed(self, texts: list[str]) -> EmbeddingResult:
+        try:
+            return await self._engine.embed(texts)
+        except EngineDeadError as exc:
+            raise self._died(exc) from exc
+
+    async def check_health(self) -> None:
+        await self._engine.check_health()
+
+    async def close(self) -> None:
+        await self._engine.close()
+
+
+async def _warm_up(engine: InferenceEngine, task: str) -> None:
+    """One real token (or one embedding) proves the model can serve before /ready says so."""
+    if task == "embed":
+        await engine.embed(["warm-up"])
+        return
+    stream = engine.generate("Hello", SamplingOptions(max_tokens=1, temperature=0), "warm-up")
+    try:
+        async for _ in stream:
+            pass
+    finally:
+        await stream.aclose()

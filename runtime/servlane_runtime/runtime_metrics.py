@@ -1,0 +1,76 @@
+"""The runtime's Prometheus metrics, one registry per app (so tests can run several apps at once).
+
+Names: servlane_runtime_requests_total{endpoint,code}, _in_flight, _queue_depth,
+_request_duration_seconds{endpoint}, _time_to_first_token_seconds{endpoint},
+_tokens_total{kind=prompt|completion}. Buckets are the gateway's, so the two compare directly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from servlane_api.metric_names import LATENCY_BUCKETS
+
+PREFIX = "servlane_runtime"
+_OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models")
+
+
+class RuntimeMetrics:
+    def __init__(self, in_flight: Callable[[], float], queue_depth: Callable[[], float]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            f"{PREFIX}_requests", "Requests by endpoint and status", ["endpoint", "code"], registry=r
+        )
+        self.latency = Histogram(
+            f"{PREFIX}_request_duration_seconds", "Request latency", ["endpoint"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.ttft = Histogram(
+            f"{PREFIX}_time_to_first_token_seconds",
+            "Time to the first generated token",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(f"{PREFIX}_tokens", "Prompt and generated tokens", ["kind"], registry=r)
+        Gauge(f"{PREFIX}_in_flight", "Requests being served", registry=r).set_function(in_flight)
+        Gauge(f"{PREFIX}_queue_depth", "Requests waiting for a slot", registry=r).set_function(queue_depth)
+
+    def count_tokens(self, prompt: int, completion: int) -> None:
+        self.tokens.labels("prompt").inc(prompt)
+        self.tokens.labels("completion").inc(completion)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class MetricsMiddleware:
+    """Counts every OpenAI request by endpoint and final status, and times it to the last byte."""
+
+    def __init__(self, app: ASGIApp, metrics: RuntimeMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path not in _OPENAI_PATHS:
+            await self.app(scope, receive, send)
+            return
+        start = time.monotonic()
+        status = 500  # an exception before the response started
+
+        async def watch(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            self.metrics.requests.labels(path, str(status)).inc()
+            self.metrics.latency.labels(path).observe(time.monotonic() - start)

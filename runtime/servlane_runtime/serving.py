@@ -1,0 +1,332 @@
+"""Engine-agnostic OpenAI serving: requests in, responses or SSE chunks out.
+
+Knows the OpenAI shapes, context-length rules, usage and metrics; knows nothing of HTTP routing
+or of which engine runs (that is `InferenceEngine`). Admission is the router's job, around these calls.
+Chat templates and tokenisation run in worker threads: a multi-megabyte prompt takes a second or more
+to render and count, and the event loop must keep answering /health and streaming other requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import struct
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field, replace
+
+from servlane_core.protocol import openai as p
+from servlane_core.protocol.errors import OpenAIError, model_not_found
+from servlane_runtime.runtime_metrics import RuntimeMetrics
+
+from .engines.base import EngineError, GenerationDelta, InferenceEngine, SamplingOptions, TokenLogprob
+from .model_host import ModelHost
+from .streams import SSE_DONE, ContentChunkFrames, merge_generations, sse
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+def context_too_long(n_prompt: int, max_len: int) -> OpenAIError:
+    message = f"The prompt is {n_prompt} tokens; this model's context length is {max_len} tokens."
+    return OpenAIError(413, message, param="messages", code="context_length_exceeded")
+
+
+@dataclass
+class _Choice:
+    text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+
+
+class OpenAIServing:
+    def __init__(self, host: ModelHost, metrics: RuntimeMetrics) -> None:
+        self.host = host
+        self.metrics = metrics
+        self.name = host.config.served_model_name
+
+    def models(self) -> p.ModelList:
+        max_len = self.host.engine.max_model_len if self.host.state == "ready" else None
+        card = p.ModelCard(id=self.name, created=p.now(), root=self.host.config.model_source, max_model_len=max_len)
+        return p.ModelList(data=[card])
+
+    def check_model(self, model: str) -> InferenceEngine:
+        if model != self.name:
+            raise model_not_found(model)
+        return self.host.engine
+
+    # ---- generation -----------------------------------------------------------------------
+
+    async def _options(
+        self, engine: InferenceEngine, prompt: str, req: p.SamplingFields, max_tokens: int | None, top: int | None
+    ) -> SamplingOptions:
+        """Sampling options for `prompt`, or 413 when the prompt alone fills the context."""
+        n_prompt = await asyncio.to_thread(engine.count_tokens, prompt)
+        room = engine.max_model_len - n_prompt
+        if room <= 0:
+            raise context_too_long(n_prompt, engine.max_model_len)
+        return SamplingOptions(
+            max_tokens=min(max_tokens or room, room),
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            stop=tuple(req.stop_list()),
+            seed=req.seed,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            logprobs=top,
+            ignore_eos=req.ignore_eos,
+        )
+
+    def _start(
+        self, engine: InferenceEngine, prompts: list[tuple[str, SamplingOptions]], n: int, request_id: str
+    ) -> AsyncGenerator[tuple[int, GenerationDelta], None]:
+        streams: list[AsyncGenerator[GenerationDelta, None]] = []
+        for prompt, options in prompts:
+            for i in range(n):
+                seeded = options if options.seed is None else _with_seed(options, options.seed + i)
+                streams.append(engine.generate(prompt, seeded, f"{request_id}-{len(streams)}"))
+        return merge_generations(streams)
+
+    async def _collect(
+        self, endpoint: str, merged: AsyncGenerator[tuple[int, GenerationDelta], None], count: int, n: int
+    ) -> tuple[list[_Choice], dict[int, int]]:
+        """Run generations to the end; also returns each choice's prompt token count."""
+        choices = [_Choice() for _ in range(count)]
+        prompt_tokens: dict[int, int] = {}
+        started = time.monotonic()
+        first = True
+        try:
+            async for index, delta in merged:
+                if first:
+                    self.metrics.ttft.labels(endpoint).observe(time.monotonic() - started)
+                    first = False
+                choice = choices[index]
+                choice.text += delta.text
+                choice.logprobs += delta.logprobs
+                choice.completion_tokens = delta.completion_tokens
+                choice.finish_reason = delta.finish_reason or choice.finish_reason
+                prompt_tokens[index] = delta.prompt_tokens
+        finally:
+            await merged.aclose()
+            # Counted however it ends: tokens generated for a client that left were still work.
+            prompt = sum(v for i, v in prompt_tokens.items() if i % n == 0)
+            self.metrics.count_tokens(prompt, sum(c.completion_tokens for c in choices))
+        return choices, prompt_tokens
+
+    @staticmethod
+    def _usage(prompt_tokens: int, completion_tokens: int) -> p.Usage:
+        return p.Usage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+
+    async def chat(self, req: p.ChatCompletionRequest) -> p.ChatCompletionResponse | AsyncIterator[str]:
+        engine = self.check_model(req.model)
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        try:
+            prompt = await asyncio.to_thread(engine.render_chat, messages)
+        except EngineError as exc:
+            raise OpenAIError(400, str(exc), param="messages") from exc
+        except Exception as exc:  # a template's own raise_exception(), e.g. roles out of order
+            raise OpenAIError(400, f"the chat template rejected the messages: {exc}", param="messages") from exc
+        top = (req.top_logprobs or 0) if req.logprobs else None
+        options = await self._options(engine, prompt, req, req.max_completion_tokens or req.max_tokens, top)
+        request_id = p.new_id("chatcmpl")
+        merged = self._start(engine, [(prompt, options)], req.n, request_id)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return self._chat_stream(merged, req.n, request_id, include_usage, bool(req.logprobs))
+        choices, prompts = await self._collect(CHAT, merged, req.n, req.n)
+        return p.ChatCompletionResponse(
+            id=request_id,
+            created=p.now(),
+            model=self.name,
+            choices=[
+                p.ChatChoice(
+                    index=i,
+                    message=p.AssistantMessage(content=c.text),
+                    logprobs=_chat_logprobs(c.logprobs) if req.logprobs else None,
+                    finish_reason=c.finish_reason,
+                )
+                for i, c in enumerate(choices)
+            ],
+            usage=self._usage(prompts.get(0, 0), sum(c.completion_tokens for c in choices)),
+        )
+
+    async def _chat_stream(
+        self,
+        merged: AsyncGenerator[tuple[int, GenerationDelta], None],
+        n: int,
+        request_id: str,
+        include_usage: bool,
+        logprobs: bool,
+    ) -> AsyncIterator[str]:
+        created = p.now()
+
+        def chunk(choices: list[p.ChatChunkChoice], usage: p.Usage | None = None) -> str:
+            return sse(
+                p.ChatCompletionChunk(id=request_id, created=created, model=self.name, choices=choices, usage=usage)
+            )
+
+        started = time.monotonic()
+        completion = [0] * n
+        prompt_tokens = 0
+        first = True
+        frames = ContentChunkFrames(request_id, created, self.name)
+        try:
+            yield chunk([p.ChatChunkChoice(index=i, delta=p.ChatDelta(role="assistant", content="")) for i in range(n)])
+            async for index, delta in merged:
+                if first:
+                    self.metrics.ttft.labels(CHAT).observe(time.monotonic() - started)
+                    first = False
+                completion[index] = delta.completion_tokens
+                prompt_tokens = delta.prompt_tokens
+                if index == 0 and delta.text and not logprobs:
+                    yield frames.frame(delta.text)
+                elif delta.text or delta.logprobs:
+                    content = p.ChatDelta(content=delta.text)
+                    lp = _chat_logprobs(delta.logprobs) if logprobs else None
+                    yield chunk([p.ChatChunkChoice(index=index, delta=content, logprobs=lp)])
+                if delta.finish_reason is not None:
+                    yield chunk(
+                        [p.ChatChunkChoice(index=index, delta=p.ChatDelta(), finish_reason=delta.finish_reason)]
+                    )
+            usage = self._usage(prompt_tokens, sum(completion))
+            if include_usage:
+                yield chunk([], usage)
+        except OpenAIError as exc:
+            yield sse(exc.body())
+        except EngineError as exc:
+            yield sse(OpenAIError(500, str(exc), type="server_error").body())
+        finally:
+            await merged.aclose()
+            self.metrics.count_tokens(prompt_tokens, sum(completion))
+        yield SSE_DONE
+
+    async def completions(self, req: p.CompletionRequest) -> p.CompletionResponse | AsyncIterator[str]:
+        engine = self.check_model(req.model)
+        prompts = [
+            (text, await self._options(engine, text, req, req.max_tokens, req.logprobs)) for text in req.prompts()
+        ]
+        request_id = p.new_id("cmpl")
+        merged = self._start(engine, prompts, req.n, request_id)
+        count = len(prompts) * req.n
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return self._completion_stream(merged, req.n, count, request_id, include_usage, req.logprobs is not None)
+        choices, prompt_counts = await self._collect(COMPLETIONS, merged, count, req.n)
+        prompt_tokens = sum(prompt_counts.get(i * req.n, 0) for i in range(len(prompts)))
+        return p.CompletionResponse(
+            id=request_id,
+            created=p.now(),
+            model=self.name,
+            choices=[
+                p.CompletionChoice(
+                    index=i,
+                    text=c.text,
+                    logprobs=_completion_logprobs(c.logprobs) if req.logprobs is not None else None,
+                    finish_reason=c.finish_reason,
+                )
+                for i, c in enumerate(choices)
+            ],
+            usage=self._usage(prompt_tokens, sum(c.completion_tokens for c in choices)),
+        )
+
+    async def _completion_stream(
+        self,
+        merged: AsyncGenerator[tuple[int, GenerationDelta], None],
+        n: int,
+        count: int,
+        request_id: str,
+        include_usage: bool,
+        logprobs: bool,
+    ) -> AsyncIterator[str]:
+        created = p.now()
+        started = time.monotonic()
+        completion = [0] * count
+        prompt_by_choice = [0] * count
+        first = True
+        try:
+            async for index, delta in merged:
+                if first:
+                    self.metrics.ttft.labels(COMPLETIONS).observe(time.monotonic() - started)
+                    first = False
+                completion[index] = delta.completion_tokens
+                prompt_by_choice[index] = delta.prompt_tokens
+                lp = _completion_logprobs(delta.logprobs) if logprobs else None
+                choice = p.CompletionChoice(
+                    index=index, text=delta.text, logprobs=lp, finish_reason=delta.finish_reason
+                )
+                yield sse(p.CompletionResponse(id=request_id, created=created, model=self.name, choices=[choice]))
+            usage = self._usage(sum(prompt_by_choice[::n]), sum(completion))
+            if include_usage:
+                yield sse(
+                    p.CompletionResponse(id=request_id, created=created, model=self.name, choices=[], usage=usage)
+                )
+        except OpenAIError as exc:
+            yield sse(exc.body())
+        except EngineError as exc:
+            yield sse(OpenAIError(500, str(exc), type="server_error").body())
+        finally:
+            await merged.aclose()
+            self.metrics.count_tokens(sum(prompt_by_choice[::n]), sum(completion))
+        yield SSE_DONE
+
+    # ---- embeddings -----------------------------------------------------------------------
+
+    async def embeddings(self, req: p.EmbeddingRequest) -> p.EmbeddingResponse:
+        engine = self.check_model(req.model)
+        texts = req.inputs()
+        if not texts:
+            raise OpenAIError(400, "input must not be empty", param="input")
+        counts = await asyncio.to_thread(lambda: [engine.count_tokens(text) for text in texts])
+        for n_tokens in counts:
+            if n_tokens > engine.max_model_len:
+                raise context_too_long(n_tokens, engine.max_model_len)
+        try:
+            result = await engine.embed(texts)
+        except EngineError as exc:
+            raise OpenAIError(400, str(exc), param="model") from exc
+        self.metrics.count_tokens(result.prompt_tokens, 0)
+        data = [
+            p.EmbeddingData(index=i, embedding=_base64(v) if req.encoding_format == "base64" else v)
+            for i, v in enumerate(result.vectors)
+        ]
+        return p.EmbeddingResponse(data=data, model=self.name, usage=self._usage(result.prompt_tokens, 0))
+
+
+def _with_seed(options: SamplingOptions, seed: int) -> SamplingOptions:
+    return replace(options, seed=seed)
+
+
+def _chat_logprobs(items: list[TokenLogprob]) -> p.ChoiceLogprobs:
+    return p.ChoiceLogprobs(
+        content=[
+            p.TokenLogprobEntry(
+                token=t.token,
+                logprob=t.logprob,
+                bytes=list(t.token.encode()),
+                top_logprobs=[p.TopLogprob(token=s, logprob=v, bytes=list(s.encode())) for s, v in t.top],
+            )
+            for t in items
+        ]
+    )
+
+
+def _completion_logprobs(items: list[TokenLogprob]) -> p.CompletionLogprobs:
+    offsets, at = [], 0
+    for t in items:
+        offsets.append(at)
+        at += len(t.token)
+    return p.CompletionLogprobs(
+        tokens=[t.token for t in items],
+        token_logprobs=[t.logprob for t in items],
+        top_logprobs=[dict(t.top) for t in items],
+        text_offset=offsets,
+    )
+
+
+def _base64(vector: list[float]) -> str:
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()

@@ -1,0 +1,265 @@
+"""One table of CEL cases, shared by the pydantic parity test (tests/unit) and the API server one (e2e).
+
+For every CEL rule of the CRDs: whole-resource manifests (camelCase, as a user writes them) that the rule
+accepts, and manifests that break that rule and no other, so both sides must reject them with its message.
+Good manifests sit close to the rule's edge, so that a twin stricter than its CEL rule fails too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+Manifest = dict[str, Any]
+
+API_VERSION = "servlane.dev/v1alpha1"
+
+
+def ai_model(spec: Manifest, name: str = "cel-model") -> Manifest:
+    return {"apiVersion": API_VERSION, "kind": "AIModel", "metadata": {"name": name}, "spec": spec}
+
+
+def ai_feature(spec: Manifest, name: str = "cel-feature") -> Manifest:
+    return {"apiVersion": API_VERSION, "kind": "AIFeature", "metadata": {"name": name}, "spec": spec}
+
+
+def model_spec(**fields: Any) -> Manifest:
+    """A minimal valid AIModel spec (weights baked into the image), with `fields` on top, in camelCase."""
+    return {"source": {"uri": "/models/m"}, **fields}
+
+
+def feature_spec(**fields: Any) -> Manifest:
+    return {"model": "m1", **fields}
+
+
+def pods_metric(**metric: Any) -> Manifest:
+    """An AIModel autoscaled on a Pods metric (which needs no resources.cpu)."""
+    return ai_model(model_spec(autoscaling={"maxReplicas": 3, "metric": {"type": "Pods", **metric}}))
+
+
+def steps(*percentages: int) -> Manifest:
+    return ai_feature(feature_spec(rollout={"steps": list(percentages)}))
+
+
+CPU = {"cpu": "1"}
+SPLIT_60_40 = [{"model": "a", "weight": 60}, {"model": "b", "weight": 40}]
+
+
+@dataclass(frozen=True)
+class RuleCases:
+    """The cases of one CEL rule, named by its message: every bad manifest is rejected with exactly it."""
+
+    name: str
+    message: str
+    good: tuple[Manifest, ...]
+    bad: tuple[Manifest, ...]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One manifest and what both validators must say: None to accept it, else the one rule message."""
+
+    id: str
+    manifest: Manifest
+    rejected_with: str | None
+
+
+CEL_CASES: tuple[RuleCases, ...] = (
+    # --- AIModel ---
+    RuleCases(
+        "model-name-length",
+        "metadata.name must be at most 57 characters",
+        good=(ai_model(model_spec(), name="m" * 57),),
+        bad=(ai_model(model_spec(), name="m" * 58),),
+    ),
+    RuleCases(
+        "source-uri",
+        "source.uri must be hf://org/name[@revision], pvc://claim/path, s3://bucket/path, "
+        "or an absolute path in the image",
+        good=(
+            ai_model(model_spec(source={"uri": "hf://Qwen/Qwen2.5-7B-Instruct@main"})),
+            ai_model(model_spec(source={"uri": "pvc://weights/qwen/7b"})),
+            ai_model(model_spec(source={"uri": "pvc://weights"})),
+            ai_model(model_spec(source={"uri": "s3://bucket/qwen"})),
+            ai_model(model_spec(source={"uri": "/models/qwen"})),
+        ),
+        bad=(
+            ai_model(model_spec(source={"uri": "ftp://host/model"})),
+            ai_model(model_spec(source={"uri": "hf://Qwen"})),
+            ai_model(model_spec(source={"uri": "models/qwen"})),
+            # RE2's $ ends the text; Python's re.match would accept the trailing newline.
+            ai_model(model_spec(source={"uri": "/models/qwen\n"})),
+        ),
+    ),
+    RuleCases(
+        "source-credentials",
+        "source.credentialsSecret applies only to hf:// and s3:// sources",
+        good=(
+            ai_model(model_spec(source={"uri": "hf://org/name", "credentialsSecret": "hf-token"})),
+            ai_model(model_spec(source={"uri": "s3://bucket/m", "credentialsSecret": "aws"})),
+            ai_model(model_spec(source={"uri": "pvc://weights/m"})),
+        ),
+        bad=(
+            ai_model(model_spec(source={"uri": "/models/m", "credentialsSecret": "tok"})),
+            ai_model(model_spec(source={"uri": "pvc://weights/m", "credentialsSecret": "tok"})),
+        ),
+    ),
+    RuleCases(
+        "pods-metric-name",
+        "a Pods metric needs metric.name, e.g. servlane_requests_in_flight",
+        good=(
+            pods_metric(name="servlane_requests_in_flight", targetAverageValue="4"),
+            # A CPU metric needs no name.
+            ai_model(model_spec(resources=CPU, autoscaling={"maxReplicas": 3, "metric": {"type": "CPU"}})),
+        ),
+        bad=(pods_metric(targetAverageValue="4"),),
+    ),
+    RuleCases(
+        "pods-metric-target",
+        "a Pods metric needs metric.targetAverageValue",
+        good=(
+            pods_metric(name="servlane_requests_in_flight", targetAverageValue="500m"),
+            ai_model(
+                model_spec(
+                    resources=CPU, autoscaling={"maxReplicas": 3, "metric": {"type": "CPU", "targetUtilization": 50}}
+                )
+            ),
+        ),
+        bad=(pods_metric(name="servlane_requests_in_flight"),),
+    ),
+    RuleCases(
+        "autoscaling-bounds",
+        "autoscaling.minReplicas must not exceed autoscaling.maxReplicas",
+        good=(ai_model(model_spec(resources=CPU, autoscaling={"minReplicas": 2, "maxReplicas": 2})),),
+        bad=(ai_model(model_spec(resources=CPU, autoscaling={"minReplicas": 4, "maxReplicas": 2})),),
+    ),
+    RuleCases(
+        "cache-one-volume",
+        "cache needs exactly one of persistentVolumeClaim or emptyDirSizeLimit",
+        good=(
+            ai_model(model_spec(cache={"persistentVolumeClaim": "model-cache"})),
+            ai_model(model_spec(cache={"emptyDirSizeLimit": "50Gi"})),
+        ),
+        bad=(
+            ai_model(model_spec(cache={"persistentVolumeClaim": "model-cache", "emptyDirSizeLimit": "50Gi"})),
+            ai_model(model_spec(cache={})),
+        ),
+    ),
+    RuleCases(
+        "replicas-or-autoscaling",
+        "set either replicas or autoscaling, not both",
+        good=(
+            ai_model(model_spec(replicas=2)),
+            ai_model(model_spec(resources=CPU, autoscaling={"maxReplicas": 3})),
+            ai_model(model_spec()),
+        ),
+        bad=(
+            ai_model(model_spec(replicas=2, resources=CPU, autoscaling={"maxReplicas": 3})),
+            # has() is about presence: a zero is set.
+            ai_model(model_spec(replicas=0, resources=CPU, autoscaling={"maxReplicas": 3})),
+        ),
+    ),
+    RuleCases(
+        "cpu-autoscaling-needs-cpu",
+        "autoscaling on CPU utilisation needs resources.cpu, the request utilisation is measured against",
+        good=(
+            ai_model(model_spec(resources={"cpu": "500m"}, autoscaling={"maxReplicas": 3})),
+            ai_model(model_spec(resources={"gpus": 1})),
+        ),
+        # The metric defaults to CPU.
+        bad=(ai_model(model_spec(resources={"gpus": 1, "memory": "16Gi"}, autoscaling={"maxReplicas": 3})),),
+    ),
+    RuleCases(
+        "gpu-memory-utilization-vllm-only",
+        "engineOptions.gpuMemoryUtilization applies to the vllm engine only",
+        good=(
+            ai_model(model_spec(engine="vllm", engineOptions={"gpuMemoryUtilization": 0.9})),
+            ai_model(model_spec(engineOptions={"gpuMemoryUtilization": 0.9})),  # vllm is the default
+            ai_model(model_spec(engine="transformers", engineOptions={"dtype": "float32"})),
+        ),
+        bad=(ai_model(model_spec(engine="transformers", engineOptions={"gpuMemoryUtilization": 0.5})),),
+    ),
+    RuleCases(
+        "transformers-quantization",
+        "the transformers engine supports only bitsandbytes quantization",
+        good=(
+            ai_model(model_spec(engine="transformers", engineOptions={"quantization": "bitsandbytes"})),
+            ai_model(model_spec(engine="vllm", engineOptions={"quantization": "awq"})),
+            ai_model(model_spec(engine="transformers")),
+        ),
+        bad=(
+            ai_model(model_spec(engine="transformers", engineOptions={"quantization": "awq"})),
+            ai_model(model_spec(engine="transformers", engineOptions={"quantization": "fp8"})),
+        ),
+    ),
+    RuleCases(
+        "env-reserved-names",
+        "env must not set SERVLANE_RUNTIME_CONFIG, HF_HOME or HOME: the operator sets them on every model pod",
+        good=(
+            ai_model(model_spec(env=[{"name": "LOG_LEVEL", "value": "debug"}])),
+            # Names are case-sensitive and compared whole.
+            ai_model(model_spec(env=[{"name": "home", "value": "/x"}, {"name": "HF_HOME_EXTRA", "value": "1"}])),
+            ai_model(model_spec(env=[])),
+        ),
+        bad=(
+            ai_model(model_spec(env=[{"name": "SERVLANE_RUNTIME_CONFIG", "value": "{}"}])),
+            ai_model(model_spec(env=[{"name": "LOG_LEVEL", "value": "debug"}, {"name": "HF_HOME", "value": "/hf"}])),
+            ai_model(model_spec(env=[{"name": "HOME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}])),
+        ),
+    ),
+    RuleCases(
+        "env-unique-names",
+        "env must not set the same variable twice",
+        good=(
+            ai_model(model_spec(env=[{"name": "A", "value": "1"}, {"name": "a", "value": "1"}])),
+            ai_model(model_spec(env=[{"name": "A", "value": "1"}, {"name": "B", "value": "1"}])),
+        ),
+        bad=(
+            ai_model(model_spec(env=[{"name": "A", "value": "1"}, {"name": "A", "value": "1"}])),
+            ai_model(model_spec(env=[{"name": "A", "value": "1"}, {"name": "B"}, {"name": "A", "value": "2"}])),
+        ),
+    ),
+    # --- AIFeature ---
+    RuleCases(
+        "feature-name-length",
+        "metadata.name must be at most 253 characters",
+        good=(ai_feature(feature_spec(), name="f" * 253),),
+        bad=(ai_feature(feature_spec(), name="f" * 254),),
+    ),
+    RuleCases(
+        "model-or-split",
+        "set exactly one of model (a rollout target) or split (a fixed A/B split)",
+        good=(ai_feature({"model": "m1"}), ai_feature({"split": SPLIT_60_40})),
+        bad=(ai_feature({"model": "m1", "split": SPLIT_60_40}), ai_feature({})),
+    ),
+    RuleCases(
+        "split-sums-to-100",
+        "split weights must add up to 100",
+        good=(ai_feature({"split": SPLIT_60_40}), ai_feature({"split": [{"model": "a", "weight": 100}]})),
+        bad=(
+            ai_feature({"split": [{"model": "a", "weight": 60}, {"model": "b", "weight": 30}]}),
+            ai_feature({"split": [{"model": "a", "weight": 60}, {"model": "b", "weight": 41}]}),
+        ),
+    ),
+    RuleCases(
+        "rollout-step-range",
+        "rollout.steps must be percentages between 1 and 100",
+        good=(steps(1, 100), steps(100), ai_feature(feature_spec())),
+        bad=(steps(50, 150), steps(0, 50), steps(101)),
+    ),
+    RuleCases(
+        "rollout-steps-increasing",
+        "rollout.steps must be increasing",
+        good=(steps(5, 25, 50, 100), steps(99, 100)),
+        bad=(steps(50, 25), steps(25, 25, 100), steps(10, 20, 15, 100)),
+    ),
+)
+
+
+def flat_cases() -> list[Case]:
+    """Every manifest of the table once, with a readable id, for pytest.mark.parametrize."""
+    cases: list[Case] = []
+    for rule in CEL_CASES:
+        cases += [Case(f"{rule.name}-good-{i}", m, None) for i, m in enumerate(rule.good)]
+        cases += [Case(f"{rule.name}-bad-{i}", m, rule.message) for i, m in enumerate(rule.bad)]
+    return cases

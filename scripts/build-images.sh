@@ -37,9 +37,15 @@ for t in "${targets[@]}"; do
   esac
 done
 
-# One build at a time (setup.sh and the image tests may both call this script).
+# One build at a time (setup.sh and the image tests may both call this script). Every process this script
+# leaves running (dockerd) must be started with `9>&-`: one that inherits the lock holds it for ever, and the
+# next call would wait for ever (CI once hung 90 minutes on exactly that).
 exec 9>/tmp/servlane-build-images.lock
-flock 9
+if ! flock -w 3600 9; then
+  log "another scripts/build-images.sh has held /tmp/servlane-build-images.lock for an hour; holders:"
+  fuser -v /tmp/servlane-build-images.lock >&2 2>&1 || true
+  exit 1
+fi
 
 version="${SERVLANE_IMAGE_VERSION:-$(awk -F'"' '/^version = /{print $2; exit}' pyproject.toml)}"
 pip_ca="${PIP_CA:-/etc/ssl/certs/ca-certificates.crt}"
@@ -79,7 +85,7 @@ fi
 if ! "$docker_bin" info >/dev/null 2>&1; then
   if ! pgrep -x dockerd >/dev/null; then
     log "starting dockerd (log: /var/log/servlane-dockerd.log)"
-    setsid dockerd >/var/log/servlane-dockerd.log 2>&1 </dev/null &
+    setsid dockerd >/var/log/servlane-dockerd.log 2>&1 </dev/null 9>&- &
   fi
   deadline=$((SECONDS + 90))
   until "$docker_bin" info >/dev/null 2>&1; do

@@ -28,6 +28,8 @@ from tests.polling import wait_until
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = ROOT / "scripts" / "build-images.sh"
 _built: dict[str, str] = {}
+# A cold CPU runtime build (the ML stack from PyPI) takes about 10 minutes here; setup.sh builds them first.
+BUILD_TIMEOUT_S = 1800
 
 
 class Untranslatable(AssertionError):
@@ -54,7 +56,17 @@ def built_image(which: str) -> str:
     returns at once when the image for the current inputs exists (content-keyed tag)."""
     require_docker()
     if which not in _built:
-        done = subprocess.run(["bash", str(BUILD_SCRIPT), which], capture_output=True, text=True, cwd=ROOT)
+        # Bounded, so that a build that cannot start (e.g. its lock held) fails with the script's own words.
+        try:
+            done = subprocess.run(
+                ["bash", str(BUILD_SCRIPT), which], capture_output=True, text=True, cwd=ROOT, timeout=BUILD_TIMEOUT_S
+            )
+        except subprocess.TimeoutExpired as expired:
+            raw = expired.stderr or b""  # bytes on POSIX, even in text mode
+            stderr = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+            raise AssertionError(
+                f"scripts/build-images.sh {which} ran over {BUILD_TIMEOUT_S} s:\n{stderr[-6000:]}"
+            ) from None
         if done.returncode != 0:
             raise AssertionError(f"scripts/build-images.sh {which} failed ({done.returncode}):\n{done.stderr[-6000:]}")
         _built[which] = done.stdout.split()[-1]

@@ -2,7 +2,8 @@
 
 The same harness as tests/fuzz (tests/fuzz/schema_fuzz.py): a real runtime (transformers engine, the tiny
 Llama) and a real gateway in front of it, schemathesis drawing valid and invalid cases for every operation
-of each server's /openapi.json, half the bodies naming the real model, /health polled throughout.
+of each server's /openapi.json, half the bodies naming the real model (their `n` and `max_tokens` capped so
+that no case generates more than a bounded number of tokens), /health polled throughout.
 Writes the cases tried and the status counts (4xx, 5xx) per server to bench/results/fuzz.json.
 
 Run: .venv/bin/python bench/fuzz_servers.py [--cases-per-operation N] [--seed S] [--out FILE]
@@ -25,7 +26,16 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from servlane_api.runtime_config import RuntimeConfig  # noqa: E402
-from tests.fuzz.schema_fuzz import MAX_MODEL_LEN, HealthWatch, fuzz, servers  # noqa: E402
+from tests.fuzz.schema_fuzz import (  # noqa: E402
+    CASE_TIMEOUT_SECONDS,
+    MAX_LIST_ITEMS,
+    MAX_MODEL_LEN,
+    MAX_TOKENS_CAP,
+    N_CAP,
+    HealthWatch,
+    fuzz,
+    servers,
+)
 
 
 def versions() -> dict[str, str]:
@@ -54,7 +64,9 @@ def main() -> int:
             "max_model_len": MAX_MODEL_LEN,
             "max_body_bytes": limits.max_body_bytes,
             "max_json_depth": limits.max_json_depth,
-            "max_list_items": limits.max_list_items,
+            "max_list_items": {"runtime": MAX_LIST_ITEMS, "gateway": limits.max_list_items},
+            "real_model_bodies_capped": {"n": N_CAP, "max_tokens": MAX_TOKENS_CAP},
+            "case_timeout_seconds": CASE_TIMEOUT_SECONDS,
         },
         "versions": versions(),
         "platform": platform.platform(),

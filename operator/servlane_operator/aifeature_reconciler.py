@@ -13,8 +13,8 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from servlane_api.aifeature import AIFeature, FeaturePhase, ModelReplicas
-from servlane_api.aimodel import AIModel
+from servlane_api.aifeature import AIFeature, AIFeatureStatus, FeaturePhase
+from servlane_api.aimodel import AIModelSpec
 from servlane_core.rollout import (
     MetricsOutage,
     MetricsReader,
@@ -22,7 +22,7 @@ from servlane_core.rollout import (
     WindowMetrics,
     analysis_due,
     analysis_window_seconds,
-    budget_replicas,
+    combine_overrides,
     models_to_measure,
     plan,
 )
@@ -46,11 +46,32 @@ def model_ready(body: Mapping[str, Any]) -> bool:
 
 
 def budget_of(model: Mapping[str, Any]) -> int:
-    """The replica count an AIModel asks for itself: the budget a fixed-GPU canary is carved from."""
-    spec = AIModel.model_validate(dict(model)).spec
+    """The replica count an AIModel asks for itself: the budget a fixed-GPU canary is carved from.
+    Only the spec is read: a status this operator version cannot parse must not hide the model's size."""
+    spec = AIModelSpec.model_validate(model.get("spec") or {})
     if spec.autoscaling is not None:
         return spec.autoscaling.min_replicas
     return 1 if spec.replicas is None else spec.replicas
+
+
+def own_replicas(models: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    """Each AIModel's own replica count by name. An invalid AIModel is left out: it has no Deployment to
+    scale (its reconcile fails permanently), and plan() pins nothing for a model it does not know."""
+    out: dict[str, int] = {}
+    for name, model in models.items():
+        try:
+            out[name] = budget_of(model)
+        except ValidationError:
+            continue
+    return out
+
+
+def feature_status(body: Mapping[str, Any]) -> AIFeatureStatus:
+    """The status as stored; an unreadable one counts as empty (it pins nothing)."""
+    try:
+        return AIFeatureStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        return AIFeatureStatus()
 
 
 async def reconcile_feature(
@@ -60,10 +81,9 @@ async def reconcile_feature(
     reader: MetricsReader,
     *,
     now: datetime | None = None,
-) -> dict[str, int | None]:
+) -> AIFeatureStatus:
     """One pass of the rollout controller. `models` are the AIModels of the feature's namespace by name.
-    Returns the AIModels whose fixed-budget replicas changed, with their new override (None: released),
-    so the caller re-applies their Deployments at once."""
+    Returns the new status; `overrides_to_apply` tells from it which Deployments to re-apply at once."""
     started = time.perf_counter()
     feature = parse_feature(body)
     spec, status = feature.spec, feature.status
@@ -82,13 +102,19 @@ async def reconcile_feature(
     ready = {name: model_ready(model) for name, model in models.items()}
     annotations = feature.metadata.get("annotations") or {}
     generation = int(feature.metadata.get("generation", 0))
-    result = plan(spec, status, ready, metrics, now, annotations, generation, min_window_seconds=min_window)
+    result = plan(
+        spec,
+        status,
+        ready,
+        metrics,
+        now,
+        annotations,
+        generation,
+        min_window_seconds=min_window,
+        model_replicas=own_replicas(models),
+    )
 
     new_status = result.status
-    stable = new_status.stable_model
-    if stable is not None and stable in models:
-        overrides = budget_replicas(spec, new_status, budget_of(models[stable]))
-        new_status.replica_overrides = [ModelReplicas(model=m, replicas=r) for m, r in sorted(overrides.items())]
     patch = new_status.model_dump(by_alias=True, mode="json")
     if patch != status.model_dump(by_alias=True, mode="json"):
         await kube.patch_status(feature.api_version, feature.kind, feature.namespace, feature.name, patch)
@@ -108,9 +134,7 @@ async def reconcile_feature(
         await _remove_annotation(kube, feature, result.consumed_annotation)
     operator_metrics.RECONCILES.labels("AIFeature", "analysis" if metrics is not None else "change", "ok").inc()
     operator_metrics.RECONCILE_SECONDS.labels("AIFeature").observe(time.perf_counter() - started)
-    before = {o.model: o.replicas for o in status.replica_overrides}
-    after = {o.model: o.replicas for o in new_status.replica_overrides}
-    return {m: after.get(m) for m in sorted(before.keys() | after.keys()) if before.get(m) != after.get(m)}
+    return new_status
 
 
 async def _remove_annotation(kube: Kube, feature: AIFeature, key: str) -> None:
@@ -124,10 +148,17 @@ async def _remove_annotation(kube: Kube, feature: AIFeature, key: str) -> None:
             raise
 
 
-def replica_overrides(features: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    """AIModel name → replicas imposed by fixed-GPU-budget rollouts of the given features."""
-    out: dict[str, int] = {}
-    for body in features:
-        for item in (body.get("status") or {}).get("replicaOverrides") or []:
-            out[str(item["model"])] = int(item["replicas"])
-    return out
+def replica_overrides(features: Iterable[Mapping[str, Any]]) -> dict[str, int | None]:
+    """AIModel name -> replicas imposed by the fixed-GPU-budget rollouts of the given features (one
+    namespace), merged per model by combine_overrides; None or absent: the model's own count and HPA."""
+    return combine_overrides(feature_status(body) for body in features)
+
+
+def overrides_to_apply(
+    others: Iterable[Mapping[str, Any]], before: AIFeatureStatus, after: AIFeatureStatus
+) -> dict[str, int | None]:
+    """The models whose merged override moved when one feature's status went from `before` to `after`
+    (`others`: the namespace's other features), with their new override, to re-apply at once."""
+    rest = [feature_status(body) for body in others]
+    old, new = combine_overrides([*rest, before]), combine_overrides([*rest, after])
+    return {m: new.get(m) for m in sorted(old.keys() | new.keys()) if old.get(m) != new.get(m)}

@@ -226,8 +226,13 @@ async def analyse_features(memo: Any, kwargs: dict[str, Any]) -> None:
 async def feature_pass(body: Any, ns: str, memo: Any, kwargs: dict[str, Any]) -> None:
     index = kwargs["aimodels_by_key"]
     in_namespace = {name: next(iter(index[(n, name)])) for (n, name) in index if n == ns}
-    changed = await aifeature_reconciler.reconcile_feature(body, memo.kube, in_namespace, memo.reader)
-    # Fixed-GPU-budget shares moved: re-apply those models now rather than at their next resync.
+    new_status = await aifeature_reconciler.reconcile_feature(body, memo.kube, in_namespace, memo.reader)
+    # Fixed-GPU-budget shares moved: re-apply those models now rather than at their next resync, with the
+    # override merged over every feature of the namespace (another one may share the model).
+    name_of = body["metadata"]["name"]
+    others = [f for f in _indexed(kwargs, "aifeatures_by_namespace", ns) if f["metadata"]["name"] != name_of]
+    before = aifeature_reconciler.feature_status(body)
+    changed = aifeature_reconciler.overrides_to_apply(others, before, new_status)
     for name, override in changed.items():
         if name in in_namespace:
             pods = _indexed(kwargs, "pods_by_model", (ns, name))

@@ -18,6 +18,7 @@ PLURALS = {
     "Deployment": "deployments",
     "Service": "services",
     "HorizontalPodAutoscaler": "horizontalpodautoscalers",
+    "NetworkPolicy": "networkpolicies",
     "AIModel": "aimodels",
     "AIFeature": "aifeatures",
 }

@@ -31,5 +31,7 @@ def model_labels(model_name: str, engine: str) -> dict[str, str]:
     }
 
 
-# The gateway pods, found by these labels when canary metrics are scraped without Prometheus.
-GATEWAY_SELECTOR = "app.kubernetes.io/component=gateway,app.kubernetes.io/part-of=servlane"
+# The gateway pods (the chart's labels): found by them when canary metrics are scraped without Prometheus,
+# and admitted by them to the model pods (builders/network_policy.py).
+GATEWAY_LABELS = {"app.kubernetes.io/component": "gateway", "app.kubernetes.io/part-of": "servlane"}
+GATEWAY_SELECTOR = ",".join(f"{key}={value}" for key, value in GATEWAY_LABELS.items())

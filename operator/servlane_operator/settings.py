@@ -47,6 +47,21 @@ class OperatorSettings(BaseModel):
     gateway_namespace: str | None = Field(
         default=None, description="Namespace of the gateway pods (a Role suffices to find them); None: all."
     )
+    model_network_policy: bool = Field(
+        default=True,
+        description="Give every AIModel a NetworkPolicy admitting its serving port only from the gateway pods "
+        "(in gateway_namespace) and the metrics scraper. Off for clusters without a NetworkPolicy controller.",
+    )
+    metrics_scraper_namespace: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Namespace of whatever scrapes the model pods' /metrics (e.g. Prometheus), admitted by the "
+        "AIModels' NetworkPolicies; None: no scraper is admitted (only the gateway).",
+    )
+    metrics_scraper_labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Pod labels of the metrics scraper within metrics_scraper_namespace; empty: any pod there.",
+    )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorSettings:
@@ -59,6 +74,8 @@ class OperatorSettings(BaseModel):
             values["gateway_metrics_urls"] = [
                 u.strip() for u in e["SERVLANE_GATEWAY_METRICS_URLS"].split(",") if u.strip()
             ]
+        if e.get("SERVLANE_METRICS_SCRAPER_LABELS"):
+            values["metrics_scraper_labels"] = parse_labels(e["SERVLANE_METRICS_SCRAPER_LABELS"])
         if e.get("SERVLANE_NAMESPACES"):
             values["namespaces"] = [n.strip() for n in e["SERVLANE_NAMESPACES"].split(",") if n.strip()]
         for key, field in (
@@ -72,7 +89,22 @@ class OperatorSettings(BaseModel):
             ("SERVLANE_ANALYSIS_INTERVAL_SECONDS", "analysis_interval_seconds"),
             ("SERVLANE_GATEWAY_METRICS_PORT", "gateway_metrics_port"),
             ("SERVLANE_GATEWAY_NAMESPACE", "gateway_namespace"),
+            ("SERVLANE_MODEL_NETWORK_POLICY", "model_network_policy"),
+            ("SERVLANE_METRICS_SCRAPER_NAMESPACE", "metrics_scraper_namespace"),
         ):
             if e.get(key):
                 values[field] = e[key]
         return cls.model_validate(values)
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """`key=value,key2=value2` (a label selector of equalities only). Raises ValueError on anything else."""
+    labels: dict[str, str] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or "=" in value or key.strip().endswith("!"):
+            raise ValueError(f"not a key=value label: {item!r}")
+        labels[key.strip()] = value.strip()
+    return labels

@@ -226,7 +226,7 @@ def test_fixed_replicas_have_no_hpa(settings: OperatorSettings) -> None:
     assert build_deployment(model, settings)["spec"]["replicas"] == 3
     assert build_hpa(model) is None
     plan = plan_children(model, settings)
-    assert [o["kind"] for o in plan.apply] == ["Deployment", "Service"]
+    assert [o["kind"] for o in plan.apply] == ["Deployment", "Service", "NetworkPolicy"]
     assert plan.delete == [("autoscaling/v2", "HorizontalPodAutoscaler")]
 
 
@@ -249,6 +249,7 @@ def test_autoscaling_on_cpu_hands_replicas_to_the_hpa(settings: OperatorSettings
         "Deployment",
         "Service",
         "HorizontalPodAutoscaler",
+        "NetworkPolicy",
     ]
 
 

@@ -1,11 +1,18 @@
-"""Canary rollouts for AIFeatures: a pure state machine (decide), GPU budgets, and canary metric readers.
+"""Canary rollouts for AIFeatures: a pure state machine (decide) that also decides the fixed GPU budget's
+replica pins (budget), and the canary metric readers' interface.
 
 `decide.plan`, `analysis` and `budget` do no I/O and read no clock, so the controller can be restarted at
 any time and resume from the AIFeature's status alone. The readers (servlane_operator.metric_readers) are
 the only parts that talk to the network.
 """
 
-from servlane_core.rollout.budget import ReplicaSplit, budget_replicas, split_budget
+from servlane_core.rollout.budget import (
+    ReplicaSplit,
+    budget_replicas,
+    combine_overrides,
+    models_in_use,
+    split_budget,
+)
 from servlane_core.rollout.decide import (
     ROLLOUT_ANNOTATION,
     RolloutEvent,
@@ -37,6 +44,8 @@ __all__ = [
     "analysis_due",
     "analysis_window_seconds",
     "budget_replicas",
+    "combine_overrides",
+    "models_in_use",
     "models_to_measure",
     "plan",
     "progress_deadline_seconds",

@@ -16,6 +16,9 @@ never Ready, the metrics are unavailable or the canary gets too few requests, is
 rollout.onProgressDeadline says, with a condition and an event. The interval is never shorter than the
 metric source can measure (min_window_seconds, e.g. two Prometheus scrapes): a shorter one is raised,
 with a warning event when the rollout starts.
+
+With rollout.fixedGpuBudget the plan also decides status.replicaOverrides (budget.py), from the AIModels'
+own replica counts, so the controller only applies what the status says.
 """
 
 from __future__ import annotations
@@ -30,11 +33,13 @@ from servlane_api.aifeature import (
     AIFeatureStatus,
     AnalysisResult,
     FeaturePhase,
+    ModelReplicas,
     Rollout,
     WeightedModel,
 )
 from servlane_api.conditions import Condition, merge_conditions
 from servlane_core.rollout.analysis import CheckResult, baseline_from_history, check_canary
+from servlane_core.rollout.budget import budget_replicas
 from servlane_core.rollout.feature_conditions import feature_conditions
 from servlane_core.rollout.timeutil import from_rfc3339, parse_duration, to_rfc3339
 from servlane_core.rollout.window import MetricsOutage, WindowMetrics
@@ -116,10 +121,13 @@ def plan(
     generation: int,
     *,
     min_window_seconds: float = 0.0,
+    model_replicas: Mapping[str, int] | None = None,
 ) -> RolloutPlan:
     """The next status and events. `metrics` is read only when an analysis is due (see analysis_due), over
     analysis_window_seconds(); MetricsOutage when the source failed. `min_window_seconds`: the shortest
-    window the metric source can measure (the reader's min_window_seconds)."""
+    window the metric source can measure (the reader's min_window_seconds). `model_replicas`: the existing
+    AIModels of the namespace with the replicas each asks for itself, from which a fixedGpuBudget rollout
+    decides status.replicaOverrides (see budget.py); None: no AIModels to scale (standalone)."""
     draft = _Draft.of(status)
     now_text = to_rfc3339(now)
     window = analysis_window_seconds(spec.rollout, min_window_seconds)
@@ -139,6 +147,8 @@ def plan(
             draft.awaiting_since = now_text  # a new rollout (or one from before this field existed)
         _progress(draft, spec.rollout, models_ready, metrics, now, now_text, generation, window)
     new_status = _finalize(draft, spec, status, models_ready, now_text, generation)
+    overrides = budget_replicas(spec, new_status, status, model_replicas or {})
+    new_status.replica_overrides = [ModelReplicas(model=m, replicas=r) for m, r in overrides.items()]
     requeue = _requeue_after(spec.rollout, new_status, now, window)
     return RolloutPlan(new_status, tuple(draft.events), consumed, requeue)
 

@@ -8,6 +8,7 @@ from typing import Any
 from servlane_api.aimodel import AIModel
 from servlane_operator.builders.deployment import build_deployment
 from servlane_operator.builders.hpa import build_hpa
+from servlane_operator.builders.network_policy import build_network_policy
 from servlane_operator.builders.service import build_service
 from servlane_operator.settings import OperatorSettings
 
@@ -15,7 +16,8 @@ from servlane_operator.settings import OperatorSettings
 @dataclass(frozen=True)
 class ChildPlan:
     apply: list[dict[str, Any]]
-    # (apiVersion, kind) of children that must not exist, e.g. the HPA after autoscaling was turned off.
+    # (apiVersion, kind) of children that must not exist, e.g. the HPA after autoscaling was turned off
+    # or while a fixed-GPU-budget rollout pins the replicas (it comes back once the rollout releases them).
     delete: list[tuple[str, str]]
 
 
@@ -28,4 +30,9 @@ def plan_children(model: AIModel, settings: OperatorSettings, replicas_override:
         delete.append(("autoscaling/v2", "HorizontalPodAutoscaler"))
     else:
         apply.append(hpa)
+    policy = build_network_policy(model, settings)
+    if policy is None:
+        delete.append(("networking.k8s.io/v1", "NetworkPolicy"))
+    else:
+        apply.append(policy)
     return ChildPlan(apply=apply, delete=delete)

@@ -56,6 +56,8 @@ class Feature:
     generation: int = 1
     status: AIFeatureStatus = field(default_factory=AIFeatureStatus)
     ready: dict[str, bool] = field(default_factory=lambda: {"a": True, "b": True, "c": True})
+    # The AIModels' own replica counts (plan's model_replicas); None: no AIModels (standalone).
+    replicas: dict[str, int] | None = None
     last: RolloutPlan | None = None
 
     def reconcile(
@@ -74,6 +76,7 @@ class Feature:
             annotations or {},
             self.generation,
             min_window_seconds=min_window_seconds,
+            model_replicas=self.replicas,
         )
         self.status = self.last.status
         return self.last
@@ -85,6 +88,9 @@ class Feature:
     def phase(self) -> str | None:
         # A method, not status.phase, so type checkers do not narrow it across reconciles.
         return self.status.phase
+
+    def overrides(self) -> dict[str, int]:
+        return {o.model: o.replicas for o in self.status.replica_overrides}
 
     def weights(self) -> dict[str, int]:
         return {w.model: w.weight for w in self.status.weights}
@@ -98,9 +104,9 @@ class Feature:
         return [e.reason for e in self.last.events]
 
 
-def at_first_step(steps: list[int] | None = None, **rollout: Any) -> Feature:
+def at_first_step(steps: list[int] | None = None, *, replicas: dict[str, int] | None = None, **rollout: Any) -> Feature:
     """Stable `a`, canary `b` Ready and at the first step, stepped in at T0."""
-    feature = Feature(feature_spec("a", steps=steps or [5, 25, 50, 100], **rollout))
+    feature = Feature(feature_spec("a", steps=steps or [5, 25, 50, 100], **rollout), replicas=replicas)
     feature.reconcile(T0 - MINUTE)
     feature.change_model("b")
     feature.reconcile(T0)

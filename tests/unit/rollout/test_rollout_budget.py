@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from servlane_core.rollout import ROLLOUT_ANNOTATION, ReplicaSplit, budget_replicas, split_budget
+from servlane_api.aifeature import AIFeatureStatus
+from servlane_core.rollout import ROLLOUT_ANNOTATION, ReplicaSplit, combine_overrides, split_budget
+from servlane_operator.aifeature_reconciler import overrides_to_apply, replica_overrides
 from tests.unit.rollout.rollout_helpers import MINUTE, T0, Feature, at_first_step, canary_metrics, feature_spec, window
 
 
@@ -37,40 +41,139 @@ def test_split_budget_rejects_nonsense(total: int, weight: int, min_stable: int)
         split_budget(total, weight, min_stable)
 
 
+FOUR = {"a": 4, "b": 4, "c": 4}
+
+
 def test_fixed_budget_through_a_rollout() -> None:
-    feature = Feature(feature_spec("a", steps=[25, 50, 100], fixedGpuBudget=True, minStableReplicas=1))
+    feature = Feature(
+        feature_spec("a", steps=[25, 50, 100], fixedGpuBudget=True, minStableReplicas=1), replicas=dict(FOUR)
+    )
     feature.reconcile(T0 - MINUTE)
-    assert budget_replicas(feature.spec, feature.status, 4) == {"a": 4}
+    # Outside a rollout nothing is pinned: the stable runs its own replicas and keeps its HPA.
+    assert feature.overrides() == {}
     feature.change_model("b")
     feature.ready["b"] = False
     feature.reconcile(T0)
-    seen = [budget_replicas(feature.spec, feature.status, 4)]
+    seen = [feature.overrides()]
     feature.ready["b"] = True
     feature.reconcile(T0)
-    seen.append(budget_replicas(feature.spec, feature.status, 4))
+    seen.append(feature.overrides())
     for minute in (1, 2, 3):
         feature.reconcile(T0 + minute * MINUTE, metrics=canary_metrics(window()))
-        seen.append(budget_replicas(feature.spec, feature.status, 4))
+        seen.append(feature.overrides())
+    feature.reconcile(T0 + 4 * MINUTE)
+    seen.append(feature.overrides())
     assert seen == [
         {"a": 3, "b": 1},  # waiting for Ready
         {"a": 3, "b": 1},  # 25%
         {"a": 2, "b": 2},  # 50%
         {"a": 1, "b": 4},  # 100%, stable still warm
-        {"b": 4},  # promoted: the budget is the new stable's
+        # Promoted: the new stable is released (own replicas, HPA back); the old one must not spring back
+        # to its own 4 on top of it. (The old behaviour pinned b for good and released a: 8 in all.)
+        {"a": 0},
+        {"a": 0},  # and it stays so on later passes
     ]
 
 
 def test_fixed_budget_after_rollback_gives_everything_back_to_stable() -> None:
-    feature = at_first_step(fixedGpuBudget=True)
+    feature = at_first_step(fixedGpuBudget=True, replicas=dict(FOUR))
+    assert feature.overrides() == {"a": 3, "b": 1}
     feature.reconcile(T0, annotations={ROLLOUT_ANNOTATION: "abort"})
-    assert budget_replicas(feature.spec, feature.status, 4) == {"a": 4, "b": 0}
+    # The stable is released (its own 4, its HPA restored), the canary held at 0.
+    assert feature.overrides() == {"b": 0}
+
+
+def test_a_replaced_or_cancelled_canary_is_held_at_zero() -> None:
+    feature = at_first_step(fixedGpuBudget=True, replicas=dict(FOUR))
+    feature.change_model("c")
+    feature.reconcile(T0)
+    assert feature.overrides() == {"a": 3, "b": 0, "c": 1}
+    feature.change_model("a")
+    feature.reconcile(T0)
+    assert feature.overrides() == {"b": 0, "c": 0}
+    # Used again as a canary, a held model gets its share back.
+    feature.change_model("b")
+    feature.reconcile(T0)
+    assert feature.overrides() == {"a": 3, "b": 1, "c": 0}
+
+
+def test_a_deleted_model_is_forgotten_and_an_unknown_stable_leaves_the_canary_one_replica() -> None:
+    feature = at_first_step(fixedGpuBudget=True, replicas={"b": 4})
+    assert feature.overrides() == {"b": 1}
+    feature.reconcile(T0, annotations={ROLLOUT_ANNOTATION: "abort"})
+    feature.replicas = {"a": 4}  # b deleted
+    feature.reconcile(T0)
+    assert feature.overrides() == {}
+
+
+def test_turning_the_budget_off_releases_everything() -> None:
+    feature = at_first_step(fixedGpuBudget=True, replicas=dict(FOUR))
+    feature.spec = feature.spec.model_copy(
+        update={"rollout": feature.spec.rollout.model_copy(update={"fixed_gpu_budget": False})}
+    )
+    feature.reconcile(T0)
+    assert feature.overrides() == {}
 
 
 def test_no_budget_without_fixed_gpu_budget_or_with_a_split() -> None:
-    feature = at_first_step()
-    assert budget_replicas(feature.spec, feature.status, 4) == {}
+    feature = at_first_step(replicas=dict(FOUR))
+    assert feature.overrides() == {}
     split = Feature(
-        feature_spec(split=[{"model": "a", "weight": 50}, {"model": "b", "weight": 50}], fixedGpuBudget=True)
+        feature_spec(split=[{"model": "a", "weight": 50}, {"model": "b", "weight": 50}], fixedGpuBudget=True),
+        replicas=dict(FOUR),
     )
     split.reconcile(T0)
-    assert budget_replicas(split.spec, split.status, 4) == {}
+    assert split.overrides() == {}
+
+
+def test_standalone_pins_nothing() -> None:
+    feature = at_first_step(fixedGpuBudget=True)  # no AIModels: nothing to scale
+    assert feature.overrides() == {}
+
+
+def _status(**fields: Any) -> AIFeatureStatus:
+    return AIFeatureStatus.model_validate(fields)
+
+
+def test_combined_overrides_never_starve_a_model_another_feature_serves() -> None:
+    # F1 rolled canary b back (b held at 0); F2 serves b as its stable, unpinned.
+    f1 = _status(
+        stableModel="a", weights=[{"model": "a", "weight": 100}], replicaOverrides=[{"model": "b", "replicas": 0}]
+    )
+    f2 = _status(stableModel="b", weights=[{"model": "b", "weight": 100}])
+    assert combine_overrides([f1, f2]) == {"a": None, "b": None}
+    assert combine_overrides([f2, f1]) == {"a": None, "b": None}
+    # Alone, F1's hold applies.
+    assert combine_overrides([f1]) == {"a": None, "b": 0}
+
+
+def test_combined_overrides_keep_the_largest_pin() -> None:
+    f1 = _status(stableModel="a", canaryModel="b", canaryWeight=25,
+                 replicaOverrides=[{"model": "a", "replicas": 3}, {"model": "b", "replicas": 1}])  # fmt: skip
+    f2 = _status(stableModel="c", canaryModel="b", canaryWeight=50,
+                 replicaOverrides=[{"model": "b", "replicas": 2}, {"model": "c", "replicas": 2}])  # fmt: skip
+    assert combine_overrides([f1, f2]) == {"a": 3, "b": 2, "c": 2}
+
+
+def _body(name: str, status: AIFeatureStatus) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "status": status.model_dump(by_alias=True, mode="json")}
+
+
+def test_aborting_one_feature_never_scales_the_stable_of_another_to_zero() -> None:
+    # F1 rolls b out over a; F2 serves b. F1's abort holds b at 0 in F1's status only.
+    f1 = at_first_step(fixedGpuBudget=True, replicas=dict(FOUR))
+    before = f1.status
+    f2 = Feature(feature_spec("b", fixedGpuBudget=True), replicas=dict(FOUR))
+    f2.reconcile(T0)
+    f1.reconcile(T0, annotations={ROLLOUT_ANNOTATION: "abort"})
+    assert f1.overrides() == {"b": 0}
+    to_apply = overrides_to_apply([_body("f2", f2.status)], before, f1.status)
+    # a is released (back to its own count and HPA); b is untouched: F2 keeps serving it at its own count.
+    assert to_apply == {"a": None}
+    assert replica_overrides([_body("f1", f1.status), _body("f2", f2.status)]) == {"a": None, "b": None}
+    # Without F2, b would be held at 0.
+    assert overrides_to_apply([], before, f1.status) == {"a": None, "b": 0}
+
+
+def test_an_unreadable_feature_status_pins_nothing() -> None:
+    assert replica_overrides([{"metadata": {"name": "x"}, "status": {"replicaOverrides": "nonsense"}}]) == {}

@@ -23,7 +23,8 @@ from servlane_core.rollout import (
     RolloutPlan,
     WindowMetrics,
     analysis_due,
-    budget_replicas,
+    combine_overrides,
+    models_in_use,
     plan,
     split_budget,
 )
@@ -89,8 +90,8 @@ readiness = st.fixed_dictionaries({m: st.booleans() for m in MODELS})
 class Run:
     """A Feature plus the controller's clock; every reconcile goes through `reconcile`, which checks it."""
 
-    def __init__(self, spec: AIFeatureSpec, ready: dict[str, bool]) -> None:
-        self.feature = Feature(spec, ready=dict(ready))
+    def __init__(self, spec: AIFeatureSpec, ready: dict[str, bool], replicas: dict[str, int] | None = None) -> None:
+        self.feature = Feature(spec, ready=dict(ready), replicas=replicas)
         self.now = T0
         self.reconcile(None, {})
 
@@ -130,8 +131,10 @@ class Run:
         stored = AIFeatureStatus.model_validate(json.loads(json.dumps(before.model_dump(by_alias=True, mode="json"))))
         args = (f.spec, before, f.ready, window, self.now, annotations, f.generation)
         result = f.reconcile(self.now, window, annotations)
-        again = plan(*args)
-        restarted = plan(f.spec, stored, f.ready, window, self.now, annotations, f.generation)
+        again = plan(*args, model_replicas=f.replicas)
+        restarted = plan(
+            f.spec, stored, f.ready, window, self.now, annotations, f.generation, model_replicas=f.replicas
+        )
         # Determinism: the same inputs, in memory or read back from the API server, give the same decision.
         for other in (again, restarted):
             assert other.status_patch() == result.status_patch()
@@ -299,15 +302,91 @@ def test_budget_gives_each_side_what_its_traffic_needs(total: int, steps: list[i
         previous_canary = split.canary
 
 
+def with_budget(spec: AIFeatureSpec, min_stable: int, model: str = "a") -> AIFeatureSpec:
+    rollout = spec.rollout.model_copy(update={"fixed_gpu_budget": True, "min_stable_replicas": min_stable})
+    return spec.model_copy(update={"rollout": rollout, "model": model})
+
+
+own_counts = st.fixed_dictionaries({m: st.integers(0, 12) for m in MODELS})
+
+
+def check_budget(run: Run, pinned_ever: set[str]) -> None:
+    """The fixed-GPU-budget invariants of one feature after one reconcile."""
+    status, own = run.status, run.feature.replicas or {}
+    pins = run.feature.overrides()
+    used = models_in_use(status)
+    pinned_ever.update(pins)
+    assert set(pins) <= set(own), "a pin for a model that does not exist"
+    for model in weights(status):
+        assert pins.get(model, 1) >= 1, f"{model} carries traffic but is pinned to 0"
+    if status.canary_model is not None:
+        stable, canary = status.stable_model, status.canary_model
+        assert stable is not None
+        budget = own.get(stable, 0)
+        floors = max(run.feature.spec.rollout.min_stable_replicas, 1 if (status.canary_weight or 0) < 100 else 0)
+        in_flight = sum(pins.get(m, 0) for m in (stable, canary))
+        # Never above the budget at any step, except where the floors demand it.
+        assert in_flight <= max(budget, pins.get(canary, 0) + floors)
+        split = split_budget(budget, status.canary_weight or 0, run.feature.spec.rollout.min_stable_replicas)
+        assert canary not in own or pins[canary] == split.canary
+    else:
+        # No rollout in flight: the stable is released (its own replicas, its HPA restored).
+        assert status.stable_model not in pins
+    # A model this feature pinned and no longer uses is held at 0, whatever happened (promotion, rollback,
+    # abort, replacement, cancel): it never springs back to its own count on top of the winner.
+    for model in pinned_ever - used:
+        if model in own:
+            assert pins.get(model) == 0, f"{model} lost the rollout but is not held at 0"
+
+
 @PROPERTY_SETTINGS
-@given(spec=specs(), sequence=runs, total=st.integers(1, 16))
-def test_budget_replicas_cover_every_model_with_traffic(spec: AIFeatureSpec, sequence: list[Step], total: int) -> None:
-    budget_spec = spec.model_copy(update={"rollout": spec.rollout.model_copy(update={"fixed_gpu_budget": True})})
-    run = Run(budget_spec, dict.fromkeys(MODELS, True))
+@given(spec=specs(), sequence=runs, own=own_counts, min_stable=st.integers(0, 3))
+def test_fixed_budget_holds_at_every_step(
+    spec: AIFeatureSpec, sequence: list[Step], own: dict[str, int], min_stable: int
+) -> None:
+    run = Run(with_budget(spec, min_stable), dict.fromkeys(MODELS, True), replicas=own)
+    pinned_ever: set[str] = set()
+    check_budget(run, pinned_ever)
     for step in sequence:
         run.apply(step)
-        replicas = budget_replicas(run.feature.spec, run.status, total)
-        for model in weights(run.status):
-            assert replicas.get(model, 0) >= 1, f"{model} carries traffic with no replicas"
-        if run.status.phase == "RolledBack" and run.status.rolled_back_model is not None:
-            assert replicas[run.status.rolled_back_model] == 0
+        check_budget(run, pinned_ever)
+
+
+@PROPERTY_SETTINGS
+@given(
+    spec=specs(),
+    second_model=st.sampled_from(MODELS),
+    sequence=st.lists(st.tuples(st.sampled_from((0, 1)), steps_strategy), min_size=1, max_size=40),
+    own=own_counts,
+    min_stable=st.integers(0, 3),
+)
+def test_two_features_sharing_models_never_starve_each_other(
+    spec: AIFeatureSpec,
+    second_model: str,
+    sequence: list[tuple[int, Step]],
+    own: dict[str, int],
+    min_stable: int,
+) -> None:
+    runs_ = [
+        Run(with_budget(spec, min_stable), dict.fromkeys(MODELS, True), replicas=own),
+        Run(with_budget(spec, min_stable, second_model), dict.fromkeys(MODELS, True), replicas=own),
+    ]
+    pinned_ever: list[set[str]] = [set(), set()]
+    for which, step in sequence:
+        runs_[which].apply(step)
+        check_budget(runs_[which], pinned_ever[which])
+        statuses = [r.status for r in runs_]
+        combined = combine_overrides(statuses)
+        assert combined == combine_overrides(list(reversed(statuses)))
+        for status in statuses:
+            own_pins = {o.model: o.replicas for o in status.replica_overrides}
+            for model in models_in_use(status):
+                # A model a feature uses is never scaled below what that feature asked for, in particular
+                # never to 0 by the other's rollback or abort; one it uses unpinned runs its own count.
+                merged = combined[model]
+                if model in own_pins:
+                    assert merged is None or merged >= own_pins[model]
+                else:
+                    assert combined[model] is None
+            for model, weight in weights(status).items():
+                assert weight == 0 or combined[model] != 0

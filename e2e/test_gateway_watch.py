@@ -4,9 +4,9 @@ API server and applies weight and readiness changes without a restart.
 The operator is paused for this test so the test can write the statuses itself, pointing the AIModels'
 endpoints at real OpenAI-speaking servers on loopback (KWOK pods cannot serve HTTP).
 
-The gateway watches the whole cluster, as the chart's default does, so other tests' namespaces (some still
-terminating) may hold a `chat` feature too; the plain name then belongs to the alphabetically first
-namespace. The test therefore calls its feature by the unambiguous `namespace/chat` alias.
+The gateway watches the whole cluster, as the chart's default does; plain names resolve only in its serving
+namespaces (here its own, `default`), so the test calls its feature by the `namespace/chat` alias, which no
+other namespace can take.
 """
 
 from __future__ import annotations
@@ -118,7 +118,8 @@ def test_gateway_routes_from_the_cluster_and_follows_changes(
 
     wait_until("chat routed to v1", lambda: answered_by_when_routed(client, chat) == "v1", timeout=15)
     listed = {m.id for m in client.models.list().data}
-    assert {"chat", "v1", "v2"} <= listed
+    assert {f"{namespace}/chat", f"{namespace}/v1", f"{namespace}/v2"} <= listed
+    assert "chat" not in listed, "a plain name resolved outside the gateway's serving namespaces"
 
     changed = time.monotonic()
     set_weights(kube, namespace, "chat", {"v2": 100})

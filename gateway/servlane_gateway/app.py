@@ -19,14 +19,14 @@ from servlane_core.protocol import openai as p
 from servlane_core.protocol.errors import install_error_handlers
 from servlane_core.protocol.limits import RequestLimits
 from servlane_core.routing.overrides import apply_overrides
-from servlane_core.routing.routes import RouteTable, describe_shadowing
-from servlane_gateway.access import KeyRing, parse_keys
+from servlane_core.routing.routes import RouteTable, describe_refused, describe_shadowing, resolve_plain_names
+from servlane_gateway.access import ApiKey, KeyRing, parse_keys
 from servlane_gateway.forwarding import GatewayState, handle
 from servlane_gateway.gateway_metrics import GatewayMetrics
-from servlane_gateway.kube_watch import KubeRouteSource
+from servlane_gateway.kube_watch import KubeRouteSource, own_namespace
 from servlane_gateway.proxy import Timeouts
 from servlane_gateway.ratelimit import Limits, RateLimiter
-from servlane_gateway.settings import GatewaySettings
+from servlane_gateway.settings import GatewaySettings, plain_name_namespaces
 from servlane_gateway.sources import FileRouteSource, RouteSource, file_signature
 from servlane_gateway.upstream import UpstreamPool
 
@@ -34,11 +34,21 @@ log = logging.getLogger(__name__)
 
 
 def load_key_ring(path: Path | None) -> KeyRing:
-    return KeyRing(parse_keys(path.read_text()) if path is not None else [])
+    """No path: access control off. A path: on, with the keys it holds (none: every request refused)."""
+    return KeyRing(parse_keys(path.read_text())) if path is not None else KeyRing()
+
+
+def log_key_ring(keys: KeyRing, path: Path, reloaded: bool = False) -> None:
+    """Says why nobody gets in when the file holds no key; never logs a key."""
+    if keys.enabled and not keys.keys:
+        log.error("the keys file %s holds no API key: every request is refused (403) until keys are added", path)
+    elif reloaded:
+        log.info("reloaded %d API keys from %s", len(keys.keys), path)
 
 
 async def _watch_keys(state: GatewayState, path: Path, poll_seconds: float) -> None:
-    """Secret rotation: a mounted Secret changes in place; reload it, keeping the old keys if it is bad."""
+    """Secret rotation: a mounted Secret changes in place; reload it. A file that no longer parses keeps the
+    previous keys (logged); one that parses to no keys refuses everyone (an emptied Secret revokes all)."""
     signature = file_signature(path)
     while True:
         await asyncio.sleep(poll_seconds)
@@ -47,10 +57,17 @@ async def _watch_keys(state: GatewayState, path: Path, poll_seconds: float) -> N
             continue
         signature = current
         try:
-            state.keys = load_key_ring(path)
-            log.info("reloaded %d API keys", len(state.keys.keys))
+            keys = load_key_ring(path)
         except (OSError, ValueError) as exc:
-            log.error("keeping the previous API keys: the keys file does not load: %s", exc)
+            log.error("keeping the previous API keys: the keys file %s does not load: %s", path, exc)
+            continue
+        state.keys = keys
+        log_key_ring(keys, path, reloaded=True)
+
+
+def _allowed(key: ApiKey, table: RouteTable, name: str) -> bool:
+    route = table.lookup(name)
+    return route is not None and key.allows(route.name)
 
 
 def route_source_for(settings: GatewaySettings) -> RouteSource:
@@ -110,13 +127,23 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
         unavailable_retry_after=settings.unavailable_retry_after,
         keys=load_key_ring(settings.keys_file),  # fails fast on a malformed keys file
     )
+    if settings.keys_file is not None:
+        log_key_ring(state.keys, settings.keys_file)
     routes = source or route_source_for(settings)
+    serving = plain_name_namespaces(settings, own_namespace)
+    log.info(
+        "plain model names resolve in namespace(s) %s, in that order; elsewhere call '<namespace>/<name>'",
+        ", ".join(serving),
+    )
 
     def on_table(table: RouteTable) -> None:
-        table = apply_overrides(table, settings.endpoint_overrides)
-        previous = state.table.shadowed if state.table is not None else {}
-        if table.shadowed != previous:  # said once per change, not at every watch event
+        table = resolve_plain_names(apply_overrides(table, settings.endpoint_overrides), serving)
+        previous = state.table
+        if previous is None or table.shadowed != previous.shadowed:  # once per change, not per watch event
             for line in describe_shadowing(table):
+                log.warning(line)
+        if previous is None or table.refused != previous.refused:
+            for line in describe_refused(table):
                 log.warning(line)
         state.table = table
         state.metrics.set_weights(table)
@@ -147,8 +174,10 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         key = state.keys.authenticate(request.headers.get("authorization"))
-        names = state.table.names() if state.table else []
-        visible = [n for n in names if key is None or key.allows(n)]
+        table = state.table
+        names = table.names() if table else []
+        # A key's features are route names: `ns/chat` is listed to the keys that may call `chat`.
+        visible = [n for n in names if key is None or (table is not None and _allowed(key, table, n))]
         data = [{"id": n, "object": "model", "created": 0, "owned_by": "servlane"} for n in visible]
         return {"object": "list", "data": data}
 

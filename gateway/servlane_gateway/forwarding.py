@@ -45,6 +45,9 @@ from servlane_gateway.upstream import UpstreamConnectError, UpstreamError, Upstr
 log = logging.getLogger(__name__)
 
 CLIENT_CLOSED = 499  # the `code` label of a request the client abandoned (nginx's convention)
+# The runtime's admission queue serves waiters by `X-Priority` (servlane_runtime.admission reads exactly
+# these values and answers others with a 400); checked here too so a bad value never reaches a backend.
+PRIORITIES = ("high", "normal", "low")
 T = TypeVar("T")
 
 
@@ -107,6 +110,29 @@ def sticky_id(request: Request, body: dict[str, Any]) -> str | None:
     return request.headers.get("x-request-id") or (user if isinstance(user, str) and user else None)
 
 
+def priority_of(request: Request) -> str | None:
+    """The client's `X-Priority`, normalised, or None when it sent none (the runtime then uses normal)."""
+    raw = request.headers.get("x-priority")
+    if raw is None:
+        return None
+    value = raw.strip().lower()
+    if value not in PRIORITIES:
+        raise OpenAIError(
+            400, "X-Priority must be one of high, normal, low.", param="X-Priority", code="invalid_priority"
+        )
+    return value
+
+
+def error_response(error: OpenAIError) -> JSONResponse:
+    """The error as OpenAI-style JSON. With a Retry-After (the gateway's own 429 and 503), the error object
+    also carries `retry_after`, the same whole seconds, for clients that do not read headers."""
+    body = error.body()
+    headers = error.headers()
+    if "Retry-After" in headers:
+        body["error"]["retry_after"] = int(headers["Retry-After"])
+    return JSONResponse(body, status_code=error.status, headers=headers)
+
+
 def unavailable(state: GatewayState, message: str) -> OpenAIError:
     return overloaded(503, message, state.unavailable_retry_after)
 
@@ -129,7 +155,7 @@ async def handle(state: GatewayState, request: Request, endpoint: str) -> Respon
     reason = {503: "upstream_unavailable", 502: "upstream_unavailable", 504: "upstream_timeout"}.get(error.status)
     elapsed = time.perf_counter() - call.started
     state.metrics.record(call.namespace, call.feature, call.model, error.status, elapsed, reason)
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
+    return error_response(error)
 
 
 async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
@@ -157,6 +183,7 @@ async def _handle(state: GatewayState, request: Request, endpoint: str, call: Ca
     raw = await read_capped(request, state.limits.max_body_bytes)
     key = state.keys.authenticate(request.headers.get("authorization"))
     call.key_name = key.name if key else None
+    priority = priority_of(request)
     body = parse_body(raw, state.limits)
     route = state.table.lookup(body["model"]) if state.table else None
     if route is None:
@@ -166,7 +193,7 @@ async def _handle(state: GatewayState, request: Request, endpoint: str, call: Ca
     authorize(key, route.name)
     state.limiter.admit(call.key_name, route.name)
     apply_defaults(body, route.defaults, endpoint)
-    return await _forward(state, request, endpoint, call, route, body)
+    return await _forward(state, request, endpoint, call, route, body, priority)
 
 
 async def _forward(
@@ -176,6 +203,7 @@ async def _forward(
     call: Call,
     route: Route,
     body: dict[str, Any],
+    priority: str | None,
 ) -> Response:
     sticky = sticky_id(request, body)
     # A client (its key, else its sticky id) stays pinned to a version only up to its fair share of it.
@@ -186,6 +214,8 @@ async def _forward(
     headers = {"content-type": "application/json", "accept": request.headers.get("accept", "*/*")}
     if request_id := request.headers.get("x-request-id"):
         headers["x-request-id"] = request_id
+    if priority is not None:
+        headers["x-priority"] = priority
     tried: list[str] = []
     stream = bool(body.get("stream"))
     while True:
@@ -248,6 +278,10 @@ def _response_headers(upstream: UpstreamResponse) -> dict[str, str]:
     headers = {"content-type": upstream.headers.get("content-type", "application/json")}
     if request_id := upstream.headers.get("x-request-id"):
         headers["x-request-id"] = request_id
+    # A backend's overload answer (the runtime's 429 queue full, 503 waited too long or loading) says when
+    # to come back; relayed unchanged, the client backs off as long as the backend asked.
+    if retry_after := upstream.headers.get("retry-after"):
+        headers["retry-after"] = retry_after
     return headers
 
 

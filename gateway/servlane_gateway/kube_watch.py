@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from servlane_api import GROUP, VERSION
@@ -65,6 +67,27 @@ class ObjectStore:
         with self._lock:
             raw = [o for objects in self._objects.values() for o in objects.values()]
         return build_route_table(*parse_objects(raw))
+
+
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def own_namespace() -> str:
+    """The gateway's own namespace: POD_NAMESPACE (downward API), else the mounted service account's,
+    else the kubeconfig's current context's namespace, else `default` (kubectl's rule)."""
+    if found := os.environ.get("POD_NAMESPACE", "").strip():
+        return found
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
+    except OSError:
+        pass
+    try:
+        from kubernetes import config
+
+        _, current = config.list_kube_config_contexts()
+        return str((current or {}).get("context", {}).get("namespace") or "default")
+    except Exception:  # no kubeconfig (yet): the watch itself will fail loudly on start
+        return "default"
 
 
 def _with_kind(obj: dict[str, Any], plural: str) -> dict[str, Any]:

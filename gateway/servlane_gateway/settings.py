@@ -1,7 +1,8 @@
 """The gateway's settings: each one from a CLI flag, else an environment variable, else its default.
 
 Environment variables are the flag names upper-cased with SERVLANE_GATEWAY_ in front, e.g.
---routes-file ↔ SERVLANE_GATEWAY_ROUTES_FILE, --namespaces ↔ SERVLANE_GATEWAY_NAMESPACES (comma-separated).
+--routes-file ↔ SERVLANE_GATEWAY_ROUTES_FILE, --namespaces ↔ SERVLANE_GATEWAY_NAMESPACES (comma-separated,
+like SERVLANE_GATEWAY_SERVING_NAMESPACES).
 `--endpoint-override FROM=TO` repeats; its variable SERVLANE_GATEWAY_ENDPOINT_OVERRIDES holds a comma list of
 FROM=TO or a JSON object.
 """
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -19,6 +21,7 @@ from servlane_api.runtime_config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON
 from servlane_core.routing.overrides import parse_override_env, parse_override_items
 
 ENV_PREFIX = "SERVLANE_GATEWAY_"
+NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 class GatewaySettings(BaseModel):
@@ -29,6 +32,12 @@ class GatewaySettings(BaseModel):
     routes_file: Path | None = Field(default=None, description="YAML/JSON AIFeature+AIModel objects; else watch.")
     watch: bool = Field(default=False, description="Watch AIFeature/AIModel objects in the cluster.")
     namespaces: list[str] = Field(default_factory=list, description="Namespaces to watch; empty: all.")
+    serving_namespaces: list[str] = Field(
+        default_factory=list,
+        description="Where plain model names resolve, in order (the first that holds a name answers it); "
+        "other namespaces only as <namespace>/<name>. Default: with --routes-file 'default'; with --watch "
+        "--namespaces, those; watching all namespaces, the gateway's own namespace.",
+    )
     keys_file: Path | None = Field(default=None, description="API keys file; none: access control off.")
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1, description="Larger bodies are a 413.")
     max_json_depth: int = Field(
@@ -65,11 +74,34 @@ class GatewaySettings(BaseModel):
             return parse_override_items(str(item) for item in value)
         return value
 
+    @field_validator("serving_namespaces")
+    @classmethod
+    def _namespace_names(cls, value: list[str]) -> list[str]:
+        bad = [ns for ns in value if not NAMESPACE_NAME.fullmatch(ns)]
+        if bad:
+            raise ValueError(f"not namespace names: {', '.join(map(repr, bad))}")
+        return value
+
     @model_validator(mode="after")
     def _one_source(self) -> GatewaySettings:
         if (self.routes_file is None) == (not self.watch):
             raise ValueError("set exactly one of --routes-file or --watch")
         return self
+
+
+DEFAULT_NAMESPACE = "default"  # where an object written without a namespace lives
+
+
+def plain_name_namespaces(settings: GatewaySettings, own_namespace: Callable[[], str]) -> list[str]:
+    """The serving namespaces: where plain model names resolve, in order. Never every namespace: an
+    object created in some other namespace must not be able to take over a name clients call."""
+    if settings.serving_namespaces:
+        return list(settings.serving_namespaces)
+    if settings.routes_file is not None:
+        return [DEFAULT_NAMESPACE]
+    if settings.namespaces:
+        return list(settings.namespaces)
+    return [own_namespace()]
 
 
 def _flag(name: str) -> str:
@@ -94,7 +126,7 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
             value = env.get(ENV_PREFIX + name.upper())
         if value is None:
             continue
-        if name == "namespaces" and isinstance(value, str):
+        if name in ("namespaces", "serving_namespaces") and isinstance(value, str):
             value = [ns.strip() for ns in value.split(",") if ns.strip()]
         values[name] = value
     return GatewaySettings.model_validate(values)

@@ -5,6 +5,8 @@ body it received. Words in the last message (or the prompt) steer it:
   status=500   answer with that HTTP status       delay=0.5  wait before answering (seconds)
   chunks=3     stream that many content chunks     gap=0.01   wait between chunks
   cut=2        abort the connection after 2 chunks hold      after the first chunk, wait for release()
+  retry_after=7  with status=: send that Retry-After header (the runtime's 429/503 overload answers)
+It records each request's headers too (lower-case names), e.g. to see what the gateway forwards.
 Run alone: `python tests/gateway/gateway_upstream.py --port 9000 --name v1` (used by the benchmark).
 """
 
@@ -28,6 +30,7 @@ from starlette.responses import Response
 class UpstreamState:
     name: str
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
     streams_completed: int = 0
     streams_disconnected: int = 0
     abandoned: int = 0  # non-streamed requests whose caller left during `delay`
@@ -97,6 +100,7 @@ def create_upstream(name: str) -> tuple[FastAPI, UpstreamState]:
     async def answer(request: Request, kind: str) -> Response:
         body = await request.json()
         state.bodies.append(body)
+        state.headers.append({name.lower(): value for name, value in request.headers.items()})
         steer = directives(body)
         if "delay" in steer:
             deadline = time.monotonic() + float(steer["delay"])
@@ -107,7 +111,8 @@ def create_upstream(name: str) -> tuple[FastAPI, UpstreamState]:
                 await asyncio.sleep(0.01)
         if "status" in steer:
             error = {"message": f"{name} failed on purpose", "type": "server_error", "param": None, "code": None}
-            return JSONResponse({"error": error}, status_code=int(steer["status"]))
+            retry = {"Retry-After": steer["retry_after"]} if "retry_after" in steer else None
+            return JSONResponse({"error": error}, status_code=int(steer["status"]), headers=retry)
         if body.get("stream"):
             return StreamingResponse(stream(body, steer, kind == "chat"), media_type="text/event-stream")
         if kind == "embeddings":

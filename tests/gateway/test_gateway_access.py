@@ -65,8 +65,13 @@ def test_keys_limited_to_features_get_403_elsewhere() -> None:
     authorize(keys.authenticate("Bearer sk-alpha"), "summarise")
 
 
-def test_no_keys_means_access_control_off() -> None:
-    assert KeyRing(parse_keys("# none yet\n")).authenticate(None) is None
+def test_no_keys_file_means_access_control_off_but_a_file_without_keys_refuses_everyone() -> None:
+    assert KeyRing().authenticate(None) is None
+    empty = KeyRing(parse_keys("# none yet\n"))
+    for header in (None, "Bearer sk-alpha"):
+        with pytest.raises(OpenAIError) as caught:
+            empty.authenticate(header)
+        assert caught.value.status == 403
 
 
 @pytest.mark.parametrize("text", ["just-a-key", "name:", "a: k1\na: k2", "x: sha256:abcd", "x: k f1 f2"])

@@ -59,7 +59,8 @@ def test_table_backends_are_rewritten_and_aliases_stay_one_route() -> None:
     model = AIModel.model_validate(aimodel("chat-v1", f"{CLUSTER}/v1"))
     other = AIModel.model_validate(aimodel("chat-v2", "http://elsewhere:8000/v1"))
     feature = AIFeature.model_validate(aifeature("chat", [("chat-v1", 50), ("chat-v2", 50)]))
-    table = apply_overrides(build_route_table([feature], [model, other]), {CLUSTER: "http://127.0.0.1:39001"})
+    table = build_route_table([feature], [model, other], ["default"])
+    table = apply_overrides(table, {CLUSTER: "http://127.0.0.1:39001"})
     urls = {b.model: b.base_url for b in route_in(table, "chat").backends}
     assert urls == {"chat-v1": "http://127.0.0.1:39001", "chat-v2": "http://elsewhere:8000"}
     assert table.lookup("chat") is table.lookup("default/chat")

@@ -11,19 +11,26 @@ import pytest
 import yaml
 
 from servlane_core.routing.picking import bucket_of, effective_weights, pick_backend
-from servlane_core.routing.routes import Backend, Route, RouteTable, build_route_table, describe_shadowing
+from servlane_core.routing.routes import (
+    Backend,
+    Route,
+    RouteTable,
+    build_route_table,
+    describe_refused,
+    describe_shadowing,
+)
 from servlane_gateway.kube_watch import ObjectStore
 from servlane_gateway.sources import flatten_documents, load_routes_file, parse_objects
 from tests.gateway.gateway_harness import aifeature, aimodel, picked, route_in
 
 
-def table_of(*objects: dict[str, Any]) -> RouteTable:
-    return build_route_table(*parse_objects(flatten_documents(objects)))
+def table_of(*objects: dict[str, Any], serving: tuple[str, ...] = ("default",)) -> RouteTable:
+    return build_route_table(*parse_objects(flatten_documents(objects)), serving)
 
 
 def test_feature_routes_follow_status_weights_and_rewrite_to_served_names() -> None:
     table = table_of(
-        aimodel("chat-v1", "http://v1:8000/", served="org/chat"),
+        aimodel("chat-v1", "http://v1:8000/", served="org.chat"),
         aimodel("chat-v2", "http://v2:8000"),
         aifeature("chat", [("chat-v1", 90), ("chat-v2", 10)]),
     )
@@ -31,15 +38,16 @@ def test_feature_routes_follow_status_weights_and_rewrite_to_served_names() -> N
     assert route is not None
     assert route.is_feature
     assert [(b.model, b.weight, b.base_url, b.served_model_name) for b in route.backends] == [
-        ("chat-v1", 90, "http://v1:8000", "org/chat"),
+        ("chat-v1", 90, "http://v1:8000", "org.chat"),
         ("chat-v2", 10, "http://v2:8000", "chat-v2"),
     ]
     assert table.lookup("default/chat") is route
-    direct = table.lookup("org/chat")
+    direct = table.lookup("org.chat")
     assert direct is not None
     assert not direct.is_feature
+    assert table.lookup("default/org.chat") is direct
     assert direct.backends[0].model == "chat-v1"
-    assert table.names() == ["chat", "chat-v2", "org/chat"]
+    assert table.names() == ["chat", "chat-v2", "org.chat"]
 
 
 def test_spec_stands_in_until_the_operator_writes_weights() -> None:
@@ -103,7 +111,7 @@ def test_yaml_routes_file_with_several_documents(tmp_path: Path) -> None:
     path = tmp_path / "routes.yaml"
     docs = [aimodel("m", "http://m"), {"kind": "List", "items": [aifeature("f", [("m", 100)])]}]
     path.write_text(yaml.safe_dump_all(docs))
-    assert route_in(load_routes_file(path), "f").backends[0].base_url == "http://m"
+    assert route_in(load_routes_file(path), "default/f").backends[0].base_url == "http://m"
 
 
 def _model(backend: Backend | None) -> str:
@@ -151,27 +159,69 @@ def test_object_store_applies_watch_events() -> None:
     assert not store.synced  # features not listed yet: no partial table
     store.replace(("aifeatures", ""), [aifeature("f", [("m", 100)])])
     assert store.synced
-    assert route_in(store.table(), "f").backends[0].ready
+    assert route_in(store.table(), "default/f").backends[0].ready
     assert store.apply(("aimodels", ""), "MODIFIED", aimodel("m", "http://m", ready=False))
-    assert not route_in(store.table(), "f").backends[0].ready
+    assert not route_in(store.table(), "default/f").backends[0].ready
     store.apply(("aifeatures", ""), "MODIFIED", aifeature("f", [("n", 100)]))
-    assert route_in(store.table(), "f").backends[0].model == "n"
+    assert route_in(store.table(), "default/f").backends[0].model == "n"
     assert store.apply(("aimodels", ""), "DELETED", aimodel("n", "http://n"))
     assert not store.apply(("aimodels", ""), "BOOKMARK", {"metadata": {"resourceVersion": "9"}})
-    assert store.table().lookup("n") is None
+    assert store.table().lookup("default/n") is None
+    assert store.table().lookup("f") is None  # plain names come from the serving namespaces, set by the app
 
 
-def test_a_name_held_in_several_namespaces_goes_to_the_first_and_the_others_are_reported() -> None:
-    table = table_of(
-        aimodel("v1", "http://v1"),
-        aifeature("chat", [("v1", 100)], namespace="team-b"),
-        aifeature("chat", [("v1", 100)], namespace="team-a"),
-        aifeature("chat", [("v1", 100)], namespace="team-c"),
-        aifeature("search", [("v1", 100)], namespace="team-c"),
-    )
-    assert route_in(table, "chat").namespace == "team-a"
-    assert route_in(table, "team-c/chat").namespace == "team-c"
-    assert table.shadowed == {"chat": ("team-b", "team-c")}
+def in_namespace(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
+    return obj | {"metadata": {**obj["metadata"], "namespace": namespace}}
+
+
+SEVERAL = (
+    in_namespace(aimodel("v1", "http://v1"), "team-b"),
+    aifeature("chat", [("v1", 100)], namespace="team-b"),
+    aifeature("chat", [("v1", 100)], namespace="team-a"),
+    aifeature("chat", [("v1", 100)], namespace="team-c"),
+    aifeature("search", [("v1", 100)], namespace="team-c"),
+)
+
+
+def test_a_plain_name_resolves_only_in_the_serving_namespaces_in_their_order() -> None:
+    table = table_of(*SEVERAL, serving=("team-c", "team-b"))
+    assert route_in(table, "chat").namespace == "team-c"  # the first serving namespace, not the alphabetical
+    assert route_in(table, "search").namespace == "team-c"
+    assert route_in(table, "v1").namespace == "team-b"
+    assert table.shadowed == {"chat": ("team-b",)}  # team-a is not serving: it shadows nothing
     (line,) = describe_shadowing(table)
-    assert "'team-a'" in line
-    assert "'team-b', 'team-c' also hold it" in line
+    assert "'team-c', the first serving namespace" in line
+    assert "'team-b' also hold it" in line
+    assert "team-a" not in line
+    assert table.names() == ["chat", "search", "v1", "team-a/chat", "team-b/chat"]
+
+
+def test_outside_the_serving_namespaces_only_namespace_slash_name_works() -> None:
+    table = table_of(*SEVERAL, serving=("team-b",))
+    assert route_in(table, "chat").namespace == "team-b"
+    assert table.lookup("search") is None  # only team-c holds it, and team-c is not serving
+    for namespace in ("team-a", "team-b", "team-c"):
+        assert route_in(table, f"{namespace}/chat").namespace == namespace
+    assert route_in(table, "team-c/search").namespace == "team-c"
+    assert table.shadowed == {}
+    assert table_of(*SEVERAL, serving=()).lookup("chat") is None
+
+
+def test_a_served_name_with_a_slash_is_refused_and_cannot_shadow_namespace_slash_name() -> None:
+    table = table_of(
+        aifeature("chat", [("v1", 100)], namespace="prod"),
+        in_namespace(aimodel("v1", "http://v1:8000"), "prod"),
+        # An AIModel elsewhere whose served name reads like prod's feature: it must not take it over.
+        in_namespace(aimodel("impostor", "http://evil", served="prod/chat"), "attacker"),
+        in_namespace(aimodel("hf", "http://hf", served="meta-llama/Llama-3"), "prod"),
+        serving=("attacker", "prod"),
+    )
+    assert route_in(table, "prod/chat").backends[0].base_url == "http://v1:8000"
+    assert route_in(table, "chat").namespace == "prod"
+    assert table.lookup("attacker/prod/chat") is None
+    assert table.lookup("meta-llama/Llama-3") is None
+    assert table.refused == ("attacker/impostor", "prod/hf")
+    lines = describe_refused(table)
+    assert len(lines) == 2
+    assert "'attacker/impostor'" in lines[0]
+    assert table.names() == ["chat", "v1"]

@@ -281,7 +281,7 @@ def test_api_keys_secret_is_mounted_as_a_folder_for_rotation(helm: Helm) -> None
     lines = [line for line in secret["stringData"]["keys"].splitlines() if not line.startswith("#")]
     assert lines == [
         "team-a: sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
-        "team-b: sk-team-b-example chat,summarise",
+        "team-b: sha256:cda48a6e3aee0ac6e55ccf662fb0ead50a8c7b0f5d233ddff2c5885b70b4bce5 chat,summarise",
     ]
     gateway = one(objects, "Deployment", "mp-servlane-gateway")
     assert env_of(gateway)["SERVLANE_GATEWAY_KEYS_FILE"] == "/etc/servlane/api-keys/keys"
@@ -293,6 +293,56 @@ def test_api_keys_secret_is_mounted_as_a_folder_for_rotation(helm: Helm) -> None
     existing = helm.template(set_values=("gateway.apiKeys.existingSecret=my-keys",))
     assert not find(existing, "Secret")
     assert env_of(one(existing, "Deployment", "mp-servlane-gateway"))["SERVLANE_GATEWAY_KEYS_FILE"]
+
+
+def test_rendered_keys_file_is_what_the_gateway_parses_and_holds_only_digests(helm: Helm) -> None:
+    from servlane_gateway.access import KeyRing, parse_keys
+
+    objects = helm.template(CHART / "ci" / "secured-values.yaml")
+    text = one(objects, "Secret")["stringData"]["keys"]
+    keys = KeyRing(parse_keys(text))
+    assert [k.name for k in keys.keys] == ["team-a", "team-b"]
+    assert keys.authenticate("Bearer sk-team-b-example").name == "team-b"  # type: ignore[union-attr]
+    assert "sk-team-b-example" not in text
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "sk-team-a-plaintext",  # a plaintext key would sit in values and in Helm's release history
+        "sha256:abcd",  # too short
+        "sha256:" + "g" * 64,  # not hex
+        "sha256:" + "a" * 64 + " extra",
+    ],
+)
+def test_schema_refuses_api_keys_that_are_not_sha256_digests(helm: Helm, key: str) -> None:
+    settings = (
+        "--set",
+        "gateway.apiKeys.entries[0].name=team-a",
+        "--set-string",
+        f"gateway.apiKeys.entries[0].key={key}",
+    )
+    result = helm.run("template", "mp", str(CHART), *settings, check=False)
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert "at '/gateway/apiKeys/entries/0/key'" in result.stderr
+    assert key.split()[0] not in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("set_values", "serving"),
+    [
+        ((), "servlane-system"),  # watching every namespace: only the gateway's own
+        (("operator.watchNamespaces={prod,staging}",), "prod,staging"),
+        (("gateway.watchNamespaces={b,a}",), "b,a"),
+        (("gateway.watchNamespaces={a,b}", "gateway.servingNamespaces={b}"), "b"),
+    ],
+)
+def test_gateway_serving_namespaces_are_never_every_namespace(
+    helm: Helm, set_values: tuple[str, ...], serving: str
+) -> None:
+    env = env_of(one(helm.template(set_values=set_values), "Deployment", "mp-servlane-gateway"))
+    assert env["SERVLANE_GATEWAY_SERVING_NAMESPACES"] == serving
 
 
 def test_network_policies_admit_the_operator_to_the_gateway(helm: Helm) -> None:

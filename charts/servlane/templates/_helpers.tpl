@@ -85,6 +85,19 @@ Call with (dict "image" x "variant" "cuda" "root" $). */}}
 {{- join "," (default .Values.operator.watchNamespaces .Values.gateway.watchNamespaces) }}
 {{- end }}
 
+{{- /* Where plain model names resolve: explicit, else the watched namespaces, else the release namespace
+(never every namespace: an object in some other namespace must not take over a name clients call). */}}
+{{- define "servlane.gateway.servingNamespaces" -}}
+{{- $watched := include "servlane.gateway.namespaces" . }}
+{{- if .Values.gateway.servingNamespaces }}
+{{- join "," .Values.gateway.servingNamespaces }}
+{{- else if $watched }}
+{{- $watched }}
+{{- else }}
+{{- .Release.Namespace }}
+{{- end }}
+{{- end }}
+
 {{- define "servlane.apiKeysSecret" -}}
 {{- if .Values.gateway.apiKeys.existingSecret }}
 {{- .Values.gateway.apiKeys.existingSecret }}

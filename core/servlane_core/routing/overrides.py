@@ -58,13 +58,16 @@ def apply_overrides(table: RouteTable, overrides: Mapping[str, str]) -> RouteTab
     if not overrides:
         return table
     rewritten: dict[int, Route] = {}
-    routes: dict[str, Route] = {}
-    for name, route in table.routes.items():
+
+    def rewrite(route: Route) -> Route:
         if id(route) not in rewritten:
             backends = tuple(
                 dataclasses.replace(b, base_url=rewrite_url(b.base_url, overrides)) if b.base_url else b
                 for b in route.backends
             )
             rewritten[id(route)] = dataclasses.replace(route, backends=backends)
-        routes[name] = rewritten[id(route)]
-    return RouteTable(routes, table.shadowed)
+        return rewritten[id(route)]
+
+    routes = {name: rewrite(route) for name, route in table.routes.items()}
+    plain = {name: rewrite(route) for name, route in table.plain.items()}
+    return dataclasses.replace(table, routes=routes, plain=plain)

@@ -1,14 +1,22 @@
-"""The route table: which backends answer each model name, built by a pure function from API objects.
+"""The route table: which backends answer each model name, built by pure functions from API objects.
 
 A feature's weights come from AIFeature.status.weights (what the operator's rollout currently applies);
 before the operator has written a status, the spec (split, or model at 100) stands in so a fresh
 gateway still routes. An AIModel gets traffic only when its Ready condition is True and its status
 has an endpoint. Every AIModel can also be called directly by its served model name.
+
+Names: `namespace/name` always addresses exactly one feature (or, failing that, one AIModel by its
+served name) in that namespace. A plain `name` resolves only within the serving namespaces, an ordered
+list the gateway is configured with (a search path: the first serving namespace that holds the name
+answers it). Objects outside the serving namespaces are reachable only as `namespace/name`, so a new
+object in some other namespace can never take over a plain name that clients already use. A served
+model name containing `/` is refused (not routable by that name): it could be read as `namespace/name`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from servlane_api import AIFeature, AIModel
@@ -27,7 +35,7 @@ class Backend:
 
 @dataclass(frozen=True)
 class Route:
-    name: str  # what clients send as `model`; also the `feature` label
+    name: str  # what clients send as `model` (without the namespace); also the `feature` label
     namespace: str
     backends: tuple[Backend, ...]
     defaults: FeatureDefaults = field(default_factory=FeatureDefaults)
@@ -36,17 +44,27 @@ class Route:
 
 @dataclass(frozen=True)
 class RouteTable:
+    # `namespace/name` -> route: every feature and every directly callable AIModel.
     routes: dict[str, Route] = field(default_factory=dict)
-    # Plain names held in several namespaces: name -> the namespaces that do not get it (their objects
-    # stay reachable as `namespace/name`).
+    # plain name -> route, only from the serving namespaces (see resolve_plain_names).
+    plain: dict[str, Route] = field(default_factory=dict)
+    serving_namespaces: tuple[str, ...] = ()
+    # Plain names held in several serving namespaces: name -> the later serving namespaces that do not
+    # get it (their objects stay reachable as `namespace/name`).
     shadowed: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # `namespace/aimodel` of AIModels whose served name contains `/`: not callable by that name.
+    refused: tuple[str, ...] = ()
 
     def lookup(self, name: str) -> Route | None:
-        return self.routes.get(name)
+        """`namespace/name` addresses that namespace only; a plain name only the serving namespaces."""
+        return self.routes.get(name) if "/" in name else self.plain.get(name)
 
     def names(self) -> list[str]:
-        """Plain names only (the `namespace/name` aliases are not listed)."""
-        return sorted({route.name for route in self.routes.values()})
+        """Every name that lookup() answers once: the plain names, and `namespace/name` for the routes
+        that no plain name reaches (those outside the serving namespaces, and shadowed ones)."""
+        reached = {id(route) for route in self.plain.values()}
+        qualified = [key for key, route in self.routes.items() if id(route) not in reached]
+        return sorted(self.plain) + sorted(qualified)
 
 
 def is_ready(model: AIModel) -> bool:
@@ -92,39 +110,58 @@ def _feature_route(feature: AIFeature, models: dict[tuple[str, str], AIModel]) -
     return Route(feature.name, feature.namespace, tuple(backends), feature.spec.defaults, is_feature=True)
 
 
-def build_route_table(features: Iterable[AIFeature], models: Iterable[AIModel]) -> RouteTable:
-    """Features by name and `namespace/name`; AIModels by served name. Features win a name clash, and
-    between namespaces the alphabetically first namespace owns the plain name (the others are listed in
-    `shadowed`, for the gateway to warn about)."""
-    features = list(features)
+def build_route_table(
+    features: Iterable[AIFeature], models: Iterable[AIModel], serving_namespaces: Sequence[str] = ()
+) -> RouteTable:
+    """Features and AIModels (by served name) as `namespace/name`; a feature wins a clash with a served
+    name in its namespace. Plain names come from `serving_namespaces` (resolve_plain_names)."""
     by_key = {(m.namespace, m.name): m for m in models}
     routes: dict[str, Route] = {}
-    for model in sorted(by_key.values(), key=lambda m: (m.namespace, m.name), reverse=True):
+    refused: list[str] = []
+    for model in sorted(by_key.values(), key=lambda m: (m.namespace, m.name)):
         served = _served_name(model)
+        if "/" in served:
+            refused.append(f"{model.namespace}/{model.name}")
+            continue
         route = Route(served, model.namespace, (_backend(model, 100),), is_feature=False)
-        routes[served] = route
-        routes[f"{model.namespace}/{served}"] = route
-    for feature in sorted(features, key=lambda f: (f.namespace, f.name), reverse=True):
-        route = _feature_route(feature, by_key)
-        routes[feature.name] = route
-        routes[f"{feature.namespace}/{feature.name}"] = route
-    holders: dict[str, set[str]] = {}
+        routes.setdefault(f"{model.namespace}/{served}", route)
     for feature in features:
-        holders.setdefault(feature.name, set()).add(feature.namespace)
-    for model in by_key.values():
-        holders.setdefault(_served_name(model), set()).add(model.namespace)
-    shadowed = {
-        name: tuple(sorted(namespaces - {routes[name].namespace}))
-        for name, namespaces in sorted(holders.items())
-        if len(namespaces) > 1
-    }
-    return RouteTable(routes, shadowed)
+        routes[f"{feature.namespace}/{feature.name}"] = _feature_route(feature, by_key)
+    return resolve_plain_names(RouteTable(routes, refused=tuple(refused)), serving_namespaces)
+
+
+def resolve_plain_names(table: RouteTable, serving_namespaces: Sequence[str]) -> RouteTable:
+    """The table with its plain names taken from `serving_namespaces`, in that order: the first serving
+    namespace holding a name answers it; never the alphabetical or first-come owner."""
+    order = {ns: i for i, ns in reversed(list(enumerate(serving_namespaces)))}  # first mention wins
+    holders: dict[str, list[Route]] = {}
+    for route in table.routes.values():
+        if route.namespace in order:
+            holders.setdefault(route.name, []).append(route)
+    plain: dict[str, Route] = {}
+    shadowed: dict[str, tuple[str, ...]] = {}
+    for name, held in sorted(holders.items()):
+        held.sort(key=lambda r: order[r.namespace])
+        plain[name] = held[0]
+        if len(held) > 1:
+            shadowed[name] = tuple(r.namespace for r in held[1:])
+    serving = tuple(dict.fromkeys(serving_namespaces))
+    return dataclasses.replace(table, plain=plain, serving_namespaces=serving, shadowed=shadowed)
 
 
 def describe_shadowing(table: RouteTable) -> list[str]:
-    """One line per plain name that several namespaces hold, saying who gets it and how to reach the rest."""
+    """One line per plain name that several serving namespaces hold, saying who gets it and why."""
     return [
-        f"model name {name!r} routes to namespace {table.routes[name].namespace!r}; "
-        f"{', '.join(repr(ns) for ns in losers)} also hold it (call it there as '<namespace>/{name}')"
+        f"model name {name!r} routes to namespace {table.plain[name].namespace!r}, the first serving namespace "
+        f"that holds it; {', '.join(repr(ns) for ns in losers)} also hold it (call it there as '<namespace>/{name}')"
         for name, losers in table.shadowed.items()
+    ]
+
+
+def describe_refused(table: RouteTable) -> list[str]:
+    """One line per AIModel whose served name contains `/` (it would read as `namespace/name`)."""
+    return [
+        f"AIModel {key!r}: its served model name contains '/', which is reserved for '<namespace>/<name>'; "
+        "it is not callable by that name (a feature pointing at it still works)"
+        for key in table.refused
     ]

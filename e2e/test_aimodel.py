@@ -8,9 +8,10 @@ from functools import partial
 from typing import Any
 
 import pytest
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e.harness import ROOT, Kube, OperatorProcess, pod_spec, wait_until
+from e2e.harness import ROOT, Kube, OperatorProcess, pod_spec, present, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -20,6 +21,14 @@ GPU_MODEL: dict[str, Any] = {
     "resources": {"gpus": 2, "cpu": "4", "memory": "16Gi"},
     "autoscaling": {"minReplicas": 1, "maxReplicas": 3},
 }
+
+
+# The chart's gateway pod labels, by which the operator's NetworkPolicy admits the gateway to the model pods.
+GATEWAY_POD_LABELS = {"app.kubernetes.io/component": "gateway", "app.kubernetes.io/part-of": "servlane"}
+
+
+def networking(kube: Kube) -> client.NetworkingV1Api:
+    return client.NetworkingV1Api(kube.api)
 
 
 def ready(kube: Kube, ns: str, name: str) -> bool:
@@ -49,6 +58,33 @@ def test_model_becomes_deployment_service_hpa_on_gpu_nodes_and_ready(
     assert svc.spec.ports[0].port == 8000
     hpa = kube.autoscaling.read_namespaced_horizontal_pod_autoscaler("model-qwen", namespace)
     assert (hpa.spec.min_replicas, hpa.spec.max_replicas) == (1, 3)
+    policy = networking(kube).read_namespaced_network_policy("model-qwen", namespace)
+    assert policy.metadata is not None
+    assert policy.metadata.owner_references is not None
+    (policy_owner,) = policy.metadata.owner_references
+    assert (policy_owner.kind, policy_owner.name, policy_owner.controller) == ("AIModel", "qwen", True)
+    assert policy.spec is not None
+    # It selects exactly the model's pods (the Deployment's selector) ...
+    dep_selector = present(dep.spec, "deployment spec").selector
+    policy_selector = present(policy.spec.pod_selector, "network policy podSelector")
+    assert policy_selector.match_labels == dep_selector.match_labels == {"servlane.dev/model": "qwen"}
+    assert policy.spec.policy_types == ["Ingress"]
+    # ... and admits only the gateway pods, only on the serving port (the e2e operator is given no gateway
+    # namespace and no metrics scraper, so the gateway pods of any namespace and nothing else).
+    assert policy.spec.ingress is not None
+    (rule,) = policy.spec.ingress
+    assert rule.ports is not None
+    assert [(p.port, p.protocol) for p in rule.ports] == [("http", "TCP")]
+    assert rule._from is not None
+    (peer,) = rule._from
+    assert peer.pod_selector is not None
+    assert peer.pod_selector.match_labels == GATEWAY_POD_LABELS
+    assert peer.ip_block is None
+    assert peer.namespace_selector is not None
+    assert not peer.namespace_selector.match_labels
+    assert not peer.namespace_selector.match_expressions
+    container_ports = {p.name: p.container_port for p in pod_spec(dep).containers[0].ports or []}
+    assert container_ports["http"] == 8000  # the named port the policy admits is the one the Service targets
 
     pods = kube.core.list_namespaced_pod(namespace, label_selector="servlane.dev/model=qwen").items
     assert pods
@@ -91,13 +127,17 @@ def test_deleting_the_model_removes_its_children(kube: Kube, operator: OperatorP
     wait_until(
         "hpa exists", lambda: kube.autoscaling.read_namespaced_horizontal_pod_autoscaler("model-gone", namespace)
     )
+    wait_until(
+        "network policy exists", lambda: networking(kube).read_namespaced_network_policy("model-gone", namespace)
+    )
     kube.delete_model(namespace, "gone")
 
     def children_gone() -> bool:
         deps = kube.apps.list_namespaced_deployment(namespace).items
         svcs = kube.core.list_namespaced_service(namespace).items
         hpas = kube.autoscaling.list_namespaced_horizontal_pod_autoscaler(namespace).items
-        return not deps and not svcs and not hpas
+        policies = networking(kube).list_namespaced_network_policy(namespace).items
+        return not deps and not svcs and not hpas and not policies
 
     wait_until("garbage collection of children", children_gone, timeout=60)
 

@@ -402,3 +402,76 @@ def test_chart_crds_are_the_generated_crds() -> None:
         assert in_chart.get(name) == content, f"charts/servlane/crds/{name} differs: run `make chart-crds`"
     # The one addition: kopf's peering CRDs, which the peering objects of a multi-replica operator need.
     assert set(in_chart) - set(generated) == {"kopf-peering.yaml"}
+
+
+SCRAPER = "operator.modelNetworkPolicy.metricsScraper"
+SCRAPER_VARS = ("SERVLANE_METRICS_SCRAPER_NAMESPACE", "SERVLANE_METRICS_SCRAPER_LABELS")
+
+
+def test_model_network_policies_are_on_by_default_and_admit_no_scraper(helm: Helm) -> None:
+    env = env_of(one(helm.template(), "Deployment", "mp-servlane-operator"))
+    assert env["SERVLANE_MODEL_NETWORK_POLICY"] == "true"
+    assert env["SERVLANE_GATEWAY_NAMESPACE"] == "servlane-system"  # the gateway pods the policies admit
+    assert not set(SCRAPER_VARS) & env.keys()
+
+
+def test_the_metrics_scraper_is_passed_to_the_operator_as_it_parses_it(helm: Helm) -> None:
+    from servlane_operator.settings import OperatorSettings
+
+    objects = helm.template(
+        set_values=(
+            f"{SCRAPER}.namespace=monitoring",
+            f"{SCRAPER}.podLabels.zeta=z",
+            f"{SCRAPER}.podLabels.app\\.kubernetes\\.io/name=prometheus",
+        )
+    )
+    env = env_of(one(objects, "Deployment", "mp-servlane-operator"))
+    assert env["SERVLANE_MODEL_NETWORK_POLICY"] == "true"
+    assert env["SERVLANE_METRICS_SCRAPER_NAMESPACE"] == "monitoring"
+    assert env["SERVLANE_METRICS_SCRAPER_LABELS"] == "app.kubernetes.io/name=prometheus,zeta=z"  # sorted by key
+    settings = OperatorSettings.from_env(env)
+    assert settings.model_network_policy is True
+    assert settings.metrics_scraper_namespace == "monitoring"
+    assert settings.metrics_scraper_labels == {"app.kubernetes.io/name": "prometheus", "zeta": "z"}
+
+
+def test_a_scraper_namespace_without_labels_renders_no_label_variable(helm: Helm) -> None:
+    objects = helm.template(set_values=(f"{SCRAPER}.namespace=monitoring",))
+    env = env_of(one(objects, "Deployment", "mp-servlane-operator"))
+    assert env["SERVLANE_METRICS_SCRAPER_NAMESPACE"] == "monitoring"
+    assert "SERVLANE_METRICS_SCRAPER_LABELS" not in env
+
+
+def test_model_network_policies_can_be_turned_off(helm: Helm) -> None:
+    from servlane_operator.settings import OperatorSettings
+
+    objects = helm.template(set_values=("operator.modelNetworkPolicy.enabled=false", f"{SCRAPER}.namespace=monitoring"))
+    env = env_of(one(objects, "Deployment", "mp-servlane-operator"))
+    assert env["SERVLANE_MODEL_NETWORK_POLICY"] == "false"
+    assert not set(SCRAPER_VARS) & env.keys()  # nothing to admit a scraper to
+    assert OperatorSettings.from_env(env).model_network_policy is False
+
+
+def test_scraper_labels_without_a_namespace_fail_the_render(helm: Helm) -> None:
+    # The operator admits a scraper only from a named namespace: labels alone would silently admit nothing.
+    result = helm.run("template", "mp", str(CHART), "--set", f"{SCRAPER}.podLabels.app=prometheus", check=False)
+    assert result.returncode != 0
+    assert f"{SCRAPER}.podLabels needs metricsScraper.namespace" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        # A comma or '=' would corrupt the k=v,k2=v2 encoding the operator parses.
+        (f"{SCRAPER}.podLabels.app=a\\,b", "at '/operator/modelNetworkPolicy/metricsScraper/podLabels/app'"),
+        (f"{SCRAPER}.podLabels.a\\=b=c", "invalid propertyName 'a=b'"),
+        (f"{SCRAPER}.namespace=Monitoring", "at '/operator/modelNetworkPolicy/metricsScraper/namespace'"),
+        ("operator.modelNetworkPolicy.enabled=yes", "at '/operator/modelNetworkPolicy/enabled'"),
+        ("operator.modelNetworkPolicy.scraper.namespace=m", "additional properties 'scraper' not allowed"),
+    ],
+)
+def test_schema_rejects_bad_model_network_policy_values(helm: Helm, setting: str, message: str) -> None:
+    result = helm.run("template", "mp", str(CHART), "--set", setting, check=False)
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert message in result.stderr

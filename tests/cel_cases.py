@@ -219,6 +219,20 @@ CEL_CASES: tuple[RuleCases, ...] = (
             ai_model(model_spec(env=[{"name": "A", "value": "1"}, {"name": "B"}, {"name": "A", "value": "2"}])),
         ),
     ),
+    RuleCases(
+        "served-name-no-slash",
+        "servedModelName must not contain '/': the gateway reads 'a/b' as model 'b' in namespace 'a' "
+        "(use e.g. 'org.model' or 'org-model')",
+        good=(
+            ai_model(model_spec(servedModelName="org.qwen-2.5:7b_instruct")),
+            ai_model(model_spec()),  # defaults to metadata.name, which never holds '/'
+        ),
+        bad=(
+            ai_model(model_spec(servedModelName="Qwen/Qwen2.5-7B-Instruct")),
+            ai_model(model_spec(servedModelName="prod/chat")),
+            ai_model(model_spec(servedModelName="chat/")),
+        ),
+    ),
     # --- AIFeature ---
     RuleCases(
         "feature-name-length",

@@ -241,14 +241,23 @@ class AIModelSpec(CelValidated):
             "env must not set the same variable twice",
             lambda spec: len({e.name for e in spec.env}) == len(spec.env),
         ),
+        # The gateway reads `a/b` as model `b` of namespace `a`, so such a name could never be called (a rule,
+        # not the pattern, so the API server says why).
+        CelRule(
+            "!has(self.servedModelName) || !self.servedModelName.contains('/')",
+            "servedModelName must not contain '/': the gateway reads 'a/b' as model 'b' in namespace 'a' "
+            "(use e.g. 'org.model' or 'org-model')",
+            lambda spec: spec.served_model_name is None or "/" not in spec.served_model_name,
+        ),
     )
 
     source: ModelSource
     served_model_name: str | None = Field(
         default=None,
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$",  # `/` is refused by a CEL rule above, with a message
         max_length=253,
-        description="The model name clients send; defaults to the AIModel's name.",
+        description="The model name clients send (no '/': '<namespace>/<name>' calls another namespace's model); "
+        "defaults to the AIModel's name.",
     )
     engine: Engine = Field(default=Engine.VLLM, description="vllm, or transformers for CPU and small GPUs.")
     task: Task = Field(default=Task.GENERATE, description="generate (chat/completions) or embed (embeddings).")

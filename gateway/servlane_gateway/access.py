@@ -2,13 +2,18 @@
 
 File format (e.g. one Secret key mounted as a file), one entry per line:
 
-    NAME: KEY [FEATURE,FEATURE...]
+    NAME: KEY [SCOPE,SCOPE...]
 
 NAME labels the key (logs, rate limits) and is never secret. KEY is the bearer token, or `sha256:<hex>`
-to store only its hash. The optional comma-separated list limits the key to those features (or served
-model names); without it the key may call everything. A line whose first non-blank character is `#` is a
-comment; `#` anywhere else is part of the entry (a key may contain `#`: cutting it there would silently
-make a shorter, weaker key), so comments after an entry are an error, not ignored.
+to store only its hash. The optional comma-separated list limits the key to those scopes; without it the
+key may call everything. A scope names models the way a request does, so a key never reaches more than
+its scope reads as: `namespace/name` is exactly that feature (or served model name) in that
+namespace; a plain `name` is what a request for `name` gets, i.e. that name in the gateway's serving
+namespaces only (never `other-namespace/name`); `namespace/*` is everything in that namespace.
+
+A line whose first non-blank character is `#` is a comment; `#` anywhere else is part of the entry (a
+key may contain `#`: cutting it there would silently make a shorter, weaker key), so comments after an
+entry are an error, not ignored.
 
 Fail closed: with no keys file, access control is off; with a keys file, it is on, and a file without
 a single key refuses every request (an emptied Secret revokes everyone, it never opens the gateway).
@@ -19,22 +24,57 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from dataclasses import dataclass
 
 from servlane_core.protocol.errors import OpenAIError
+from servlane_core.routing.routes import Route, RouteTable
 
 HASH_PREFIX = "sha256:"
-ENTRY_FORMAT = "expected 'NAME: KEY [FEATURE,...]' (comments only on lines of their own)"
+ENTRY_FORMAT = "expected 'NAME: KEY [SCOPE,...]' (comments only on lines of their own)"
+SCOPE_FORMAT = "a scope is 'name', 'namespace/name' or 'namespace/*'"
+ANY_NAME = "*"
+# A Kubernetes namespace name (DNS-1123 label): a typo such as `Prod/*` is refused, not a scope that never matches.
+NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What one entry of a key's list lets it call; `namespace` None: a plain name (serving namespaces)."""
+
+    namespace: str | None
+    name: str  # ANY_NAME: everything in `namespace`
+
+    def covers(self, route: Route, table: RouteTable) -> bool:
+        if self.namespace is None:
+            # Resolved exactly as a request for the plain name is, so `chat` never reaches `other-ns/chat`,
+            # nor a namespace that a serving namespace earlier in the search path shadows.
+            found = table.plain.get(self.name)
+            return found is not None and (found.namespace, found.name) == (route.namespace, route.name)
+        return self.namespace == route.namespace and self.name in (ANY_NAME, route.name)
+
+
+def parse_scope(text: str) -> Scope:
+    """`name`, `namespace/name` or `namespace/*`; ValueError (without the text: it sits next to a key)."""
+    namespace, slash, name = text.rpartition("/")
+    if not slash:
+        if name == ANY_NAME:
+            raise ValueError(SCOPE_FORMAT)  # everything: leave the list out instead
+        return Scope(None, name)
+    if not NAMESPACE.fullmatch(namespace) or not name:
+        raise ValueError(SCOPE_FORMAT)
+    return Scope(namespace, name)
 
 
 @dataclass(frozen=True)
 class ApiKey:
     name: str
     digest: bytes  # SHA-256 of the key; the key itself is never kept
-    features: frozenset[str] | None  # None: every feature
+    scopes: frozenset[Scope] | None  # None: everything
 
-    def allows(self, feature: str) -> bool:
-        return self.features is None or feature in self.features
+    def allows(self, route: Route, table: RouteTable) -> bool:
+        """Whether this key may call `route` of `table` (the table that resolved the request)."""
+        return self.scopes is None or any(scope.covers(route, table) for scope in self.scopes)
 
 
 def hash_key(key: str) -> bytes:
@@ -61,12 +101,16 @@ def parse_key_line(line: str, number: int = 1) -> ApiKey | None:
             raise ValueError(f"line {number}: a sha256: key needs exactly 64 hex digits")
     else:
         digest = hash_key(secret)
-    features: frozenset[str] | None = None
+    scopes: frozenset[Scope] | None = None
     if len(parts) == 2:
-        features = frozenset(f for f in parts[1].split(",") if f)
-        if not features or any(f.startswith("#") for f in features):
+        entries = [f for f in parts[1].split(",") if f]
+        if not entries or any(f.startswith("#") for f in entries):
             raise ValueError(f"line {number}: {ENTRY_FORMAT}")
-    return ApiKey(name, digest, features)
+        try:
+            scopes = frozenset(parse_scope(f) for f in entries)
+        except ValueError as exc:
+            raise ValueError(f"line {number}: {exc}") from None
+    return ApiKey(name, digest, scopes)
 
 
 def parse_keys(text: str) -> list[ApiKey]:
@@ -124,11 +168,12 @@ class KeyRing:
         return key
 
 
-def authorize(key: ApiKey | None, feature: str) -> None:
-    if key is not None and not key.allows(feature):
+def authorize(key: ApiKey | None, route: Route, table: RouteTable, requested: str) -> None:
+    """403 unless `key` (None: access control off) may call `route`, which `requested` resolved to in `table`."""
+    if key is not None and not key.allows(route, table):
         raise OpenAIError(
             403,
-            f"This API key may not use the model '{feature}'.",
+            f"This API key may not use the model '{requested}'.",
             type="permission_error",
             param="model",
             code="model_not_allowed",

@@ -67,7 +67,7 @@ async def _watch_keys(state: GatewayState, path: Path, poll_seconds: float) -> N
 
 def _allowed(key: ApiKey, table: RouteTable, name: str) -> bool:
     route = table.lookup(name)
-    return route is not None and key.allows(route.name)
+    return route is not None and key.allows(route, table)
 
 
 def route_source_for(settings: GatewaySettings) -> RouteSource:
@@ -176,7 +176,7 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
         key = state.keys.authenticate(request.headers.get("authorization"))
         table = state.table
         names = table.names() if table else []
-        # A key's features are route names: `ns/chat` is listed to the keys that may call `chat`.
+        # Listed exactly when a request for the name would be allowed (the key's scopes resolve like requests).
         visible = [n for n in names if key is None or (table is not None and _allowed(key, table, n))]
         data = [{"id": n, "object": "model", "created": 0, "owned_by": "servlane"} for n in visible]
         return {"object": "list", "data": data}

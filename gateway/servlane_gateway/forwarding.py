@@ -185,13 +185,14 @@ async def _handle(state: GatewayState, request: Request, endpoint: str, call: Ca
     call.key_name = key.name if key else None
     priority = priority_of(request)
     body = parse_body(raw, state.limits)
-    route = state.table.lookup(body["model"]) if state.table else None
-    if route is None:
+    table = state.table
+    route = table.lookup(body["model"]) if table else None
+    if table is None or route is None:
         raise model_not_found(body["model"])
     call.feature = route.name
     call.namespace = route.namespace
-    authorize(key, route.name)
-    state.limiter.admit(call.key_name, route.name)
+    authorize(key, route, table, body["model"])
+    state.limiter.admit(call.key_name, route.namespace, route.name)
     apply_defaults(body, route.defaults, endpoint)
     return await _forward(state, request, endpoint, call, route, body, priority)
 
@@ -314,7 +315,7 @@ def _usage_of(content: bytes) -> object:
 
 def _count_usage(state: GatewayState, call: Call, usage: object) -> None:
     tokens = state.metrics.record_usage(call.namespace, call.feature, call.model, usage)
-    state.limiter.charge_tokens(call.key_name, call.feature, tokens)
+    state.limiter.charge_tokens(call.key_name, call.namespace, call.feature, tokens)
 
 
 def _stream_done(state: GatewayState, call: Call, status: int, result: StreamResult) -> None:

@@ -1,5 +1,8 @@
 """Token buckets for requests and tokens per minute, per API key and per feature.
 
+A feature's buckets are keyed by its namespace and name: team A's `chat` and team B's `chat` are two
+features with two budgets, never one shared by whoever calls either.
+
 Requests are taken before proxying. Tokens are not known until the backend answers, so a request is
 admitted while the token bucket is not in debt, and the usage it reports is charged afterwards (the
 bucket may go negative, which holds back the next requests until it refills). A bucket holds at most
@@ -59,7 +62,7 @@ class _Buckets:
 
 @dataclass
 class RateLimiter:
-    """Buckets per (scope, name), e.g. ("key", "team-a") or ("feature", "chat"), created on first use."""
+    """Buckets per (scope, name), e.g. ("key", "team-a") or ("feature", "prod/chat"), created on first use."""
 
     per_key: Limits = field(default_factory=Limits)
     per_feature: Limits = field(default_factory=Limits)
@@ -78,16 +81,17 @@ class RateLimiter:
             self._buckets[(scope, name)] = found
         return found
 
-    def _scopes(self, key_name: str | None, feature: str) -> list[tuple[str, _Buckets]]:
-        scopes = [("feature", self._get("feature", feature))]
+    def _scopes(self, key_name: str | None, namespace: str, feature: str) -> list[tuple[str, _Buckets]]:
+        scopes = [("feature", self._get("feature", f"{namespace}/{feature}"))]
         if key_name is not None:
             scopes.insert(0, ("key", self._get("key", key_name)))
         return scopes
 
-    def admit(self, key_name: str | None, feature: str) -> None:
-        """Take one request from every applicable bucket, or none of them and raise 429 with Retry-After."""
+    def admit(self, key_name: str | None, namespace: str, feature: str) -> None:
+        """Take one request from every applicable bucket, or none of them and raise 429 with Retry-After.
+        `namespace`/`feature`: the resolved route's, never the name the client sent."""
         waits: list[tuple[float, str]] = []
-        scopes = self._scopes(key_name, feature)
+        scopes = self._scopes(key_name, namespace, feature)
         for scope, buckets in scopes:
             if buckets.requests is not None:
                 waits.append((buckets.requests.wait_for(1), f"requests per minute for this {scope}"))
@@ -104,7 +108,7 @@ class RateLimiter:
             if buckets.requests is not None:
                 buckets.requests.take(1)
 
-    def charge_tokens(self, key_name: str | None, feature: str, tokens: int) -> None:
-        for _, buckets in self._scopes(key_name, feature):
+    def charge_tokens(self, key_name: str | None, namespace: str, feature: str, tokens: int) -> None:
+        for _, buckets in self._scopes(key_name, namespace, feature):
             if buckets.tokens is not None and tokens > 0:
                 buckets.tokens.take(tokens)

@@ -107,9 +107,15 @@ def refused_url() -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def aimodel(name: str, endpoint: str | None, ready: bool = True, served: str | None = None) -> dict[str, Any]:
+def aimodel(
+    name: str, endpoint: str | None, ready: bool = True, served: str | None = None, status_served: str | None = None
+) -> dict[str, Any]:
+    """`status_served`: a served name in the status only, where the spec's rules do not reach (e.g. one with
+    `/`, which the API refuses in the spec but an operator could still have reported)."""
     conditions = [{"type": "Ready", "status": "True" if ready else "False", "reason": "Test"}]
     status: dict[str, Any] = {"conditions": conditions}
+    if status_served:
+        status["servedModelName"] = status_served
     if endpoint:
         status["endpoint"] = endpoint
     spec: dict[str, Any] = {"source": {"uri": "/models/x"}, "engine": "transformers"}

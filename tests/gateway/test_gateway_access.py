@@ -11,9 +11,12 @@ import pytest
 from servlane_api.aifeature import FeatureDefaults
 from servlane_core.protocol.errors import OpenAIError
 from servlane_core.routing.defaults import apply_defaults
-from servlane_gateway.access import KeyRing, authorize, parse_keys
+from servlane_core.routing.routes import RouteTable, build_route_table
+from servlane_gateway.access import ApiKey, KeyRing, authorize, parse_keys
 from servlane_gateway.ratelimit import Limits, RateLimiter, TokenBucket
 from servlane_gateway.settings import parse_settings
+from servlane_gateway.sources import parse_objects
+from tests.gateway.gateway_harness import aifeature
 
 KEYS = """
 # team keys
@@ -54,15 +57,87 @@ def test_missing_or_bad_keys_are_401_without_the_key_in_the_message(header: str 
     assert "sk-wrong" not in caught.value.message
 
 
+def feature(name: str, namespace: str) -> dict[str, Any]:
+    return aifeature(name, [("m", 100)], namespace=namespace)
+
+
+def routes(serving: tuple[str, ...] = ("prod", "staging")) -> RouteTable:
+    """`chat` in prod, staging and team-b; `summarise` in prod; `search` only in team-b (not serving)."""
+    objects = [feature("chat", ns) for ns in ("prod", "staging", "team-b")]
+    objects += [feature("summarise", "prod"), feature("search", "team-b")]
+    return build_route_table(*parse_objects(objects), serving)
+
+
+def may_call(key: ApiKey | None, name: str, table: RouteTable | None = None) -> bool:
+    """Whether `key` may call what a request for `name` resolves to."""
+    table = table or routes()
+    route = table.lookup(name)
+    assert route is not None, name
+    refusal: OpenAIError | None = None
+    try:
+        authorize(key, route, table, name)
+    except OpenAIError as refused:
+        refusal = refused
+    if refusal is None:
+        return True
+    assert (refusal.status, refusal.body()["error"]["param"]) == (403, "model")
+    return False
+
+
+def scoped(scopes: str) -> ApiKey:
+    key = parse_keys(f"k: sk-k {scopes}")[0]
+    assert key.scopes is not None
+    return key
+
+
 def test_keys_limited_to_features_get_403_elsewhere() -> None:
     keys = ring()
     team_b = keys.authenticate("Bearer sk-bravo")
-    authorize(team_b, "chat")
-    with pytest.raises(OpenAIError) as caught:
-        authorize(team_b, "summarise")
-    assert caught.value.status == 403
-    assert caught.value.body()["error"]["param"] == "model"
-    authorize(keys.authenticate("Bearer sk-alpha"), "summarise")
+    assert may_call(team_b, "chat")
+    assert not may_call(team_b, "summarise")
+    assert may_call(keys.authenticate("Bearer sk-alpha"), "summarise")
+    assert may_call(None, "team-b/search")  # access control off
+
+
+def test_a_plain_scope_reaches_only_what_a_request_for_that_name_gets() -> None:
+    key = scoped("chat")
+    assert may_call(key, "chat")
+    assert may_call(key, "prod/chat")  # the same object, by its full name
+    # Not the same name elsewhere: another team's, nor a serving namespace later in the search path.
+    assert not may_call(key, "team-b/chat")
+    assert not may_call(key, "staging/chat")
+    # The scope follows the search path, exactly as requests do.
+    assert may_call(key, "staging/chat", routes(serving=("staging", "prod")))
+    assert not may_call(key, "prod/chat", routes(serving=("staging", "prod")))
+
+
+def test_a_namespaced_scope_is_exactly_that_object_and_ns_star_the_whole_namespace() -> None:
+    exact = scoped("team-b/chat")
+    assert may_call(exact, "team-b/chat")
+    assert not may_call(exact, "chat")  # prod's
+    assert not may_call(exact, "team-b/search")
+    team_b = scoped("team-b/*")
+    assert may_call(team_b, "team-b/chat")
+    assert may_call(team_b, "team-b/search")
+    assert not may_call(team_b, "chat")
+    assert not may_call(team_b, "summarise")
+    both = scoped("summarise,team-b/*")
+    assert [may_call(both, n) for n in ("summarise", "team-b/search", "chat")] == [True, True, False]
+
+
+def test_existing_key_files_keep_their_meaning() -> None:
+    """Plain entries parse as before; a key without a list may call everything."""
+    key = parse_keys("team-b: sk-bravo chat,embed")[0]
+    assert key.scopes is not None
+    assert {(s.namespace, s.name) for s in key.scopes} == {(None, "chat"), (None, "embed")}
+    assert parse_keys("team-a: sk-alpha")[0].scopes is None
+
+
+@pytest.mark.parametrize("scopes", ["*", "/chat", "prod/", "a/b/c", "Prod/*", "prod_x/chat", "chat,/x"])
+def test_malformed_scopes_are_refused_by_line_number(scopes: str) -> None:
+    with pytest.raises(ValueError, match="line 2: a scope is") as caught:
+        parse_keys(f"# keys\nk: sk-secret {scopes}")
+    assert "sk-secret" not in str(caught.value)
 
 
 def test_no_keys_file_means_access_control_off_but_a_file_without_keys_refuses_everyone() -> None:
@@ -98,29 +173,45 @@ def test_token_bucket_refills_at_its_rate_up_to_one_minute() -> None:
 def test_rate_limiter_answers_429_with_retry_after_and_takes_all_or_nothing() -> None:
     clock = Clock()
     limiter = RateLimiter(per_key=Limits(requests_per_minute=2), per_feature=Limits(requests_per_minute=3), clock=clock)
-    limiter.admit("a", "chat")
-    limiter.admit("a", "chat")
+    limiter.admit("a", "prod", "chat")
+    limiter.admit("a", "prod", "chat")
     with pytest.raises(OpenAIError) as caught:
-        limiter.admit("a", "chat")
+        limiter.admit("a", "prod", "chat")
     assert caught.value.status == 429
     assert caught.value.headers()["Retry-After"] == "30"
-    limiter.admit("b", "chat")  # the feature's third request
+    limiter.admit("b", "prod", "chat")  # the feature's third request
     with pytest.raises(OpenAIError):
-        limiter.admit("c", "chat")  # the feature is out: key c must not have paid
+        limiter.admit("c", "prod", "chat")  # the feature is out: key c must not have paid
     clock.now += 20  # one feature request refilled
-    limiter.admit("c", "chat")
+    limiter.admit("c", "prod", "chat")
+
+
+def test_features_of_the_same_name_in_two_namespaces_have_their_own_buckets() -> None:
+    clock = Clock()
+    limiter = RateLimiter(per_feature=Limits(requests_per_minute=2, tokens_per_minute=600), clock=clock)
+    limiter.admit(None, "team-a", "chat")
+    limiter.admit(None, "team-a", "chat")
+    with pytest.raises(OpenAIError) as caught:
+        limiter.admit(None, "team-a", "chat")
+    assert "requests per minute for this feature" in caught.value.message
+    limiter.admit(None, "team-b", "chat")  # team B's chat is untouched by team A's traffic
+    limiter.charge_tokens(None, "team-b", "chat", 1000)  # team B into debt ...
+    with pytest.raises(OpenAIError):
+        limiter.admit(None, "team-b", "chat")
+    clock.now += 30  # ... team A's requests refill, its tokens were never charged
+    limiter.admit(None, "team-a", "chat")
 
 
 def test_token_limit_charges_usage_after_the_fact() -> None:
     clock = Clock()
     limiter = RateLimiter(per_key=Limits(tokens_per_minute=600), clock=clock)
-    limiter.admit("a", "chat")
-    limiter.charge_tokens("a", "chat", 900)  # into debt by 300 tokens
+    limiter.admit("a", "prod", "chat")
+    limiter.charge_tokens("a", "prod", "chat", 900)  # into debt by 300 tokens
     with pytest.raises(OpenAIError) as caught:
-        limiter.admit("a", "chat")
+        limiter.admit("a", "prod", "chat")
     assert caught.value.headers()["Retry-After"] == "31"  # 301 tokens at 10 per second
     clock.now += 31
-    limiter.admit("a", "chat")
+    limiter.admit("a", "prod", "chat")
 
 
 def test_feature_defaults_fill_gaps_and_cap_max_tokens() -> None:

@@ -1,11 +1,13 @@
 """API keys fail closed: a configured keys file without keys refuses everyone (at start and after a rotation
-empties it), malformed lines are reported by number only, and `#` is a comment only at a line's start."""
+empties it), malformed lines are reported by number only, and `#` is a comment only at a line's start.
+Key scopes and feature rate limits carry the namespace: same-named features of two namespaces stay apart."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -122,3 +124,43 @@ def test_a_hash_inside_a_key_is_part_of_the_key() -> None:
     with pytest.raises(OpenAIError) as caught:
         keys.authenticate("Bearer sk-a")  # the part before '#' is not a key
     assert caught.value.status == 401
+
+
+def in_namespace(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
+    return obj | {"metadata": {**obj["metadata"], "namespace": namespace}}
+
+
+def two_teams(upstreams: dict[str, Upstream]) -> list[dict[str, Any]]:
+    """`chat` in team-a (the serving namespace, answered by v1) and in team-b (answered by v2)."""
+    return [
+        in_namespace(aimodel("m", upstreams["v1"].url), "team-a"),
+        in_namespace(aimodel("m", upstreams["v2"].url), "team-b"),
+        in_namespace(aifeature("chat", [("m", 100)]), "team-a"),
+        in_namespace(aifeature("chat", [("m", 100)]), "team-b"),
+    ]
+
+
+def call(gateway: Gateway, model: str, key: str | None = None) -> int:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+    return httpx.post(gateway.url + "/v1/chat/completions", json=body, headers=headers, timeout=10).status_code
+
+
+def test_key_scopes_carry_the_namespace(upstreams: dict[str, Upstream], start_gateway: StartGateway) -> None:
+    keys = "plain: sk-plain chat\nexact: sk-exact team-b/chat\nteam-b: sk-team-b team-b/*\n"
+    gateway = start_gateway(two_teams(upstreams), keys=keys, serving_namespaces=["team-a"])
+    assert [call(gateway, m, "sk-plain") for m in ("chat", "team-a/chat", "team-b/chat")] == [200, 200, 403]
+    assert [call(gateway, m, "sk-exact") for m in ("chat", "team-a/chat", "team-b/chat")] == [403, 403, 200]
+    assert [call(gateway, m, "sk-team-b") for m in ("chat", "team-b/chat", "team-b/m")] == [403, 200, 200]
+    listed = {key: [e["id"] for e in models(gateway, key).json()["data"]] for key in ("sk-plain", "sk-team-b")}
+    assert listed == {"sk-plain": ["chat"], "sk-team-b": ["team-b/chat", "team-b/m"]}
+
+
+def test_same_named_features_of_two_namespaces_do_not_share_a_rate_limit(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway
+) -> None:
+    gateway = start_gateway(two_teams(upstreams), serving_namespaces=["team-a"], feature_requests_per_minute=1)
+    assert call(gateway, "chat") == 200
+    assert call(gateway, "team-a/chat") == 429  # the same feature, by its full name: the same bucket
+    assert call(gateway, "team-b/chat") == 200  # team B's chat has its own
+    assert call(gateway, "team-b/chat") == 429

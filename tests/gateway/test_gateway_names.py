@@ -33,7 +33,7 @@ def objects(upstreams: dict[str, Upstream]) -> list[dict[str, Any]]:
         aifeature("chat", [("m", 100)], namespace="prod"),
         aifeature("chat", [("m", 100)], namespace="aaa-other"),  # alphabetically first: must not matter
         aifeature("only-other", [("m", 100)], namespace="aaa-other"),
-        in_namespace(aimodel("impostor", upstreams["v2"].url, served="prod/chat"), "aaa-other"),
+        in_namespace(aimodel("impostor", upstreams["v2"].url, status_served="prod/chat"), "aaa-other"),
     ]
 
 

@@ -212,8 +212,9 @@ def test_a_served_name_with_a_slash_is_refused_and_cannot_shadow_namespace_slash
         aifeature("chat", [("v1", 100)], namespace="prod"),
         in_namespace(aimodel("v1", "http://v1:8000"), "prod"),
         # An AIModel elsewhere whose served name reads like prod's feature: it must not take it over.
-        in_namespace(aimodel("impostor", "http://evil", served="prod/chat"), "attacker"),
-        in_namespace(aimodel("hf", "http://hf", served="meta-llama/Llama-3"), "prod"),
+        # The API refuses '/' in spec.servedModelName; the route table still refuses one in the status.
+        in_namespace(aimodel("impostor", "http://evil", status_served="prod/chat"), "attacker"),
+        in_namespace(aimodel("hf", "http://hf", status_served="meta-llama/Llama-3"), "prod"),
         serving=("attacker", "prod"),
     )
     assert route_in(table, "prod/chat").backends[0].base_url == "http://v1:8000"
@@ -225,3 +226,13 @@ def test_a_served_name_with_a_slash_is_refused_and_cannot_shadow_namespace_slash
     assert len(lines) == 2
     assert "'attacker/impostor'" in lines[0]
     assert table.names() == ["chat", "v1"]
+
+
+def test_a_slash_in_spec_served_name_is_invalid_and_the_gateway_leaves_the_aimodel_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Admission refuses it (CEL); an object stored before the rule existed is logged and skipped, never routed."""
+    with caplog.at_level("WARNING", logger="servlane_gateway.sources"):
+        table = table_of(aimodel("hf", "http://hf", served="meta-llama/Llama-3"), aimodel("ok", "http://ok"))
+    assert table.names() == ["ok"]
+    assert any("'hf'" in r.getMessage() and "must not contain '/'" in r.getMessage() for r in caplog.records)

@@ -28,8 +28,8 @@ Versions = tuple[Gateway, list[dict[str, Any]]]
 @pytest.fixture
 def two_versions(upstreams: dict[str, Upstream], start_gateway: StartGateway) -> Versions:
     objects = [
-        aimodel("chat-v1", upstreams["v1"].url, served="org/chat-1"),
-        aimodel("chat-v2", upstreams["v2"].url, served="org/chat-2"),
+        aimodel("chat-v1", upstreams["v1"].url, status_served="org/chat-1"),
+        aimodel("chat-v2", upstreams["v2"].url, status_served="org/chat-2"),
         aifeature("chat", [("chat-v1", 50), ("chat-v2", 50)]),
         aifeature("only-v1", [("chat-v1", 100)], defaults={"systemPrompt": "Be brief.", "maxTokensCap": 8}),
     ]

@@ -11,6 +11,7 @@ list the gateway is configured with (a search path: the first serving namespace 
 answers it). Objects outside the serving namespaces are reachable only as `namespace/name`, so a new
 object in some other namespace can never take over a plain name that clients already use. A served
 model name containing `/` is refused (not routable by that name): it could be read as `namespace/name`.
+The CRD already refuses `/` in spec.servedModelName; this also covers a name reported in the status.
 """
 
 from __future__ import annotations

@@ -6,6 +6,11 @@ KWOK pods become Ready without running, so the AIModels' in-cluster endpoints ar
 gateway's --endpoint-override to the runtime processes on loopback. The rollback scenario writes its
 measurements (time from the first canary failure to all traffic on the stable, failed client requests
 meanwhile) to .artifacts/canary-rollback.json, or to $CANARY_RESULTS (bench/canary_bench.py sets it).
+
+bench/canary_bench.py also measures that scenario at the shipped defaults, through environment variables
+that only it sets (unset, everything runs as in CI): CANARY_ROLLBACK_ROLLOUT (the rollout as JSON; `{}`
+leaves every field to the CRD's defaults), CANARY_ROLLBACK_TIMEOUT_SECONDS, and the module's
+CANARY_PROMETHEUS_SCRAPE_INTERVAL_SECONDS and CANARY_ANALYSIS_INTERVAL_SECONDS.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +45,10 @@ CPU_MODEL: dict[str, Any] = {"source": {"uri": "/models/tiny"}, "engine": "trans
 STEPS = [25, 50, 100]
 MIN_REQUESTS = 3
 ANALYSIS = {"maxErrorRate": 0.1, "minRequests": MIN_REQUESTS}
+# CI scrapes every second and analyses every 0.5 s so the 3 s steps take seconds; the bench sets the shipped
+# defaults (15 s scrapes as the chart assumes, a 10 s analysis timer) to measure what a user gets.
+SCRAPE_INTERVAL_SECONDS = float(os.environ.get("CANARY_PROMETHEUS_SCRAPE_INTERVAL_SECONDS", "1"))
+ANALYSIS_INTERVAL_SECONDS = float(os.environ.get("CANARY_ANALYSIS_INTERVAL_SECONDS", "0.5"))
 
 
 def _unavailable(reason: str) -> None:
@@ -170,8 +180,10 @@ def prometheus(gateway_port: int, workdir: Path) -> Iterator[str]:
     data = workdir / "prometheus"
     shutil.rmtree(data, ignore_errors=True)
     data.mkdir()
+    every = f"{SCRAPE_INTERVAL_SECONDS:g}s"
     (data / "prometheus.yml").write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: gateway\n"
+        f"global:\n  scrape_interval: {every}\n  evaluation_interval: {every}\n"
+        "scrape_configs:\n  - job_name: gateway\n"
         f"    static_configs:\n      - targets: ['127.0.0.1:{gateway_port}']\n"
     )
     port = free_port()
@@ -203,9 +215,9 @@ def canary_operator(operator: OperatorProcess, prometheus: str) -> Iterator[Oper
     operator.stop()
     env = {
         "SERVLANE_PROMETHEUS_URL": prometheus,
-        "SERVLANE_ANALYSIS_INTERVAL_SECONDS": "0.5",
-        # The Prometheus above scrapes every second: 3 s intervals are two scrapes and more, not raised.
-        "SERVLANE_PROMETHEUS_SCRAPE_INTERVAL_SECONDS": "1",
+        "SERVLANE_ANALYSIS_INTERVAL_SECONDS": f"{ANALYSIS_INTERVAL_SECONDS:g}",
+        # The Prometheus above scrapes every second (in CI): 3 s intervals are two scrapes and more, not raised.
+        "SERVLANE_PROMETHEUS_SCRAPE_INTERVAL_SECONDS": f"{SCRAPE_INTERVAL_SECONDS:g}",
     }
     own = OperatorProcess(operator.kubeconfig, ARTIFACTS / "operator-canary-full.log", extra_env=env)
     try:
@@ -291,6 +303,15 @@ def rollout(interval: str) -> dict[str, Any]:
     return {"steps": STEPS, "interval": interval, "analysis": ANALYSIS}
 
 
+def rollback_rollout() -> dict[str, Any]:
+    """The rollback scenario's rollout: CI's 3 s one, or the bench's (`{}`: the CRD's defaults)."""
+    text = os.environ.get("CANARY_ROLLBACK_ROLLOUT")
+    return rollout("3s") if text is None else dict(json.loads(text))
+
+
+ROLLBACK_TIMEOUT_SECONDS = float(os.environ.get("CANARY_ROLLBACK_TIMEOUT_SECONDS", "60"))
+
+
 # --- scenarios ---
 
 
@@ -336,17 +357,19 @@ def test_a_canary_whose_runtime_dies_is_rolled_back(
     bad = RuntimeProcess(runtime_config(model_dir, "bad"), workdir).start()
     try:
         bad.wait("ready")
-        serve_chat(kube, namespace, "v1", "bad", rollout("3s"))
+        serve_chat(kube, namespace, "v1", "bad", rollback_rollout())
         backends = {"v1": runtimes["v1"].base_url, "bad": bad.base_url}
         stack["gateway"] = gateway = start_gateway(kube, namespace, gateway_port, backends, workdir)
         with Load(gateway.url + "/v1") as load:
             wait_served(load, "v1")
             kube.patch_feature(namespace, "chat", {"spec": {"model": "bad"}})
             wait_served(load, "bad", count=MIN_REQUESTS, timeout=60)
-            weight_at_failure = status(kube, namespace).get("canaryWeight")
+            at_failure = status(kube, namespace)
+            weight_at_failure = at_failure.get("canaryWeight")
             # The canary's process dies and comes back broken (its model no longer loads: it exits), as a
             # crash-looping pod would: the gateway gets 5xx for the canary's share of the traffic.
             killed_at = time.monotonic()
+            killed_wall = time.time()
             bad.kill()
             bad.start(model_source=str(workdir / "missing-model"))
             assert bad.wait_exit(timeout=60) == MODEL_LOAD_FAILED
@@ -355,12 +378,13 @@ def test_a_canary_whose_runtime_dies_is_rolled_back(
                 s = status(kube, namespace)
                 return s if s.get("phase") == "RolledBack" else None
 
-            final = wait_until("rollback", rolled_back, timeout=60, interval=0.1)
+            final = wait_until("rollback", rolled_back, timeout=ROLLBACK_TIMEOUT_SECONDS, interval=0.1)
             status_at = time.monotonic()
             wait_until("gateway on v1 only", lambda: gateway.route_weights() == {"v1": 100.0}, 30, interval=0.05)
             stable_at = time.monotonic()
             wait_until("clients served by v1 again", lambda: load.only_answered_by("v1", stable_at), timeout=30)
         outcomes = load.snapshot()
+        applied_rollout = kube.get_feature(namespace, "chat")["spec"]["rollout"]
     finally:
         bad.stop()
 
@@ -370,15 +394,22 @@ def test_a_canary_whose_runtime_dies_is_rolled_back(
     assert degraded["status"] == "True"
     assert "maxErrorRate" in degraded["message"]
     failures = [o for o in outcomes if o.error is not None and o.ended >= killed_at]
-    assert failures, "the dead canary's share should have failed before the rollback"
-    first_failure = min(o.ended for o in failures)
+    # Clients may see no failure at all: the gateway retries a refused connection once on the stable, and the
+    # rollback can land before the broken restart answers any 503. The analysis still counts every refused
+    # canary attempt (the Degraded message above), and whatever did fail started before the rollback.
     assert all(o.started < stable_at for o in failures)  # nothing fails once all traffic is on the stable
+    # With no client-visible failure, the failure starts at the kill.
+    first_failure = min((o.ended for o in failures), default=killed_at)
     record = {
         "scenario": "canary runtime SIGKILLed at its first step, restarted broken (5xx); Prometheus-read analysis",
-        "rollout": rollout("3s"),
+        "rollout": applied_rollout,  # as the API server stored it, CRD defaults filled in
         "canary_weight_when_killed": weight_at_failure,
         "canary_weight_at_rollback": final["analyses"][-1]["canaryWeight"],
-        "prometheus_scrape_interval_seconds": 1,
+        "prometheus_scrape_interval_seconds": SCRAPE_INTERVAL_SECONDS,
+        "operator_analysis_interval_seconds": ANALYSIS_INTERVAL_SECONDS,
+        "step_started_at_when_killed": at_failure.get("stepStartedAt"),
+        "seconds_step_started_to_kill": _seconds_since(at_failure.get("stepStartedAt"), killed_wall),
+        "seconds_kill_to_first_failure": round(first_failure - killed_at, 3),
         "seconds_first_failure_to_rolled_back_status": round(status_at - first_failure, 3),
         "seconds_first_failure_to_all_traffic_on_stable": round(stable_at - first_failure, 3),
         "seconds_kill_to_all_traffic_on_stable": round(stable_at - killed_at, 3),
@@ -394,6 +425,13 @@ def test_a_canary_whose_runtime_dies_is_rolled_back(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
     print("\ncanary rollback:", json.dumps(record, indent=2))
+
+
+def _seconds_since(rfc3339: str | None, wall: float) -> float | None:
+    """Wall seconds from a status timestamp (whole seconds) to `wall`; None when the status had none."""
+    if not rfc3339:
+        return None
+    return round(wall - datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp(), 3)
 
 
 def test_operator_killed_mid_rollout_resumes_without_a_traffic_jump(

@@ -115,7 +115,9 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
     state = GatewayState(
         metrics=GatewayMetrics(),
         limiter=RateLimiter(
-            per_key=Limits(settings.key_requests_per_minute, settings.key_tokens_per_minute),
+            per_key=Limits(
+                settings.key_requests_per_minute, settings.key_tokens_per_minute, settings.key_max_in_flight
+            ),
             per_feature=Limits(settings.feature_requests_per_minute, settings.feature_tokens_per_minute),
         ),
         timeouts=timeouts,
@@ -126,6 +128,7 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
         ),
         unavailable_retry_after=settings.unavailable_retry_after,
         keys=load_key_ring(settings.keys_file),  # fails fast on a malformed keys file
+        reserved_completion_tokens=settings.reserved_completion_tokens,
     )
     if settings.keys_file is not None:
         log_key_ring(state.keys, settings.keys_file)

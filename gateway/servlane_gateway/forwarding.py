@@ -4,6 +4,11 @@ The body is parsed once into a dict; the feature's defaults and the backend's se
 written into it and it is serialised once per attempt. A backend that refuses the connection is
 retried once on another ready backend; nothing has reached the client at that point, and nothing is
 retried after the upstream accepted the request.
+
+Every stream is charged: the backend is always asked for its usage chunk (`stream_options.include_usage`),
+and when the client did not ask for it, the relay cuts that one chunk out of what the client gets.
+A request admitted by the limiter holds an `Admission` (an in-flight place, a token reservation) that is
+settled exactly once when the request ends: with its usage, else as unknown or as nothing used.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import logging
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -39,7 +45,7 @@ from servlane_gateway.proxy import (
     open_upstream,
     read_body,
 )
-from servlane_gateway.ratelimit import RateLimiter
+from servlane_gateway.ratelimit import DEFAULT_RESERVED_COMPLETION_TOKENS, Admission, RateLimiter, estimate_tokens
 from servlane_gateway.upstream import UpstreamConnectError, UpstreamError, UpstreamPool, UpstreamResponse
 
 log = logging.getLogger(__name__)
@@ -48,6 +54,7 @@ CLIENT_CLOSED = 499  # the `code` label of a request the client abandoned (nginx
 # The runtime's admission queue serves waiters by `X-Priority` (servlane_runtime.admission reads exactly
 # these values and answers others with a 400); checked here too so a bad value never reaches a backend.
 PRIORITIES = ("high", "normal", "low")
+STREAMING_ENDPOINTS = ("chat/completions", "completions")
 T = TypeVar("T")
 
 
@@ -68,6 +75,8 @@ class GatewayState:
     table: RouteTable | None = None
     keys: KeyRing = field(default_factory=KeyRing)
     sticky_guard: StickyShareGuard = field(default_factory=StickyShareGuard)
+    # Reserved at admission for a completion without max_tokens (see ratelimit.estimate_tokens).
+    reserved_completion_tokens: int = DEFAULT_RESERVED_COMPLETION_TOKENS
 
 
 @dataclass
@@ -80,6 +89,12 @@ class Call:
     model: str = NONE
     key_name: str | None = None
     gateway_seconds: float = 0.0  # time spent in the gateway before the upstream was called
+    admission: Admission | None = None  # set once the limiter admitted the request; settled when it ends
+    strip_usage: bool = False  # the gateway asked for the stream's usage chunk, the client did not
+
+    def settle(self, tokens: int | None) -> None:
+        if self.admission is not None:
+            self.admission.settle(tokens)
 
 
 async def read_capped(request: Request, cap: int) -> bytes:
@@ -123,6 +138,23 @@ def priority_of(request: Request) -> str | None:
     return value
 
 
+def ask_for_usage(body: dict[str, Any], endpoint: str) -> bool:
+    """Asks the backend for a stream's usage chunk, so the stream can be charged whatever the client sent;
+    True when the client did not ask for it itself (the relay then cuts it out). A `stream_options` or
+    `include_usage` of the wrong type is left alone, for the backend to refuse with its 400."""
+    if endpoint not in STREAMING_ENDPOINTS or body.get("stream") is not True:
+        return False
+    options = body.get("stream_options")
+    if options is None:
+        options = {}
+    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+        return False
+    if options.get("include_usage") is True:
+        return False
+    body["stream_options"] = {**options, "include_usage": True}
+    return True
+
+
 def error_response(error: OpenAIError) -> JSONResponse:
     """The error as OpenAI-style JSON. With a Retry-After (the gateway's own 429 and 503), the error object
     also carries `retry_after`, the same whole seconds, for clients that do not read headers."""
@@ -143,6 +175,7 @@ async def handle(state: GatewayState, request: Request, endpoint: str) -> Respon
     try:
         return await _handle(state, request, endpoint, call)
     except (ClientGone, ClientDisconnect):
+        call.settle(None)  # the backend may have generated before the call was cancelled
         state.metrics.record(
             call.namespace, call.feature, call.model, CLIENT_CLOSED, time.perf_counter() - call.started
         )
@@ -152,6 +185,8 @@ async def handle(state: GatewayState, request: Request, endpoint: str) -> Respon
     except Exception:  # a bug: still one error shape, and still counted
         log.exception("unexpected error while proxying")
         error = OpenAIError(500, "The gateway had an error while processing your request.", type="server_error")
+    # A timed-out backend may have generated; every other error here means no backend answer to charge.
+    call.settle(None if error.status == 504 else 0)
     reason = {503: "upstream_unavailable", 502: "upstream_unavailable", 504: "upstream_timeout"}.get(error.status)
     elapsed = time.perf_counter() - call.started
     state.metrics.record(call.namespace, call.feature, call.model, error.status, elapsed, reason)
@@ -192,8 +227,10 @@ async def _handle(state: GatewayState, request: Request, endpoint: str, call: Ca
     call.feature = route.name
     call.namespace = route.namespace
     authorize(key, route, table, body["model"])
-    state.limiter.admit(call.key_name, route.namespace, route.name)
-    apply_defaults(body, route.defaults, endpoint)
+    apply_defaults(body, route.defaults, endpoint)  # first: the feature's max_tokens cap sizes the reservation
+    reserve = estimate_tokens(body, len(raw), endpoint, state.reserved_completion_tokens)
+    call.admission = state.limiter.admit(call.key_name, route.namespace, route.name, reserve)
+    call.strip_usage = ask_for_usage(body, endpoint)
     return await _forward(state, request, endpoint, call, route, body, priority)
 
 
@@ -292,13 +329,15 @@ def _respond(state: GatewayState, call: Call, upstream: UpstreamResponse, conten
     if content is None:  # a stream: relayed as it comes
         headers |= {"cache-control": "no-cache", "x-accel-buffering": "no"}
         state.metrics.added_latency.observe(call.gateway_seconds + time.perf_counter() - after_upstream)
-        status = upstream.status_code
-        return RelayResponse(upstream, state.timeouts, headers, lambda res: _stream_done(state, call, status, res))
+        done = partial(_stream_done, state, call, upstream.status_code)
+        return RelayResponse(upstream, state.timeouts, headers, done, strip_usage=call.strip_usage)
     elapsed = after_upstream - call.started
     if upstream.status_code < 400:
         state.metrics.latency_histograms(call.namespace, call.feature, call.model)[1].observe(elapsed)
-        if b'"usage"' in content:  # parsing the answer only when there is something to count
-            _count_usage(state, call, _usage_of(content))
+        # Parsing the answer only when there is something to count; an answer without usage keeps its reservation.
+        call.settle(_count_usage(state, call, _usage_of(content)) if b'"usage"' in content else None)
+    else:
+        call.settle(0)  # the backend refused or failed: nothing generated
     state.metrics.record(call.namespace, call.feature, call.model, upstream.status_code, elapsed)
     response = Response(content, status_code=upstream.status_code, headers=headers)
     state.metrics.added_latency.observe(call.gateway_seconds + time.perf_counter() - after_upstream)
@@ -313,9 +352,10 @@ def _usage_of(content: bytes) -> object:
     return parsed.get("usage") if isinstance(parsed, dict) else None
 
 
-def _count_usage(state: GatewayState, call: Call, usage: object) -> None:
+def _count_usage(state: GatewayState, call: Call, usage: object) -> int | None:
+    """Counts the usage in the metrics; the tokens to charge, or None without a usage object."""
     tokens = state.metrics.record_usage(call.namespace, call.feature, call.model, usage)
-    state.limiter.charge_tokens(call.key_name, call.namespace, call.feature, tokens)
+    return tokens if isinstance(usage, dict) else None
 
 
 def _stream_done(state: GatewayState, call: Call, status: int, result: StreamResult) -> None:
@@ -324,7 +364,8 @@ def _stream_done(state: GatewayState, call: Call, status: int, result: StreamRes
         # Successes only: a stream that opens with an error event must not look quick.
         first_chunk = result.first_chunk_at - call.started
         state.metrics.latency_histograms(call.namespace, call.feature, call.model)[1].observe(first_chunk)
-    _count_usage(state, call, result.usage)
+    # Without a usage chunk (the client left, the stream was cut or failed) the reservation stands.
+    call.settle(_count_usage(state, call, result.usage))
     if result.outcome == CLIENT_GONE:
         state.metrics.record(call.namespace, call.feature, call.model, CLIENT_CLOSED, elapsed)
     else:

@@ -85,31 +85,79 @@ async def read_body(response: UpstreamResponse, timeouts: Timeouts, limit: int =
 
 
 class UsageScanner:
-    """Finds the last `usage` object, and any error event, in an SSE stream without holding the stream:
-    only the current incomplete line is kept."""
+    """Finds the last `usage` object, and any error event, in an SSE stream without holding the stream.
+
+    The gateway asks every backend for the usage chunk (`stream_options.include_usage`) so that streams are
+    charged; with `strip_usage` (the client did not ask for it), that chunk (`choices: []` with a `usage`
+    object, OpenAI's shape) is cut out of what is relayed, so the client gets what it asked for. Only
+    complete lines are relayed then: an incomplete line waits for its end (it could be the usage chunk),
+    which holds back nothing a client could read, since an SSE event is read only whole. Without
+    `strip_usage` every chunk is relayed as it came. Either way only the current incomplete line is kept."""
 
     MAX_LINE = 1 << 20
 
-    def __init__(self) -> None:
+    def __init__(self, strip_usage: bool = False) -> None:
+        self.strip_usage = strip_usage
         self._tail = b""
+        self._in_long_line = False  # relaying a line longer than MAX_LINE: not inspected, never a usage chunk
+        self._drop_blank = False  # the usage chunk was cut: so is the blank line that ends its event
         self.usage: dict[str, Any] | None = None
         self.saw_error = False
+        self.saw_done = False  # the stream's `data: [DONE]`
 
-    def feed(self, chunk: bytes) -> None:
-        lines = (self._tail + chunk).split(b"\n")
-        self._tail = lines.pop()
+    def feed(self, chunk: bytes) -> bytes:
+        """Scan `chunk`; returns what to relay now."""
+        data = self._tail + chunk
+        cut = data.rfind(b"\n") + 1
+        complete, self._tail = data[:cut], data[cut:]
+        out: list[bytes] = []
+        if self._in_long_line and complete:
+            end = complete.index(b"\n") + 1
+            out.append(complete[:end])
+            complete = complete[end:]
+            self._in_long_line = False
+        for line in complete.splitlines(keepends=True):
+            if self._keep(line):
+                out.append(line)
         if len(self._tail) > self.MAX_LINE:
+            self._in_long_line = True
+            out.append(self._tail)
             self._tail = b""
-        for line in lines:
-            if line.startswith(b"data:") and (b'"usage"' in line or b'"error"' in line):
-                try:
-                    data = json.loads(line[5:])
-                except ValueError:
-                    continue
-                if isinstance(data, dict) and isinstance(data.get("usage"), dict):
-                    self.usage = data["usage"]
-                if isinstance(data, dict) and data.get("error") is not None:
-                    self.saw_error = True
+        if not self.strip_usage:
+            return chunk
+        return b"".join(out)
+
+    def finish(self) -> bytes:
+        """The stream ended: an unfinished last line is relayed as it is (it cannot be parsed anyway)."""
+        rest, self._tail = self._tail, b""
+        return rest if self.strip_usage else b""
+
+    def _keep(self, line: bytes) -> bool:
+        if self._drop_blank:
+            self._drop_blank = False
+            if not line.strip():
+                return False
+        if b"[DONE]" in line and line.startswith(b"data:") and line[5:].strip() == b"[DONE]":
+            self.saw_done = True
+            return True
+        # Parsed only when it may carry something: the runtime writes `"usage":null` into every chunk.
+        has_usage = b'"usage"' in line and b'"usage":null' not in line and b'"usage": null' not in line
+        if not line.startswith(b"data:") or not (has_usage or b'"error"' in line):
+            return True
+        try:
+            data = json.loads(line[5:])
+        except ValueError:
+            return True
+        if not isinstance(data, dict):
+            return True
+        if data.get("error") is not None:
+            self.saw_error = True
+        if isinstance(data.get("usage"), dict):
+            self.usage = data["usage"]
+            if self.strip_usage and data.get("choices") == []:
+                self._drop_blank = True
+                return False
+        return True
 
 
 def sse_error(message: str, code: str) -> bytes:
@@ -123,6 +171,7 @@ class StreamResult:
     outcome: str = COMPLETED
     first_chunk_at: float | None = None  # perf_counter
     usage: dict[str, Any] | None = None
+    done_relayed: bool = False  # the client was sent the stream's `data: [DONE]`
 
 
 class RelayResponse(Response):
@@ -134,6 +183,7 @@ class RelayResponse(Response):
         timeouts: Timeouts,
         headers: dict[str, str],
         on_done: Callable[[StreamResult], None],
+        strip_usage: bool = False,
     ) -> None:
         super().__init__(status_code=upstream.status_code)
         # Set directly: Response would add `content-length: 0` for its empty body.
@@ -141,10 +191,12 @@ class RelayResponse(Response):
         self.upstream = upstream
         self.timeouts = timeouts
         self.on_done = on_done
+        self.strip_usage = strip_usage  # the client did not ask for the usage chunk: see UsageScanner
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         result = StreamResult()
-        relay = asyncio.ensure_future(self._relay(send, result))
+        scanner = UsageScanner(self.strip_usage)
+        relay = asyncio.ensure_future(self._relay(send, result, scanner))
         watcher = asyncio.ensure_future(self._wait_disconnect(receive))
         try:
             done, _ = await asyncio.wait({relay, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -159,15 +211,23 @@ class RelayResponse(Response):
                 task.cancel()
             await asyncio.gather(relay, watcher, return_exceptions=True)
             await self.upstream.aclose()  # closes the upstream connection, so the backend sees the disconnect
+            # Read here, not at the relay's end: a usage chunk already read is charged even when the relay was
+            # cancelled, e.g. by a client (the openai one does) closing as soon as it has `[DONE]`, before the
+            # backend's end of body arrived. Such a client got the whole stream: not a client that left.
+            result.usage = scanner.usage
+            if result.outcome == CLIENT_GONE and result.done_relayed:
+                result.outcome = COMPLETED
+            if scanner.saw_error and result.outcome == COMPLETED:
+                result.outcome = STREAM_ERROR  # a failure the client sees, though the status was 200
             self.on_done(result)
 
     async def _wait_disconnect(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
 
-    async def _relay(self, send: Send, result: StreamResult) -> None:
+    async def _relay(self, send: Send, result: StreamResult, scanner: UsageScanner) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        scanner = UsageScanner()
+        ending = b""
         while True:
             wait = self.timeouts.first_byte if result.first_chunk_at is None else self.timeouts.idle
             try:
@@ -175,21 +235,23 @@ class RelayResponse(Response):
                     chunk = await self.upstream.next_chunk()
             except TimeoutError:
                 result.outcome = UPSTREAM_TIMEOUT
-                await send(_body(sse_error("The backend stopped streaming (timeout).", "upstream_timeout")))
+                ending = sse_error("The backend stopped streaming (timeout).", "upstream_timeout")
                 break
             except UpstreamError:
                 result.outcome = STREAM_ABORTED
-                await send(_body(sse_error("The backend cut the stream short.", "stream_aborted")))
+                ending = sse_error("The backend cut the stream short.", "stream_aborted")
                 break
             if chunk is None:
                 break
             if result.first_chunk_at is None:
                 result.first_chunk_at = time.perf_counter()
-            scanner.feed(chunk)
-            await send(_body(chunk))
-        result.usage = scanner.usage
-        if scanner.saw_error and result.outcome == COMPLETED:
-            result.outcome = STREAM_ERROR  # a failure the client sees, though the status was 200
+            relayed = scanner.feed(chunk)
+            if relayed:
+                await send(_body(relayed))
+                result.done_relayed = scanner.saw_done
+        # A held incomplete line goes first, where it would have been without the stripping.
+        if rest := scanner.finish() + ending:
+            await send(_body(rest))
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

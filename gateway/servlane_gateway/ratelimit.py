@@ -1,12 +1,18 @@
-"""Token buckets for requests and tokens per minute, per API key and per feature.
+"""Token buckets for requests and tokens per minute, and in-flight caps, per API key and per feature.
 
 A feature's buckets are keyed by its namespace and name: team A's `chat` and team B's `chat` are two
 features with two budgets, never one shared by whoever calls either.
 
 Requests are taken before proxying. Tokens are not known until the backend answers, so a request is
-admitted while the token bucket is not in debt, and the usage it reports is charged afterwards (the
-bucket may go negative, which holds back the next requests until it refills). A bucket holds at most
-one minute's allowance, so a limit of N per minute allows a burst of N, then N/60 per second.
+admitted while the token bucket is not in debt, and an estimate of its tokens is reserved (taken) at
+once: concurrent requests then see each other's reservations, and the budget is overshot by at most one
+request's reservation, not by every request admitted before the first one ends. When the request ends,
+the reservation is replaced by the usage it reported (the difference taken or given back); without a
+report, it stands (see `Admission.settle`). A bucket may go negative, which holds back the next
+requests until it refills. A bucket holds at most one minute's allowance, so a limit of N per minute
+allows a burst of N, then N/60 per second.
+
+All of it is in this process's memory: each gateway replica limits on its own.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from servlane_core.protocol.errors import OpenAIError
 
@@ -47,17 +54,81 @@ class TokenBucket:
         self._refill()
         self.level -= amount
 
+    def available(self) -> float:
+        """The level now, refilled (negative: in debt)."""
+        self._refill()
+        return self.level
+
+    def give_back(self, amount: float) -> None:
+        """Return part of a reservation; never above capacity (the bucket refilled meanwhile)."""
+        self._refill()
+        self.level = min(self.capacity, self.level + amount)
+
 
 @dataclass(frozen=True)
 class Limits:
     requests_per_minute: float = 0  # 0: unlimited
     tokens_per_minute: float = 0
+    max_in_flight: int = 0  # requests admitted and not yet ended; 0: unlimited
 
 
 @dataclass
 class _Buckets:
     requests: TokenBucket | None
     tokens: TokenBucket | None
+
+
+ENDPOINTS_WITHOUT_COMPLETION = ("embeddings",)
+DEFAULT_RESERVED_COMPLETION_TOKENS = 256  # for a completion without max_tokens; the runtime then allows the context
+BYTES_PER_PROMPT_TOKEN = 4  # text is rarely denser; the JSON around it makes the estimate larger, not smaller
+
+
+def estimate_tokens(body: dict[str, Any], body_bytes: int, endpoint: str, default_completion: int) -> int:
+    """The tokens reserved for a request at admission: its prompt, estimated from the body's size in bytes
+    (the real count needs the backend's tokenizer), plus its completion allowance: `max_completion_tokens`
+    or `max_tokens` (the feature's cap already applied), else `default_completion`, times `n`."""
+    prompt = body_bytes // BYTES_PER_PROMPT_TOKEN
+    if endpoint in ENDPOINTS_WITHOUT_COMPLETION:
+        return prompt
+    allowance = default_completion
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            allowance = value
+            break
+    n = body.get("n")
+    choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
+    return prompt + allowance * choices
+
+
+class Admission:
+    """One admitted request's hold on the limiter: its in-flight places and its token reservation, both
+    released exactly once by `settle` (later calls do nothing)."""
+
+    def __init__(self, limiter: RateLimiter, places: list[tuple[str, str]], buckets: list[TokenBucket], reserved: int):
+        self._limiter = limiter
+        self._places = places
+        self._buckets = buckets
+        self.reserved = reserved
+        self.settled = False
+
+    def settle(self, tokens: int | None) -> None:
+        """The request ended having used `tokens` (its reported usage; 0 when it surely used none, e.g. the
+        backend answered an error). None: unknown though it may have generated (the client left, the stream
+        was cut or timed out, no usage was reported), so the reservation stands as the charge."""
+        if self.settled:
+            return
+        self.settled = True
+        for place in self._places:
+            self._limiter._leave(place)
+        if tokens is None:
+            return
+        difference = tokens - self.reserved
+        for bucket in self._buckets:
+            if difference > 0:
+                bucket.take(difference)
+            elif difference < 0:
+                bucket.give_back(-difference)
 
 
 @dataclass
@@ -68,11 +139,15 @@ class RateLimiter:
     per_feature: Limits = field(default_factory=Limits)
     clock: Clock = time.monotonic
     _buckets: dict[tuple[str, str], _Buckets] = field(default_factory=dict)
+    _in_flight: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def _limits(self, scope: str) -> Limits:
+        return self.per_key if scope == "key" else self.per_feature
 
     def _get(self, scope: str, name: str) -> _Buckets:
         found = self._buckets.get((scope, name))
         if found is None:
-            limits = self.per_key if scope == "key" else self.per_feature
+            limits = self._limits(scope)
             rpm, tpm = limits.requests_per_minute, limits.tokens_per_minute
             found = _Buckets(
                 TokenBucket(rpm, self.clock) if rpm > 0 else None,
@@ -81,34 +156,68 @@ class RateLimiter:
             self._buckets[(scope, name)] = found
         return found
 
-    def _scopes(self, key_name: str | None, namespace: str, feature: str) -> list[tuple[str, _Buckets]]:
-        scopes = [("feature", self._get("feature", f"{namespace}/{feature}"))]
+    def _scopes(self, key_name: str | None, namespace: str, feature: str) -> list[tuple[str, str, _Buckets]]:
+        name = f"{namespace}/{feature}"
+        scopes = [("feature", name, self._get("feature", name))]
         if key_name is not None:
-            scopes.insert(0, ("key", self._get("key", key_name)))
+            scopes.insert(0, ("key", key_name, self._get("key", key_name)))
         return scopes
 
-    def admit(self, key_name: str | None, namespace: str, feature: str) -> None:
-        """Take one request from every applicable bucket, or none of them and raise 429 with Retry-After.
-        `namespace`/`feature`: the resolved route's, never the name the client sent."""
+    def in_flight(self, scope: str, name: str) -> int:
+        """Requests of ("key", name) or ("feature", "namespace/name") admitted and not yet ended, where
+        that scope has an in-flight cap (only those are counted)."""
+        return self._in_flight.get((scope, name), 0)
+
+    def tokens_left(self, scope: str, name: str) -> float | None:
+        """The token bucket's level now (negative: in debt), or None without a token limit."""
+        bucket = self._get(scope, name).tokens
+        if bucket is None:
+            return None
+        return bucket.available()
+
+    def _leave(self, place: tuple[str, str]) -> None:
+        left = self._in_flight.get(place, 0) - 1
+        if left > 0:
+            self._in_flight[place] = left
+        else:
+            self._in_flight.pop(place, None)
+
+    def admit(self, key_name: str | None, namespace: str, feature: str, reserve_tokens: int = 0) -> Admission:
+        """Take one request from every applicable bucket, a place in flight and `reserve_tokens` from every
+        token bucket, or none of it and raise 429 with Retry-After. `namespace`/`feature`: the resolved
+        route's, never the name the client sent. The caller settles the returned Admission when it ends."""
         waits: list[tuple[float, str]] = []
         scopes = self._scopes(key_name, namespace, feature)
-        for scope, buckets in scopes:
+        for scope, name, buckets in scopes:
             if buckets.requests is not None:
                 waits.append((buckets.requests.wait_for(1), f"requests per minute for this {scope}"))
             if buckets.tokens is not None:
                 # Admitted while not in debt: at least one token left.
                 waits.append((buckets.tokens.wait_for(1), f"tokens per minute for this {scope}"))
+            cap = self._limits(scope).max_in_flight
+            if cap > 0 and self.in_flight(scope, name) >= cap:
+                # When a place frees is not known; a second is a short, honest wait.
+                waits.append((1.0, f"{cap} concurrent requests for this {scope}"))
         wait, what = max(waits, default=(0.0, ""))
         if wait > 0:
             message = f"Rate limit reached: {what}."
             raise OpenAIError(
                 429, message, type="rate_limit_error", code="rate_limit_exceeded", retry_after=math.ceil(wait)
             )
-        for _, buckets in scopes:
+        places: list[tuple[str, str]] = []
+        token_buckets: list[TokenBucket] = []
+        for scope, name, buckets in scopes:
             if buckets.requests is not None:
                 buckets.requests.take(1)
+            if buckets.tokens is not None:
+                buckets.tokens.take(reserve_tokens)
+                token_buckets.append(buckets.tokens)
+            if self._limits(scope).max_in_flight > 0:
+                self._in_flight[(scope, name)] = self.in_flight(scope, name) + 1
+                places.append((scope, name))
+        return Admission(self, places, token_buckets, reserve_tokens)
 
     def charge_tokens(self, key_name: str | None, namespace: str, feature: str, tokens: int) -> None:
-        for _, buckets in self._scopes(key_name, namespace, feature):
+        for _, _, buckets in self._scopes(key_name, namespace, feature):
             if buckets.tokens is not None and tokens > 0:
                 buckets.tokens.take(tokens)

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from servlane_api.runtime_config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_LIST_ITEMS
 from servlane_core.routing.overrides import parse_override_env, parse_override_items
+from servlane_gateway.ratelimit import DEFAULT_RESERVED_COMPLETION_TOKENS
 
 ENV_PREFIX = "SERVLANE_GATEWAY_"
 NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -50,6 +51,15 @@ class GatewaySettings(BaseModel):
     key_tokens_per_minute: float = Field(default=0, ge=0)
     feature_requests_per_minute: float = Field(default=0, ge=0, description="Per feature; 0: unlimited.")
     feature_tokens_per_minute: float = Field(default=0, ge=0)
+    key_max_in_flight: int = Field(
+        default=0, ge=0, description="Most requests of one API key in flight at once (more: 429); 0: unlimited."
+    )
+    reserved_completion_tokens: int = Field(
+        default=DEFAULT_RESERVED_COMPLETION_TOKENS,
+        ge=0,
+        description="Tokens reserved against token limits for a completion that sets no max_tokens, until "
+        "its usage is known.",
+    )
     connect_timeout: float = Field(default=5.0, gt=0)
     first_byte_timeout: float = Field(default=300.0, gt=0)
     idle_timeout: float = Field(default=60.0, gt=0)

@@ -6,6 +6,7 @@ body it received. Words in the last message (or the prompt) steer it:
   chunks=3     stream that many content chunks     gap=0.01   wait between chunks
   cut=2        abort the connection after 2 chunks hold      after the first chunk, wait for release()
   retry_after=7  with status=: send that Retry-After header (the runtime's 429/503 overload answers)
+  linger=1      stream: end the body that long after `data: [DONE]`
 It records each request's headers too (lower-case names), e.g. to see what the gateway forwards.
 Run alone: `python tests/gateway/gateway_upstream.py --port 9000 --name v1` (used by the benchmark).
 """
@@ -90,6 +91,8 @@ def create_upstream(name: str) -> tuple[FastAPI, UpstreamState]:
                 usage |= {"choices": [], "usage": _usage(body, chunks)}
                 yield b"data: " + json.dumps(usage).encode() + b"\n\n"
             yield b"data: [DONE]\n\n"
+            if "linger" in steer:  # the body's end comes later than its last event
+                await asyncio.sleep(float(steer["linger"]))
             done = True
         finally:
             if done:

@@ -151,6 +151,31 @@ def test_stream_first_chunk_arrives_while_the_runtime_still_generates(
     assert gw.sample(m.TOKENS, feature="only-a", model="model-a", kind="completion") == 400
 
 
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_a_stream_without_include_usage_is_charged_and_shows_no_usage_chunk(
+    runtimes: dict[str, Runtime], start_gateway: StartGateway, endpoint: str
+) -> None:
+    gw = start_gateway(objects_for(runtimes, aifeature("only-a", [("model-a", 100)])), feature_tokens_per_minute=10**6)
+    client = gw.client(timeout=60)
+    extra = {"ignore_eos": True}
+    if endpoint == "chat":
+        chunks: list[Any] = list(
+            client.chat.completions.create(model="only-a", messages=HI, max_tokens=5, stream=True, extra_body=extra)
+        )
+    else:
+        chunks = list(
+            client.completions.create(model="only-a", prompt="Hello", max_tokens=5, stream=True, extra_body=extra)
+        )
+    # The gateway asked the runtime for its usage chunk (choices: []) and cut it out: the client did not ask.
+    assert all(c.choices and c.usage is None for c in chunks)
+    wait_until(
+        "the stream's tokens counted",
+        lambda: gw.sample(m.TOKENS, feature="only-a", model="model-a", kind="completion") == 5,
+        30,
+    )
+    assert gw.sample(m.TOKENS, feature="only-a", model="model-a", kind="prompt") > 0
+
+
 def test_client_errors_never_reach_the_runtimes(runtimes: dict[str, Runtime], start_gateway: StartGateway) -> None:
     features = [aifeature("split", [("model-a", 50), ("model-b", 50)]), aifeature("other", [("model-b", 100)])]
     gw = start_gateway(objects_for(runtimes, *features), keys=KEYS, max_body_bytes=4096)

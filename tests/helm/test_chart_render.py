@@ -475,3 +475,18 @@ def test_schema_rejects_bad_model_network_policy_values(helm: Helm, setting: str
     assert result.returncode != 0
     assert "values don't meet the specifications of the schema" in result.stderr
     assert message in result.stderr
+
+
+def test_gateway_quota_settings_reach_the_gateway(helm: Helm) -> None:
+    from servlane_gateway.settings import parse_settings
+
+    defaults = env_of(one(helm.template(), "Deployment", "mp-servlane-gateway"))
+    assert defaults["SERVLANE_GATEWAY_KEY_MAX_IN_FLIGHT"] == "0"  # unlimited unless set
+    assert defaults["SERVLANE_GATEWAY_RESERVED_COMPLETION_TOKENS"] == "256"
+    limits = ("gateway.rateLimits.keyMaxInFlight=4", "gateway.rateLimits.reservedCompletionTokens=512")
+    env = env_of(one(helm.template(set_values=limits), "Deployment", "mp-servlane-gateway"))
+    settings = parse_settings(["--watch"], env)
+    assert (settings.key_max_in_flight, settings.reserved_completion_tokens) == (4, 512)
+    result = helm.run("template", "mp", str(CHART), "--set", "gateway.rateLimits.keyMaxInFlight=-1", check=False)
+    assert result.returncode != 0
+    assert "at '/gateway/rateLimits/keyMaxInFlight'" in result.stderr

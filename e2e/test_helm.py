@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from e2e.harness import ARTIFACTS, GROUP, ROOT, Kube, wait_until
+from e2e.harness import ARTIFACTS, GROUP, ROOT, Kube, OperatorProcess, wait_until
 from localcluster.cluster import free_port, stop_process_groups
 from tests.helm.helmtool import CHART, Helm, HelmUnavailable, find_helm
 
@@ -131,7 +131,18 @@ def release(crds: Kube) -> Iterator[Release]:
 
 
 @pytest.fixture(scope="module")
-def chart_operator(release: Release) -> Iterator[DeploymentProcess]:
+def only_the_chart_operator(operator: OperatorProcess) -> Iterator[None]:
+    """The session's operator (e2e/conftest.py) watches every namespace: while it runs it reconciles the
+    release's namespace too, racing the chart's operator (its Deployments would carry the harness's images)."""
+    operator.stop()
+    try:
+        yield
+    finally:
+        operator.start()
+
+
+@pytest.fixture(scope="module")
+def chart_operator(release: Release, only_the_chart_operator: None) -> Iterator[DeploymentProcess]:
     health, metrics = free_port(), free_port()
     deployment: Any = release.kube.apps.read_namespaced_deployment(release.operator, release.namespace)
     overrides = {

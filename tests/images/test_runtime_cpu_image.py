@@ -116,22 +116,31 @@ def test_chat(served: tuple[Container, openai.OpenAI]) -> None:
     reply = client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "Hello!"}], max_tokens=8, temperature=0
     )
-    assert reply.choices[0].message.content, container.logs()
-    assert reply.usage is not None
-    assert reply.usage.completion_tokens > 0
+    # The tiny model's weights are random: its greedy tokens may all decode to '' (special tokens are skipped),
+    # so what proves generation is the token count and the finish reason, not the text.
+    assert reply.usage is not None, container.logs()
+    assert reply.usage.completion_tokens > 0, container.logs()
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert reply.choices[0].message.content is not None
 
 
 def test_streaming_chat(served: tuple[Container, openai.OpenAI]) -> None:
     container, client = served
     stream = client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "Hello!"}], max_tokens=8, stream=True
+        model="tiny",
+        messages=[{"role": "user", "content": "Hello!"}],
+        max_tokens=8,
+        stream=True,
+        stream_options={"include_usage": True},
     )
-    text, finish = "", None
+    finish, completion_tokens = None, 0
     for chunk in stream:
         if chunk.choices:
-            text += chunk.choices[0].delta.content or ""
             finish = chunk.choices[0].finish_reason or finish
-    assert text, container.logs()
+        if chunk.usage is not None:
+            completion_tokens = chunk.usage.completion_tokens
+    # Random weights: a token's text may be '', so the usage chunk is what proves tokens were streamed.
+    assert completion_tokens > 0, container.logs()
     assert finish in ("stop", "length")
     container.assert_running("after the requests")
 

@@ -12,6 +12,7 @@ Times are printed (apply -> Ready with its breakdown, rollout durations) and wri
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -44,7 +45,9 @@ from localcluster.cluster import LocalCluster
 from tests.helm.helmtool import CHART, Helm, HelmUnavailable, find_helm
 from tests.polling import wait_until
 
+# Opt-in (SERVLANE_REAL_HELM=1) until this suite has passed from a clean clone within CI's time.
 pytestmark = [
+    pytest.mark.skipif(os.environ.get("SERVLANE_REAL_HELM") != "1", reason="opt-in: SERVLANE_REAL_HELM=1"),
     pytest.mark.e2e,
     # The first test imports our images into the node (~2-3 min) and installs the chart; rollouts take minutes.
     pytest.mark.timeout(1800),

@@ -1,5 +1,5 @@
-"""A pod really runs on the local cluster's real node (containerd, runc, CNI, kubelet): opt-in with
-SERVLANE_REAL_NODE=1 (root, runc and the CNI plugins needed; see localcluster/README.md, "A real node").
+"""A pod really runs on the local cluster's real node (containerd, runc, CNI, kubelet); part of `make test`,
+SERVLANE_REAL_NODE=0 opts out (root, runc and the CNI plugins needed; see localcluster/README.md, "A real node").
 kube-proxy runs too: a Service in front of a pod answers through its ClusterIP and a NodePort."""
 
 from __future__ import annotations

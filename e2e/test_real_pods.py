@@ -1,6 +1,6 @@
 """The keystone: our CPU runtime image really serves an AIModel on a real pod (root, the real node's binaries
 and the locally built image ghcr.io/servlane/runtime:0.1.0-cpu needed; see localcluster/README.md, "A real
-node"; opt-in with SERVLANE_REAL_NODE=1).
+node"; part of `make test`, SERVLANE_REAL_NODE=0 opts out).
 
 The image is imported from Docker into the real node's containerd, the tiny Llama reaches the pod through a
 `pvc://` source (a static `local` PersistentVolume on real-node-1, bound to its claim by name), the operator runs

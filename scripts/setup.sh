@@ -46,9 +46,9 @@ fi
 # 4b. The real worker node (kubelet, kube-proxy, containerd, runc, CoreDNS from Go modules; CNI plugins,
 #     iptables and libseccomp from Debian) where e2e/test_real_*.py run pods for real. Needs root.
 if [[ "${SERVLANE_SKIP_REAL_NODE:-}" == 1 ]]; then
-  echo "setup: SERVLANE_SKIP_REAL_NODE=1: not building the real node (its opt-in e2e tests, SERVLANE_REAL_NODE=1, need it)" >&2
+  echo "setup: SERVLANE_SKIP_REAL_NODE=1: not building the real node (e2e/test_real_*.py then skip, and fail with CI=true)" >&2
 elif [[ $EUID -ne 0 ]] || ! command -v go >/dev/null; then
-  echo "setup: a real node needs root and Go: not building it (its e2e tests are opt-in, SERVLANE_REAL_NODE=1)" >&2
+  echo "setup: a real node needs root and Go: not building it (e2e/test_real_*.py then skip, and fail with CI=true)" >&2
 else
   if ! [[ -x /usr/lib/cni/bridge && -e /usr/include/seccomp.h ]] || ! command -v iptables gcc >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \

@@ -8,10 +8,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import kopf
+from kopf._core.engines.peering import Identity  # kopf.run's identity type, not re-exported
 
 from servlane_operator.settings import OperatorSettings
 
@@ -50,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     loop.set_default_executor(ThreadPoolExecutor(max_workers=32, thread_name_prefix="kube"))
     kopf.run(
         loop=loop,
+        # kopf's own default identity asks getpass for the user name, which raises for a uid with no passwd
+        # entry (the chart's 65532, OpenShift's random uids); the pod's host name is unique among peers.
+        identity=Identity(f"servlane-operator@{socket.gethostname()}"),
         standalone=args.peering is None,
         peering_name=args.peering,
         liveness_endpoint=args.liveness,

@@ -86,6 +86,9 @@ def test_runs_against_the_control_plane_and_reconciles(
     health, metrics = free_port(), free_port()
     options = [
         "--network=host",  # the local API server listens on the host's loopback
+        # The chart's uid, which has no passwd entry in the image (as OpenShift's random uids have none):
+        # the operator must not need one (kopf's default peering identity did, and crashed on a real pod).
+        "--user=65532:65532",
         "--read-only",
         "--mount=type=tmpfs,destination=/tmp,tmpfs-mode=1777",  # the chart's emptyDir
         "--cap-drop=ALL",

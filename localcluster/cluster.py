@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from localcluster import pki
+from localcluster.build_scripts import run_build_script
 from localcluster.nodes import FAKE_NODES, cpu_nodes
 
 HERE = Path(__file__).resolve().parent
@@ -44,10 +45,7 @@ class ClusterError(RuntimeError):
 
 def build_binaries() -> Path:
     """Runs build.sh (a no-op when the cache already holds this pinned set) and returns the bin folder."""
-    result = subprocess.run([str(HERE / "build.sh")], capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise ClusterError(f"building the control plane failed:\n{result.stderr[-4000:]}")
-    return Path(result.stdout.strip().splitlines()[-1])
+    return run_build_script("build.sh", ClusterError, "the control plane")
 
 
 def binary_paths(bin_dir: Path | None = None) -> dict[str, Path]:

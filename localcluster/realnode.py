@@ -49,6 +49,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
+from localcluster.build_scripts import run_build_script
+
 if TYPE_CHECKING:
     from localcluster.cluster import LocalCluster
 
@@ -113,10 +115,7 @@ class RealNodeError(RuntimeError):
 
 def build_node_binaries() -> Path:
     """Runs build-node.sh (a no-op when its cache holds this pinned set) and returns the bin folder."""
-    result = subprocess.run([str(HERE / "build-node.sh")], capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise RealNodeError(f"building the real node failed:\n{result.stderr[-4000:]}")
-    return Path(result.stdout.strip().splitlines()[-1])
+    return run_build_script("build-node.sh", RealNodeError, "the real node")
 
 
 def cni_bin_dir() -> Path | None:

@@ -34,9 +34,10 @@ fi
 [[ "$only" == serve ]] && exit 0
 
 bash scripts/install-prometheus.sh
-# Lua 5.1 (the dialect of Argo CD's gopher-lua) runs the health-check scripts in tests/helm.
-if ! command -v lua5.1 >/dev/null; then
-  apt-get update -qq && apt-get install -y -qq --no-install-recommends lua5.1 >/dev/null
+# Lua 5.1 (the dialect of Argo CD's gopher-lua) runs the health-check scripts in tests/helm; redis-server is
+# the shared store that tests/gateway start for the gateway's cross-replica limits.
+if ! command -v lua5.1 >/dev/null || ! command -v redis-server >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends lua5.1 redis-server >/dev/null
 fi
 if command -v go >/dev/null; then
   echo "setup: local control plane binaries in $(localcluster/build.sh)"

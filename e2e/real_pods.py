@@ -24,6 +24,20 @@ NODE_SELECTOR = {"servlane.dev/real-node": "true"}
 LOG_TAIL_LINES = 60
 
 
+def model_on_the_real_node(claim: str, folder: str, resources: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """An AIModel spec serving `folder` of the `pvc://` claim with the transformers engine on the real node,
+    offline (the weights are on the claim; nothing downloads)."""
+    return {
+        "source": {"uri": f"pvc://{claim}/{folder}"},
+        "engine": "transformers",
+        "engineOptions": {"maxModelLen": 256},
+        "resources": {"gpus": 0, **resources},
+        "scheduling": {"nodeSelector": NODE_SELECTOR},
+        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
+        **extra,
+    }
+
+
 def ensure_namespace(c: LocalCluster, namespace: str) -> None:
     try:
         c.api("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})

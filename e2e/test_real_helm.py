@@ -12,7 +12,6 @@ Times are printed (apply -> Ready with its breakdown, rollout durations) and wri
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from e2e.real_pods import (
     describe_pods,
     ensure_namespace,
     local_model_claim,
+    model_on_the_real_node,
     pods,
 )
 from e2e.traffic import Load
@@ -45,9 +45,8 @@ from localcluster.cluster import LocalCluster
 from tests.helm.helmtool import CHART, Helm, HelmUnavailable, find_helm
 from tests.polling import wait_until
 
-# Opt-in (SERVLANE_REAL_HELM=1) until this suite has passed from a clean clone within CI's time.
+# Part of `make test` with the other real-node suites (SERVLANE_REAL_NODE=0 opts out of all of them).
 pytestmark = [
-    pytest.mark.skipif(os.environ.get("SERVLANE_REAL_HELM") != "1", reason="opt-in: SERVLANE_REAL_HELM=1"),
     pytest.mark.e2e,
     # The first test imports our images into the node (~2-3 min) and installs the chart; rollouts take minutes.
     pytest.mark.timeout(1800),
@@ -132,16 +131,8 @@ def installed(real_cluster: LocalCluster, real_node_images: list[str]) -> Iterat
 
 
 def model_spec(folder: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "source": {"uri": f"pvc://{CLAIM}/{folder}"},
-        "engine": "transformers",
-        "engineOptions": {"maxModelLen": 256},
-        # Small requests: the node has 2 CPUs for three or four runtimes, the operator and the gateway.
-        "resources": {"gpus": 0, "cpu": "200m", "memory": "1536Mi"},
-        "scheduling": {"nodeSelector": NODE_SELECTOR},
-        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
-        **extra,
-    }
+    # Small requests: the node has 2 CPUs for three or four runtimes, the operator and the gateway.
+    return model_on_the_real_node(CLAIM, folder, {"cpu": "200m", "memory": "1536Mi"}, **extra)
 
 
 def apply_model(inst: Installed, name: str, spec: dict[str, Any]) -> dict[str, Any]:

@@ -29,13 +29,13 @@ from e2e.harness import (
 )
 from e2e.real_pods import (
     NODE,
-    NODE_SELECTOR,
     ModelRollout,
     answers_200,
     describe_model,
     ensure_namespace,
     gone,
     local_model_claim,
+    model_on_the_real_node,
     pods,
 )
 from localcluster.cluster import LocalCluster
@@ -90,16 +90,7 @@ def model_claim(cluster: LocalCluster, kube: Kube) -> str:
 
 
 def model_spec(model_dir: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "source": {"uri": f"pvc://{CLAIM}/{model_dir}"},
-        "engine": "transformers",
-        "engineOptions": {"maxModelLen": 256},
-        "resources": {"gpus": 0, "cpu": "1500m", "memory": "4Gi"},
-        "scheduling": {"nodeSelector": NODE_SELECTOR},
-        "replicas": 1,
-        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
-        **extra,
-    }
+    return model_on_the_real_node(CLAIM, model_dir, {"cpu": "1500m", "memory": "4Gi"}, **{"replicas": 1, **extra})
 
 
 def describe(c: LocalCluster, model: str) -> str:

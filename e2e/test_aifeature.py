@@ -3,10 +3,13 @@ traffic step by step, promotes a healthy canary, rolls back a failing one, and h
 
 from __future__ import annotations
 
+import threading
 from functools import partial
 from typing import Any
 
 import pytest
+from kubernetes import watch
+from kubernetes.client.exceptions import ApiException
 
 from e2e.harness import Kube, OperatorProcess, wait_until
 from tests.prometheus.gateway_endpoint import GatewayMetrics
@@ -125,3 +128,90 @@ def test_fixed_gpu_budget_carves_the_canary_out_of_the_stable(
     assert overrides == [{"model": "new", "replicas": 1}, {"model": "old", "replicas": 3}]
     # The AIModels' own specs are untouched: the operator writes only status and its children.
     assert kube.get_model(namespace, "old")["spec"]["replicas"] == 4
+
+
+def test_a_promoted_canary_hands_its_replicas_back_to_its_hpa_without_dropping_any(
+    kube: Kube, operator: OperatorProcess, gateway_metrics: GatewayMetrics, namespace: str
+) -> None:
+    """Releasing a fixed-GPU-budget pin brings the model's HPA back. The Deployment must keep the replicas it
+    had while the HPA takes over: server-side apply deletes a field its only manager stops sending, so a
+    naive release resets spec.replicas to 1 for a moment (pods killed, weights reloaded) until the HPA
+    raises it again."""
+    feature = f"chat-{namespace}"
+    minimum = 2
+    autoscaled = {**CPU_MODEL, "autoscaling": {"minReplicas": minimum, "maxReplicas": 4}}
+    models(kube, namespace, "old", "new", spec=autoscaled)
+    for model in ("old", "new"):
+        gateway_metrics.declare(feature, model, namespace=namespace)
+    read = kube.apps.read_namespaced_deployment
+    # The HPA (no metrics here) holds each model at its minimum before anything is pinned.
+    wait_until("new at its HPA minimum", lambda: read("model-new", namespace).spec.replicas == minimum, timeout=60)
+
+    at_start = read("model-new", namespace)
+    assert at_start.spec.replicas == minimum
+    history: list[int] = [minimum]  # then every change the watch sees
+    start_version = _version(at_start)
+    last_seen = {"version": start_version}
+    stop = threading.Event()
+
+    def watch_replicas() -> None:
+        # Short watches resumed from the last version seen, so the thread ends soon after `stop`.
+        version = start_version
+        while not stop.is_set():
+            stream = watch.Watch().stream(
+                kube.apps.list_namespaced_deployment, namespace, field_selector="metadata.name=model-new",
+                resource_version=version, timeout_seconds=2,
+            )  # fmt: skip
+            for event in stream:
+                replicas = event["object"].spec.replicas
+                if not history or history[-1] != replicas:
+                    history.append(replicas)
+                version = last_seen["version"] = _version(event["object"])
+
+    watcher_thread = threading.Thread(target=watch_replicas, daemon=True)
+    watcher_thread.start()
+    rollout = {**FAST_ROLLOUT, "fixedGpuBudget": True, "minStableReplicas": 1}
+    kube.create_feature(namespace, feature, {"model": "old", "rollout": rollout})
+    wait_until("old stable", lambda: status(kube, namespace, feature).get("stableModel") == "old")
+    kube.patch_feature(namespace, feature, {"spec": {"model": "new"}})
+
+    def promoted() -> bool:
+        traffic(gateway_metrics, namespace, feature, "old", "new", canary_errors=False)
+        s = status(kube, namespace, feature)
+        return s.get("phase") == "Stable" and s.get("stableModel") == "new"
+
+    wait_until("new promoted", promoted, timeout=60, interval=0.3)
+    # Released: no pin for `new` in the feature's status, and its HPA is back.
+    assert all(o["model"] != "new" for o in status(kube, namespace, feature).get("replicaOverrides") or [])
+    wait_until("new's HPA back", lambda: _exists(lambda: kube.autoscaling.read_namespaced_horizontal_pod_autoscaler(
+        "model-new", namespace)), timeout=30)  # fmt: skip
+    # The HPA has acted on what it found: it records its view of the Deployment's replicas in its status.
+    wait_until("the HPA saw the Deployment", lambda: _hpa_current_replicas(kube, namespace, "model-new") is not None,
+               timeout=60)  # fmt: skip
+    wait_until("the watch caught up", lambda: last_seen["version"] == _version(read("model-new", namespace)), 30)
+    stop.set()
+    watcher_thread.join(timeout=30)
+    # Pinned to 1 at 50 %, to the whole budget at 100 %, then kept when the HPA took over: never 1 again.
+    assert 1 in history, f"the canary was never carved out of the budget: {history}"
+    after_carve = history[history.index(1) + 1 :]
+    assert after_carve, f"the canary was never given the whole budget: {history}"
+    assert min(after_carve) >= minimum, f"replicas dropped when the HPA came back: {history}"
+
+
+def _version(obj: Any) -> str:
+    return str(obj.metadata.resource_version)
+
+
+def _hpa_current_replicas(kube: Kube, namespace: str, name: str) -> int | None:
+    hpa = kube.autoscaling.read_namespaced_horizontal_pod_autoscaler(name, namespace)
+    return None if hpa.status is None else hpa.status.current_replicas
+
+
+def _exists(read: Any) -> bool:
+    try:
+        read()
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True

@@ -13,9 +13,9 @@ from pydantic import ValidationError
 from servlane_api.aimodel import AIModel, Phase
 from servlane_api.conditions import now_rfc3339
 from servlane_operator import operator_metrics
-from servlane_operator.builders import endpoint_url, plan_children
+from servlane_operator.builders import endpoint_url, plan_children, replicas_handover
 from servlane_operator.kube import Kube
-from servlane_operator.labels import child_name
+from servlane_operator.labels import REPLICAS_HANDOVER_MANAGER, child_name
 from servlane_operator.observed import DeploymentView, PodView
 from servlane_operator.settings import OperatorSettings
 from servlane_operator.status import build_status
@@ -96,6 +96,7 @@ async def reconcile(
     model = parse_model(body)
     plan = plan_children(model, settings, replicas_override)
     try:
+        await _keep_replicas_for_the_hpa(kube, plan.apply, known_deployment)
         applied = {obj["kind"]: await kube.apply(obj) for obj in plan.apply}
         for api_version, kind in plan.delete:
             await kube.delete(api_version, kind, model.namespace, child_name(model.name))
@@ -116,6 +117,27 @@ async def reconcile(
     await write_status(kube, body, model, status)
     operator_metrics.RECONCILES.labels("AIModel", trigger, "ok").inc()
     operator_metrics.RECONCILE_SECONDS.labels("AIModel").observe(time.perf_counter() - started)
+
+
+async def _keep_replicas_for_the_hpa(
+    kube: Kube, objects: Iterable[dict[str, Any]], known: DeploymentView | None
+) -> None:
+    """Before an apply that stops setting replicas, a second manager takes them (replicas_handover.py).
+    `known` (the index's copy, passed on resync) saves a read; without it the live Deployment is read,
+    which happens only when the model's replicas belong to an HPA."""
+    desired = next(obj for obj in objects if obj["kind"] == "Deployment")
+    if "replicas" in desired["spec"]:
+        return
+    if known is None:
+        meta = desired["metadata"]
+        live = await kube.get(desired["apiVersion"], "Deployment", meta["namespace"], meta["name"])
+        if live is None:
+            return
+        known = DeploymentView.parse(live)
+    handover = replicas_handover(desired, known.desired, known.replicas_appliers)
+    if handover is not None:
+        # No force: the count is the live one, so only a concurrent change can conflict (then retry).
+        await kube.apply(handover, field_manager=REPLICAS_HANDOVER_MANAGER, force=False)
 
 
 async def refresh_status(

@@ -67,12 +67,14 @@ class Kube:
             raise ApiException(http_resp=response)
         return dict(json.loads(response.data)) if response.data else {}
 
-    async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply with the operator's one field manager, taking over conflicting fields
-        (so a hand edit of an owned field is put back)."""
+    async def apply(
+        self, obj: dict[str, Any], field_manager: str = FIELD_MANAGER, force: bool = True
+    ) -> dict[str, Any]:
+        """Server-side apply, by default with the operator's one field manager, taking over conflicting
+        fields (so a hand edit of an owned field is put back)."""
         meta = obj["metadata"]
         path = resource_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        query = [("fieldManager", field_manager), ("force", "true" if force else "false")]
         return await asyncio.to_thread(
             self._call, "PATCH", path, body=obj, content_type="application/apply-patch+yaml", query=query
         )

@@ -6,6 +6,8 @@ MODEL_LABEL = "servlane.dev/model"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 OPERATOR_NAME = "servlane-operator"
 FIELD_MANAGER = "servlane-operator"
+# Keeps a Deployment's replicas while its HPA takes them over (see builders/replicas_handover.py).
+REPLICAS_HANDOVER_MANAGER = "servlane-operator-replicas-handover"
 CHILD_PREFIX = "model-"
 
 

@@ -5,7 +5,7 @@ Handlers parse watched Deployments and Pods into these once; the status logic re
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,8 @@ class DeploymentView:
     available: int
     deadline_exceeded: bool
     resource_version: str = ""
+    # Field managers that server-side applied spec.replicas (the operator's while a budget pins it).
+    replicas_appliers: frozenset[str] = frozenset()
 
     @classmethod
     def parse(cls, body: Mapping[str, Any]) -> DeploymentView:
@@ -44,7 +46,17 @@ class DeploymentView:
             available=int(status.get("availableReplicas", 0)),
             deadline_exceeded=deadline,
             resource_version=str(meta.get("resourceVersion", "")),
+            replicas_appliers=replicas_appliers(meta.get("managedFields") or []),
         )
+
+
+def replicas_appliers(managed_fields: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+    """The managers whose server-side apply owns spec.replicas (updates, e.g. the HPA's, are not applies)."""
+    return frozenset(
+        str(entry.get("manager", ""))
+        for entry in managed_fields
+        if entry.get("operation") == "Apply" and "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {})
+    )
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from servlane_operator.builders.children import ChildPlan, plan_children
 from servlane_operator.builders.deployment import build_deployment, build_runtime_config, runtime_image
 from servlane_operator.builders.hpa import build_hpa
 from servlane_operator.builders.network_policy import build_network_policy
+from servlane_operator.builders.replicas_handover import replicas_handover
 from servlane_operator.builders.service import build_service, endpoint_url
 
 __all__ = [
@@ -15,5 +16,6 @@ __all__ = [
     "build_service",
     "endpoint_url",
     "plan_children",
+    "replicas_handover",
     "runtime_image",
 ]

@@ -29,6 +29,9 @@ WEIGHT = "servlane_gateway_route_weight"  # gauge: namespace, feature, model —
 # counter: namespace, feature, model — sticky requests routed by weight because their client was over its
 # share of that model's recent requests (servlane_core.routing.sticky_share)
 STICKY_UNPINNED = "servlane_gateway_sticky_unpinned_total"
+# gauge: mode=memory|redis, always 1 — where this gateway keeps its rate limits and quotas (memory: each
+# replica its own; redis: shared by the replicas)
+LIMITS_STORE = "servlane_gateway_limits_store_info"
 CLIENT_CLOSED_CODE = "499"  # the code of a request the client abandoned: neither the backend's 4xx nor a failure
 
 # Histogram buckets (seconds) shared by LATENCY and TTFT, so p95 is comparable across versions.

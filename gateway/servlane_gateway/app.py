@@ -25,7 +25,8 @@ from servlane_gateway.forwarding import GatewayState, handle
 from servlane_gateway.gateway_metrics import GatewayMetrics
 from servlane_gateway.kube_watch import KubeRouteSource, own_namespace
 from servlane_gateway.proxy import Timeouts
-from servlane_gateway.ratelimit import Limits, RateLimiter
+from servlane_gateway.ratelimit import Limiter, Limits, RateLimiter
+from servlane_gateway.redis_limits import RedisLimiter
 from servlane_gateway.settings import GatewaySettings, plain_name_namespaces
 from servlane_gateway.sources import FileRouteSource, RouteSource, file_signature
 from servlane_gateway.upstream import UpstreamPool
@@ -76,6 +77,37 @@ def route_source_for(settings: GatewaySettings) -> RouteSource:
     return KubeRouteSource(settings.namespaces)
 
 
+def limiter_for(settings: GatewaySettings) -> RateLimiter | RedisLimiter:
+    """Shared through Redis when a URL is set, else in this replica's memory; says which at start."""
+    per_key = Limits(settings.key_requests_per_minute, settings.key_tokens_per_minute, settings.key_max_in_flight)
+    per_feature = Limits(settings.feature_requests_per_minute, settings.feature_tokens_per_minute)
+    if settings.redis_url is None:
+        log.info(
+            "rate limits and quotas are kept in this replica's memory (no --redis-url): with several "
+            "replicas, each one applies every limit on its own"
+        )
+        return RateLimiter(per_key=per_key, per_feature=per_feature)
+    password = settings.redis_password
+    limiter = RedisLimiter(
+        settings.redis_url.get_secret_value(),
+        per_key=per_key,
+        per_feature=per_feature,
+        password=password.get_secret_value() if password is not None else None,
+        prefix=settings.redis_key_prefix,
+        timeout=settings.redis_timeout,
+        lease=settings.redis_in_flight_lease,
+        retry_after=settings.unavailable_retry_after,
+    )
+    log.info(
+        "rate limits and quotas are shared by the gateway replicas through Redis at %s (key prefix %r, "
+        "in-flight lease %gs); while it does not answer, limited requests get 503",
+        limiter.where,
+        limiter.prefix,
+        limiter.lease,
+    )
+    return limiter
+
+
 PROXIED = {f"/v1/{e}": e for e in ("chat/completions", "completions", "embeddings")}
 
 
@@ -114,12 +146,7 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
     timeouts = Timeouts(settings.connect_timeout, settings.first_byte_timeout, settings.idle_timeout)
     state = GatewayState(
         metrics=GatewayMetrics(),
-        limiter=RateLimiter(
-            per_key=Limits(
-                settings.key_requests_per_minute, settings.key_tokens_per_minute, settings.key_max_in_flight
-            ),
-            per_feature=Limits(settings.feature_requests_per_minute, settings.feature_tokens_per_minute),
-        ),
+        limiter=limiter_for(settings),
         timeouts=timeouts,
         limits=RequestLimits(
             max_body_bytes=settings.max_body_bytes,
@@ -130,6 +157,7 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
         keys=load_key_ring(settings.keys_file),  # fails fast on a malformed keys file
         reserved_completion_tokens=settings.reserved_completion_tokens,
     )
+    state.metrics.limits_store.labels(state.limiter.mode).set(1)
     if settings.keys_file is not None:
         log_key_ring(state.keys, settings.keys_file)
     routes = source or route_source_for(settings)
@@ -154,6 +182,8 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         state.pool = UpstreamPool(timeouts.connect)
+        limiter: Limiter = state.limiter  # the one started is the one closed
+        await limiter.start()
         await routes.start(on_table)
         keys_task = None
         if settings.keys_file is not None:
@@ -166,6 +196,7 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
                 with suppress(asyncio.CancelledError):
                     await keys_task
             await routes.stop()
+            await limiter.aclose()
             await state.pool.aclose()
 
     app = GatewayApp(title="Servlane gateway", lifespan=lifespan)
@@ -192,6 +223,9 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
     async def ready() -> JSONResponse:
         if state.table is None:
             return JSONResponse({"status": "waiting for routes"}, status_code=503, headers={"Retry-After": "1"})
+        # The shared limit store is deliberately not checked: its outage hits every replica at once, and
+        # taking them all out of the Service would turn the limited requests' 503 + Retry-After into
+        # connection errors and fail the requests no limit applies to as well.
         return JSONResponse({"status": "ready"})
 
     @app.get("/metrics")

@@ -45,7 +45,8 @@ from servlane_gateway.proxy import (
     open_upstream,
     read_body,
 )
-from servlane_gateway.ratelimit import DEFAULT_RESERVED_COMPLETION_TOKENS, Admission, RateLimiter, estimate_tokens
+from servlane_gateway.ratelimit import DEFAULT_RESERVED_COMPLETION_TOKENS, Hold, RateLimiter, estimate_tokens
+from servlane_gateway.redis_limits import RedisLimiter
 from servlane_gateway.upstream import UpstreamConnectError, UpstreamError, UpstreamPool, UpstreamResponse
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class GatewayState:
     """Everything a request needs; the route table and key ring are swapped whole on reload."""
 
     metrics: GatewayMetrics
-    limiter: RateLimiter
+    limiter: RateLimiter | RedisLimiter  # in this replica's memory, or shared through Redis (--redis-url)
     timeouts: Timeouts
     limits: RequestLimits
     unavailable_retry_after: float
@@ -89,7 +90,7 @@ class Call:
     model: str = NONE
     key_name: str | None = None
     gateway_seconds: float = 0.0  # time spent in the gateway before the upstream was called
-    admission: Admission | None = None  # set once the limiter admitted the request; settled when it ends
+    admission: Hold | None = None  # set once the limiter admitted the request; settled when it ends
     strip_usage: bool = False  # the gateway asked for the stream's usage chunk, the client did not
 
     def settle(self, tokens: int | None) -> None:
@@ -229,7 +230,7 @@ async def _handle(state: GatewayState, request: Request, endpoint: str, call: Ca
     authorize(key, route, table, body["model"])
     apply_defaults(body, route.defaults, endpoint)  # first: the feature's max_tokens cap sizes the reservation
     reserve = estimate_tokens(body, len(raw), endpoint, state.reserved_completion_tokens)
-    call.admission = state.limiter.admit(call.key_name, route.namespace, route.name, reserve)
+    call.admission = await state.limiter.acquire(call.key_name, route.namespace, route.name, reserve)
     call.strip_usage = ask_for_usage(body, endpoint)
     return await _forward(state, request, endpoint, call, route, body, priority)
 

@@ -64,6 +64,10 @@ class GatewayMetrics:
             "Sticky requests routed by weight because their client was over its share of the model's requests.",
             ["namespace", "feature", "model"], registry=r,
         )  # fmt: skip
+        self.limits_store = Gauge(
+            contract.LIMITS_STORE, "Where rate limits and quotas live: memory (per replica) or redis (shared).",
+            ["mode"], registry=r,
+        )  # fmt: skip
 
         # Label children cached per label values: `.labels()` takes a lock and builds a key on every call,
         # and the values are bounded (route names, models, status codes), so the cache is too.

@@ -12,7 +12,10 @@ report, it stands (see `Admission.settle`). A bucket may go negative, which hold
 requests until it refills. A bucket holds at most one minute's allowance, so a limit of N per minute
 allows a burst of N, then N/60 per second.
 
-All of it is in this process's memory: each gateway replica limits on its own.
+`RateLimiter` keeps all of it in this process's memory: each gateway replica limits on its own.
+`servlane_gateway.redis_limits.RedisLimiter` keeps the same buckets, reservations and in-flight places in
+a Redis shared by the replicas, with the same semantics; both answer the `Limiter` protocol the request
+path uses. The decisions both make from the same facts (which checks apply, what a refusal says) are here.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, Protocol
 
 from servlane_core.protocol.errors import OpenAIError
 
@@ -70,6 +73,87 @@ class Limits:
     requests_per_minute: float = 0  # 0: unlimited
     tokens_per_minute: float = 0
     max_in_flight: int = 0  # requests admitted and not yet ended; 0: unlimited
+
+
+Scope = Literal["key", "feature"]
+Kind = Literal["requests", "tokens", "in_flight"]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One limit a request is admitted by: `limit` per minute (requests, tokens) or at once (in_flight)."""
+
+    scope: Scope
+    name: str  # the key's name, or the feature's "namespace/name"
+    kind: Kind
+    limit: float
+
+    def describe(self) -> str:
+        """What a 429 says about this limit."""
+        if self.kind == "in_flight":
+            return f"{int(self.limit)} concurrent requests for this {self.scope}"
+        what = "requests" if self.kind == "requests" else "tokens"
+        return f"{what} per minute for this {self.scope}"
+
+
+def plan_checks(
+    per_key: Limits, per_feature: Limits, key_name: str | None, namespace: str, feature: str
+) -> list[Check]:
+    """The limits that apply to a request, key first: the ones configured (non-zero) for its key (with
+    access control on) and for its feature, named by the feature's namespace."""
+    scopes: list[tuple[Scope, str, Limits]] = [("feature", f"{namespace}/{feature}", per_feature)]
+    if key_name is not None:
+        scopes.insert(0, ("key", key_name, per_key))
+    checks: list[Check] = []
+    for scope, name, limits in scopes:
+        kinds: tuple[tuple[Kind, float], ...] = (
+            ("requests", limits.requests_per_minute),
+            ("tokens", limits.tokens_per_minute),
+            ("in_flight", float(limits.max_in_flight)),
+        )
+        for kind, limit in kinds:
+            if limit > 0:
+                checks.append(Check(scope, name, kind, limit))
+    return checks
+
+
+def refusal(waits: list[tuple[float, str]]) -> OpenAIError | None:
+    """The 429 for the longest of the waits (seconds, what waits), or None when none waits."""
+    wait, what = max(waits, default=(0.0, ""))
+    if wait <= 0:
+        return None
+    message = f"Rate limit reached: {what}."
+    return OpenAIError(429, message, type="rate_limit_error", code="rate_limit_exceeded", retry_after=math.ceil(wait))
+
+
+# When a place in flight frees is not known; a second is a short, honest wait.
+IN_FLIGHT_RETRY_AFTER = 1.0
+
+
+class Hold(Protocol):
+    """An admitted request's hold on a limiter, released by `settle` (see `Admission.settle`)."""
+
+    reserved: int
+
+    def settle(self, tokens: int | None) -> None: ...
+
+
+class Limiter(Protocol):
+    """What the request path needs of a limiter, in memory or shared."""
+
+    mode: str  # "memory" or "redis": logged at start and exported as a metric label
+
+    async def acquire(self, key_name: str | None, namespace: str, feature: str, reserve_tokens: int = 0) -> Hold:
+        """Admit by every applicable limit or raise the 429 (a shared store it cannot reach: 503)."""
+        ...
+
+    async def problem(self) -> str | None:
+        """Why requests cannot be admitted now (for /ready), or None."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
 
 
 @dataclass
@@ -138,6 +222,7 @@ class RateLimiter:
     per_key: Limits = field(default_factory=Limits)
     per_feature: Limits = field(default_factory=Limits)
     clock: Clock = time.monotonic
+    mode: str = field(default="memory", init=False)
     _buckets: dict[tuple[str, str], _Buckets] = field(default_factory=dict)
     _in_flight: dict[tuple[str, str], int] = field(default_factory=dict)
 
@@ -188,22 +273,18 @@ class RateLimiter:
         route's, never the name the client sent. The caller settles the returned Admission when it ends."""
         waits: list[tuple[float, str]] = []
         scopes = self._scopes(key_name, namespace, feature)
-        for scope, name, buckets in scopes:
-            if buckets.requests is not None:
-                waits.append((buckets.requests.wait_for(1), f"requests per minute for this {scope}"))
-            if buckets.tokens is not None:
+        for check in plan_checks(self.per_key, self.per_feature, key_name, namespace, feature):
+            buckets = self._get(check.scope, check.name)
+            if check.kind == "requests" and buckets.requests is not None:
+                waits.append((buckets.requests.wait_for(1), check.describe()))
+            elif check.kind == "tokens" and buckets.tokens is not None:
                 # Admitted while not in debt: at least one token left.
-                waits.append((buckets.tokens.wait_for(1), f"tokens per minute for this {scope}"))
-            cap = self._limits(scope).max_in_flight
-            if cap > 0 and self.in_flight(scope, name) >= cap:
-                # When a place frees is not known; a second is a short, honest wait.
-                waits.append((1.0, f"{cap} concurrent requests for this {scope}"))
-        wait, what = max(waits, default=(0.0, ""))
-        if wait > 0:
-            message = f"Rate limit reached: {what}."
-            raise OpenAIError(
-                429, message, type="rate_limit_error", code="rate_limit_exceeded", retry_after=math.ceil(wait)
-            )
+                waits.append((buckets.tokens.wait_for(1), check.describe()))
+            elif check.kind == "in_flight" and self.in_flight(check.scope, check.name) >= check.limit:
+                waits.append((IN_FLIGHT_RETRY_AFTER, check.describe()))
+        refused = refusal(waits)
+        if refused is not None:
+            raise refused
         places: list[tuple[str, str]] = []
         token_buckets: list[TokenBucket] = []
         for scope, name, buckets in scopes:
@@ -216,6 +297,18 @@ class RateLimiter:
                 self._in_flight[(scope, name)] = self.in_flight(scope, name) + 1
                 places.append((scope, name))
         return Admission(self, places, token_buckets, reserve_tokens)
+
+    async def acquire(self, key_name: str | None, namespace: str, feature: str, reserve_tokens: int = 0) -> Hold:
+        return self.admit(key_name, namespace, feature, reserve_tokens)
+
+    async def problem(self) -> str | None:
+        return None  # nothing outside this process to depend on
+
+    async def start(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
 
     def charge_tokens(self, key_name: str | None, namespace: str, feature: str, tokens: int) -> None:
         for _, _, buckets in self._scopes(key_name, namespace, feature):

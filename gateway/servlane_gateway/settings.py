@@ -14,8 +14,9 @@ import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from servlane_api.runtime_config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_LIST_ITEMS
 from servlane_core.routing.overrides import parse_override_env, parse_override_items
@@ -60,6 +61,30 @@ class GatewaySettings(BaseModel):
         description="Tokens reserved against token limits for a completion that sets no max_tokens, until "
         "its usage is known.",
     )
+    redis_url: SecretStr | None = Field(
+        default=None,
+        description="redis://[user:password@]host:port/db (or rediss://, unix://): the rate limits and quotas "
+        "are shared by every gateway replica given this Redis; unset: each replica keeps its own, in memory.",
+    )
+    redis_password: SecretStr | None = Field(
+        default=None,
+        description="The Redis password when the URL carries none (set it through the environment: a flag "
+        "shows in the process list).",
+    )
+    redis_key_prefix: str = Field(
+        default="servlane-gateway",
+        pattern=r"^[^\s]+$",
+        description="Prefix of the gateway's Redis keys: gateways with the same prefix share their budgets.",
+    )
+    redis_timeout: float = Field(
+        default=0.5, gt=0, description="Seconds to connect to Redis and for each answer (a call ends within 4x)."
+    )
+    redis_in_flight_lease: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds a request's place in flight is held in Redis without renewal: the places of a "
+        "replica that dies free themselves within this.",
+    )
     connect_timeout: float = Field(default=5.0, gt=0)
     first_byte_timeout: float = Field(default=300.0, gt=0)
     idle_timeout: float = Field(default=60.0, gt=0)
@@ -82,6 +107,26 @@ class GatewaySettings(BaseModel):
             return parse_override_items(f"{k}={v}" for k, v in value.items())
         if isinstance(value, list):
             return parse_override_items(str(item) for item in value)
+        return value
+
+    @field_validator("redis_url", "redis_password", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: SecretStr | None) -> SecretStr | None:
+        # The message never repeats the URL: it may hold a password.
+        if value is None:
+            return None
+        try:
+            parts = urlsplit(value.get_secret_value())
+            parts.port  # noqa: B018 - parsed here so a bad port fails the settings, not the start
+        except ValueError:
+            raise ValueError("the Redis URL does not parse (its port?)") from None
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("the Redis URL must start with redis://, rediss:// or unix://")
         return value
 
     @field_validator("serving_namespaces")

@@ -490,3 +490,38 @@ def test_gateway_quota_settings_reach_the_gateway(helm: Helm) -> None:
     result = helm.run("template", "mp", str(CHART), "--set", "gateway.rateLimits.keyMaxInFlight=-1", check=False)
     assert result.returncode != 0
     assert "at '/gateway/rateLimits/keyMaxInFlight'" in result.stderr
+
+
+def test_gateway_redis_settings_reach_the_gateway_and_keep_the_password_in_secrets(helm: Helm) -> None:
+    from servlane_gateway.settings import parse_settings
+
+    assert not any(
+        name.startswith("SERVLANE_GATEWAY_REDIS")
+        for name in env_of(one(helm.template(), "Deployment", "mp-servlane-gateway"))
+    )
+    shared = (
+        "gateway.rateLimits.redis.url=redis://redis.data:6379/0",
+        "gateway.rateLimits.redis.passwordSecret.name=redis-auth",
+        "gateway.rateLimits.redis.inFlightLeaseSeconds=20",
+    )
+    gateway = one(helm.template(set_values=shared), "Deployment", "mp-servlane-gateway")
+    env = env_of(gateway)
+    assert env["SERVLANE_GATEWAY_REDIS_URL"] == "redis://redis.data:6379/0"
+    assert env["SERVLANE_GATEWAY_REDIS_KEY_PREFIX"] == "servlane:servlane-system:mp-servlane-gateway"
+    password = next(e for e in containers(gateway)[0]["env"] if e["name"] == "SERVLANE_GATEWAY_REDIS_PASSWORD")
+    assert password["valueFrom"]["secretKeyRef"] == {"name": "redis-auth", "key": "password"}
+    settings = parse_settings(["--watch"], env)
+    assert settings.redis_url is not None
+    assert (settings.redis_in_flight_lease, settings.redis_timeout) == (20, 0.5)
+    from_secret = one(
+        helm.template(set_values=("gateway.rateLimits.redis.existingSecret=redis-url",)),
+        "Deployment",
+        "mp-servlane-gateway",
+    )
+    url = next(e for e in containers(from_secret)[0]["env"] if e["name"] == "SERVLANE_GATEWAY_REDIS_URL")
+    assert url["valueFrom"]["secretKeyRef"] == {"name": "redis-url", "key": "url"}
+    result = helm.run(
+        "template", "mp", str(CHART), "--set", "gateway.rateLimits.redis.url=redis://:pw@r:6379", check=False
+    )
+    assert result.returncode != 0  # a password in values would sit in Helm's release history
+    assert "at '/gateway/rateLimits/redis/url'" in result.stderr

@@ -98,6 +98,18 @@ Call with (dict "image" x "variant" "cuda" "root" $). */}}
 {{- end }}
 {{- end }}
 
+{{/* "true" when the gateway's rate limits are shared through Redis (gateway.rateLimits.redis). */}}
+{{- define "servlane.gateway.sharedLimits" -}}
+{{- $redis := .Values.gateway.rateLimits.redis }}
+{{- if or $redis.url $redis.existingSecret }}true{{ end }}
+{{- end }}
+
+{{/* "true" when any gateway rate limit is set: they then need Redis to hold across replicas. */}}
+{{- define "servlane.gateway.anyRateLimit" -}}
+{{- $r := .Values.gateway.rateLimits }}
+{{- if or (gt (float64 $r.keyRequestsPerMinute) 0.0) (gt (float64 $r.keyTokensPerMinute) 0.0) (gt (int64 $r.keyMaxInFlight) 0) (gt (float64 $r.featureRequestsPerMinute) 0.0) (gt (float64 $r.featureTokensPerMinute) 0.0) }}true{{ end }}
+{{- end }}
+
 {{- define "servlane.apiKeysSecret" -}}
 {{- if .Values.gateway.apiKeys.existingSecret }}
 {{- .Values.gateway.apiKeys.existingSecret }}

@@ -26,6 +26,7 @@ class Load:
     feature: str = "chat"
     threads: int = 2
     timeout: float = 20
+    api_key: str = "unused"  # a gateway with a keys file needs a real one
     outcomes: list[Outcome] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -45,7 +46,7 @@ class Load:
     def _run(self) -> None:
         http = openai.DefaultHttpxClient(trust_env=False)  # cluster addresses: never through a proxy
         client = openai.OpenAI(
-            base_url=self.base_url, api_key="unused", max_retries=0, timeout=self.timeout, http_client=http
+            base_url=self.base_url, api_key=self.api_key, max_retries=0, timeout=self.timeout, http_client=http
         )
         while not self._stop.is_set():
             started, model, error = time.monotonic(), None, None

@@ -27,7 +27,7 @@ import hmac
 import re
 from dataclasses import dataclass
 
-from servlane_core.protocol.errors import OpenAIError
+from servlane_core.protocol.errors import OpenAIError, model_not_found
 from servlane_core.routing.routes import Route, RouteTable
 
 HASH_PREFIX = "sha256:"
@@ -169,12 +169,9 @@ class KeyRing:
 
 
 def authorize(key: ApiKey | None, route: Route, table: RouteTable, requested: str) -> None:
-    """403 unless `key` (None: access control off) may call `route`, which `requested` resolved to in `table`."""
+    """404 unless `key` (None: access control off) may call `route`, which `requested` resolved to in `table`.
+
+    The very answer a missing model gets (as OpenAI does): a 403 would tell one team which names exist in
+    another team's namespace."""
     if key is not None and not key.allows(route, table):
-        raise OpenAIError(
-            403,
-            f"This API key may not use the model '{requested}'.",
-            type="permission_error",
-            param="model",
-            code="model_not_allowed",
-        )
+        raise model_not_found(requested)

@@ -97,20 +97,20 @@ def test_error_event_inside_a_200_stream_is_a_failure_and_not_a_fast_first_token
     assert gateway.sample(f"{m.LATENCY}_count", **labels) == 0
 
 
-def test_keys_401_403_and_model_list_per_key(upstreams: dict[str, Upstream], start_gateway: StartGateway) -> None:
+def test_keys_401_404_and_model_list_per_key(upstreams: dict[str, Upstream], start_gateway: StartGateway) -> None:
     objects = [aimodel("chat-v1", upstreams["v1"].url), aifeature("chat", [("chat-v1", 100)])]
     gw = start_gateway([*objects, aifeature("other", [("chat-v1", 100)])], keys=KEYS)
     with pytest.raises(openai.AuthenticationError):
         gw.client(api_key="sk-wrong").chat.completions.create(model="chat", messages=say("hi"))
     assert httpx.post(f"{gw.url}/v1/chat/completions", json={"model": "chat"}).status_code == 401
-    with pytest.raises(openai.PermissionDeniedError) as caught:
+    with pytest.raises(openai.NotFoundError) as caught:  # as if it did not exist: no name leaks out of scope
         gw.client(api_key="sk-bravo").chat.completions.create(model="other", messages=say("hi"))
-    assert caught.value.code == "model_not_allowed"
+    assert caught.value.code == "model_not_found"
     assert gw.client(api_key="sk-bravo").chat.completions.create(model="chat", messages=say("hi")).choices
     assert [x.id for x in gw.client(api_key="sk-bravo").models.list()] == ["chat"]
     assert gw.client(api_key="sk-alpha").chat.completions.create(model="other", messages=say("hi")).choices
     assert gw.sample(m.REQUESTS, feature="", model="", code="401") == 2
-    assert gw.sample(m.REQUESTS, feature="other", model="", code="403") == 1
+    assert gw.sample(m.REQUESTS, feature="other", model="", code="404") == 1
     exposition = httpx.get(f"{gw.url}/metrics").text
     assert "sk-" not in exposition
     assert m.REQUESTS in exposition

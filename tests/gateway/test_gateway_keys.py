@@ -149,9 +149,10 @@ def call(gateway: Gateway, model: str, key: str | None = None) -> int:
 def test_key_scopes_carry_the_namespace(upstreams: dict[str, Upstream], start_gateway: StartGateway) -> None:
     keys = "plain: sk-plain chat\nexact: sk-exact team-b/chat\nteam-b: sk-team-b team-b/*\n"
     gateway = start_gateway(two_teams(upstreams), keys=keys, serving_namespaces=["team-a"])
-    assert [call(gateway, m, "sk-plain") for m in ("chat", "team-a/chat", "team-b/chat")] == [200, 200, 403]
-    assert [call(gateway, m, "sk-exact") for m in ("chat", "team-a/chat", "team-b/chat")] == [403, 403, 200]
-    assert [call(gateway, m, "sk-team-b") for m in ("chat", "team-b/chat", "team-b/m")] == [403, 200, 200]
+    # Out of a key's scope is 404, as for a name that exists nowhere (no name leaks across namespaces).
+    assert [call(gateway, m, "sk-plain") for m in ("chat", "team-a/chat", "team-b/chat")] == [200, 200, 404]
+    assert [call(gateway, m, "sk-exact") for m in ("chat", "team-a/chat", "team-b/chat")] == [404, 404, 200]
+    assert [call(gateway, m, "sk-team-b") for m in ("chat", "team-b/chat", "team-b/m")] == [404, 200, 200]
     listed = {key: [e["id"] for e in models(gateway, key).json()["data"]] for key in ("sk-plain", "sk-team-b")}
     assert listed == {"sk-plain": ["chat"], "sk-team-b": ["team-b/chat", "team-b/m"]}
 

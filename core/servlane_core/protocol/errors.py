@@ -58,8 +58,13 @@ class OpenAIError(Exception):
 
 
 def model_not_found(model: str) -> OpenAIError:
+    """OpenAI's own wording: the same answer whether the model is missing or the key may not see it."""
     return OpenAIError(
-        404, f"The model '{model}' does not exist.", type="not_found_error", param="model", code="model_not_found"
+        404,
+        f"The model '{model}' does not exist or you do not have access to it.",
+        type="not_found_error",
+        param="model",
+        code="model_not_found",
     )
 
 

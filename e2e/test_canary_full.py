@@ -6,6 +6,8 @@ KWOK pods become Ready without running, so the AIModels' in-cluster endpoints ar
 gateway's --endpoint-override to the runtime processes on loopback. The rollback scenario writes its
 measurements (time from the first canary failure to all traffic on the stable, failed client requests
 meanwhile) to .artifacts/canary-rollback.json, or to $CANARY_RESULTS (bench/canary_bench.py sets it).
+Two more faults (e2e/canary_faults.py): a canary that answers every chat with its own 400 (no chat template),
+and the module's Prometheus killed mid-rollout until the progress deadline acts.
 
 bench/canary_bench.py also measures that scenario at the shipped defaults, through environment variables
 that only it sets (unset, everything runs as in CI): CANARY_ROLLBACK_ROLLOUT (the rollout as JSON; `{}`
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -33,17 +36,20 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from e2e.canary_faults import PrometheusProcess, counter_value, feature_events, get_ok, without_chat_template
 from e2e.harness import ARTIFACTS, ROOT, Kube, OperatorProcess, wait_until
 from e2e.traffic import Load
 from localcluster.cluster import free_port, stop_process_groups
 from servlane_api.runtime_config import RuntimeConfig
 from servlane_api.runtime_exit import MODEL_LOAD_FAILED
+from servlane_core.rollout import ROLLOUT_ANNOTATION
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CPU_MODEL: dict[str, Any] = {"source": {"uri": "/models/tiny"}, "engine": "transformers", "resources": {"cpu": "1"}}
 STEPS = [25, 50, 100]
 MIN_REQUESTS = 3
+WARM_UP_REQUESTS = 5
 ANALYSIS = {"maxErrorRate": 0.1, "minRequests": MIN_REQUESTS}
 # CI scrapes every second and analyses every 0.5 s so the 3 s steps take seconds; the bench sets the shipped
 # defaults (15 s scrapes as the chart assumes, a 10 s analysis timer) to measure what a user gets.
@@ -93,6 +99,17 @@ class RuntimeProcess:
 
     def wait(self, state: str, timeout: float = 120) -> None:
         wait_until(f"runtime {self.config.served_model_name} {state}", lambda: self.ready_state() == state, timeout)
+
+    def warm_up(self, requests: int = WARM_UP_REQUESTS) -> None:
+        """A few chats straight to the runtime, so neither version is judged on its cold first requests: the
+        runtime's own warm-up is one token, and its next few chats are still several times slower (seconds
+        on a busy machine), which a 3 s window's p95 of a dozen canary requests would compare with a stable
+        that has long been serving, and roll a healthy canary back (maxP95RatioToStable)."""
+        name = self.config.served_model_name
+        body = {"model": name, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 3}
+        with httpx.Client(base_url=self.base_url, timeout=60, trust_env=False) as http:
+            for _ in range(requests):
+                http.post("/v1/chat/completions", json=body).raise_for_status()
 
     def wait_exit(self, timeout: float = 60) -> int:
         proc = self.proc
@@ -159,6 +176,7 @@ def runtimes(model_dir: Path, workdir: Path) -> Iterator[dict[str, RuntimeProces
     try:
         for runtime in started.values():
             runtime.wait("ready")
+            runtime.warm_up()
         yield started
     finally:
         for runtime in started.values():
@@ -172,7 +190,9 @@ def gateway_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def prometheus(gateway_port: int, workdir: Path) -> Iterator[str]:
+def prometheus(gateway_port: int, workdir: Path) -> Iterator[PrometheusProcess]:
+    """The module's Prometheus, scraping the gateway. A scenario may kill it (a metrics outage); the next
+    one that needs it calls ensure_running()."""
     binary = shutil.which("prometheus")
     if binary is None:
         _unavailable("the prometheus binary is missing: run scripts/install-prometheus.sh")
@@ -186,35 +206,22 @@ def prometheus(gateway_port: int, workdir: Path) -> Iterator[str]:
         "scrape_configs:\n  - job_name: gateway\n"
         f"    static_configs:\n      - targets: ['127.0.0.1:{gateway_port}']\n"
     )
-    port = free_port()
-    with (data / "prometheus.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [binary, f"--config.file={data / 'prometheus.yml'}", f"--storage.tsdb.path={data / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+    server = PrometheusProcess(binary, data, free_port())
     try:
-        wait_until("prometheus ready", lambda: _get_ok(url + "/-/ready"), timeout=60)
-        yield url
+        server.start()
+        yield server
     finally:
-        stop_process_groups([proc.pid], timeout=15)
-        proc.wait(timeout=5)
-
-
-def _get_ok(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+        if server.proc is not None:
+            stop_process_groups([server.proc.pid], timeout=15)
+            server.proc.wait(timeout=5)
 
 
 @pytest.fixture(scope="module")
-def canary_operator(operator: OperatorProcess, prometheus: str) -> Iterator[OperatorProcess]:
+def canary_operator(operator: OperatorProcess, prometheus: PrometheusProcess) -> Iterator[OperatorProcess]:
     """The operator reading canary metrics from Prometheus; the session's operator steps aside meanwhile."""
     operator.stop()
     env = {
-        "SERVLANE_PROMETHEUS_URL": prometheus,
+        "SERVLANE_PROMETHEUS_URL": prometheus.url,
         "SERVLANE_ANALYSIS_INTERVAL_SECONDS": f"{ANALYSIS_INTERVAL_SECONDS:g}",
         # The Prometheus above scrapes every second (in CI): 3 s intervals are two scrapes and more, not raised.
         "SERVLANE_PROMETHEUS_SCRAPE_INTERVAL_SECONDS": f"{SCRAPE_INTERVAL_SECONDS:g}",
@@ -246,7 +253,7 @@ def start_gateway(kube: Kube, ns: str, port: int, backends: dict[str, str], work
     def ready() -> bool:
         if proc.poll() is not None:
             raise AssertionError(f"gateway exited with {proc.returncode}; see {workdir / 'gateway.log'}")
-        return _get_ok(gateway.url + "/ready")
+        return get_ok(gateway.url + "/ready")
 
     wait_until("gateway ready", ready, timeout=30)
     return gateway
@@ -254,9 +261,12 @@ def start_gateway(kube: Kube, ns: str, port: int, backends: dict[str, str], work
 
 @pytest.fixture
 def stack(
-    kube: Kube, namespace: str, canary_operator: OperatorProcess, gateway_port: int, workdir: Path
-) -> Iterator[dict[str, Any]]:
-    """What each scenario fills in: a gateway (started once the scenario knows its backends), cleaned up."""
+    kube: Kube, namespace: str, canary_operator: OperatorProcess, prometheus: PrometheusProcess, gateway_port: int,
+    workdir: Path,
+) -> Iterator[dict[str, Any]]:  # fmt: skip
+    """What each scenario fills in: a gateway (started once the scenario knows its backends), cleaned up.
+    Prometheus is up at the start, whatever an earlier scenario did to it."""
+    prometheus.ensure_running()
     parts: dict[str, Any] = {}
     try:
         yield parts
@@ -357,6 +367,7 @@ def test_a_canary_whose_runtime_dies_is_rolled_back(
     bad = RuntimeProcess(runtime_config(model_dir, "bad"), workdir).start()
     try:
         bad.wait("ready")
+        bad.warm_up()  # its rollback must come from the kill below, not from its cold first requests
         serve_chat(kube, namespace, "v1", "bad", rollback_rollout())
         backends = {"v1": runtimes["v1"].base_url, "bad": bad.base_url}
         stack["gateway"] = gateway = start_gateway(kube, namespace, gateway_port, backends, workdir)
@@ -479,3 +490,202 @@ def test_operator_killed_mid_rollout_resumes_without_a_traffic_jump(
     assert [a["verdict"] for a in final["analyses"]][-2:] == ["advance", "promote"]
     print(f"\noperator restart took {restarted - before_restart:.1f}s (killed at step {before['stepIndex']})")
     assert [o for o in load.answered_since(killed_at) if o.error] == []
+
+
+def _condition(s: dict[str, Any], kind: str) -> dict[str, Any]:
+    found: dict[str, Any] | None = next((c for c in s.get("conditions", []) if c["type"] == kind), None)
+    assert found is not None, f"no {kind} condition in {s.get('conditions')}"
+    return found
+
+
+def _until_phase_leaves(kube: Kube, ns: str, phase: str, seen: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The status once its phase is no longer `phase`; every status read meanwhile goes into `seen`."""
+    s = status(kube, ns)
+    seen.append(s)
+    return s if s.get("phase") != phase else None
+
+
+def _warning_events(kube: Kube, ns: str, reason: str) -> list[Any] | None:
+    found = [e for e in feature_events(kube, ns, "chat") if e.reason == reason and e.type == "Warning"]
+    return found or None
+
+
+def test_a_canary_answering_only_4xx_is_rolled_back_against_the_stables_4xx_rate(
+    kube: Kube, namespace: str, runtimes: dict[str, RuntimeProcess], stack: dict[str, Any], gateway_port: int,
+    workdir: Path, model_dir: Path, canary_operator: OperatorProcess,
+) -> None:  # fmt: skip
+    # The canary is Ready and never fails on the server side: its tokenizer has no chat template, so it
+    # answers every chat with its own 400, while the stable answers the very same requests with 200.
+    no_template = without_chat_template(model_dir, workdir / "tiny-llama-no-chat-template")
+    canary = RuntimeProcess(runtime_config(no_template, "notpl"), workdir).start()
+    try:
+        canary.wait("ready")
+        hello = {"model": "notpl", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 3}
+        direct = httpx.post(canary.base_url + "/v1/chat/completions", json=hello, timeout=30)
+        assert direct.status_code == 400, direct.text
+        assert "chat template" in direct.json()["error"]["message"]
+        serve_chat(kube, namespace, "v1", "notpl", rollout("3s"))
+        backends = {"v1": runtimes["v1"].base_url, "notpl": canary.base_url}
+        stack["gateway"] = gateway = start_gateway(kube, namespace, gateway_port, backends, workdir)
+        with Load(gateway.url + "/v1") as load:
+            wait_served(load, "v1")
+            patched_at = time.monotonic()
+            kube.patch_feature(namespace, "chat", {"spec": {"model": "notpl"}})
+            seen: list[dict[str, Any]] = []
+            wait_until("rollout started", lambda: status(kube, namespace).get("phase") == "Progressing", 30, 0.1)
+            final = wait_until("rollback", lambda: _until_phase_leaves(kube, namespace, "Progressing", seen), 60, 0.1)
+            wait_until("gateway on v1 only", lambda: gateway.route_weights() == {"v1": 100.0}, 30, interval=0.05)
+            stable_at = time.monotonic()
+            wait_until("clients served by v1 again", lambda: load.only_answered_by("v1", stable_at), timeout=30)
+        outcomes = load.snapshot()
+        metrics_text = canary_operator.metrics()
+    finally:
+        canary.stop()
+
+    assert final["phase"] == "RolledBack", final
+    assert final["weights"] == [{"model": "v1", "weight": 100}]
+    assert final["rolledBackModel"] == "notpl"
+    assert {s.get("canaryWeight") for s in seen if s.get("phase") == "Progressing"} <= {0, STEPS[0]}  # no step up
+    last = final["lastAnalysis"]
+    assert (last["canaryModel"], last["verdict"], last["outcome"]) == ("notpl", "rollback", "fail")
+    # Judged on 4xx alone, relative to the stable in the same window: no server error on either side, the
+    # canary refused (nearly) everything (Prometheus' increase() extrapolates), the stable nothing.
+    assert last["canaryErrorRate"] == 0
+    assert last["canaryClientErrorRate"] > 0.9
+    assert last["canaryFailureRate"] > ANALYSIS["maxErrorRate"]
+    assert last["stableRequests"] >= MIN_REQUESTS
+    assert (last["stableErrorRate"], last["stableClientErrorRate"]) == (0, 0)
+    degraded = _condition(final, "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "AnalysisFailed")
+    message = degraded["message"]
+    assert "maxErrorRate " in message, message
+    assert "maxErrorRateIncrease " in message, message
+    # Both sides' numbers, as an operator reads them: the canary's 4xx rate against the stable's.
+    canary_part = re.search(r"canary: \d+ requests, failures [\d.]+% \(server errors 0\.00%, 4xx ([\d.]+)%\)", message)
+    stable_part = re.search(r"stable \(this window\): (\d+) requests, server errors 0\.00%, 4xx 0\.00%", message)
+    assert canary_part is not None, message
+    assert stable_part is not None, message
+    assert float(canary_part[1]) > 90, message
+    assert int(stable_part[1]) >= MIN_REQUESTS, message
+    assert _condition(final, "Progressing")["reason"] == "RolledBack"
+    # The same explanation as a Warning Event on the AIFeature (kopf posts Events in the background).
+    events = wait_until("RolledBack event", lambda: _warning_events(kube, namespace, "RolledBack"), timeout=30)
+    assert any("notpl" in str(e.message) and "4xx" in str(e.message) for e in events), [e.message for e in events]
+    rollbacks = counter_value(
+        metrics_text, "servlane_operator_feature_rollbacks_total", namespace=namespace, feature="chat"
+    )
+    assert rollbacks == 1
+    failures = [o for o in outcomes if o.error is not None]
+    assert failures, "no client ever got the canary's 400: the fault did not happen"
+    assert {o.error for o in failures} == {"400"}  # the canary's own answer, passed through; never a 5xx
+    assert all(patched_at <= o.started < stable_at for o in failures)  # only while the canary had traffic
+    print(f"\n4xx canary: {len(failures)} client requests got 400 before the rollback; {message}")
+
+
+PROGRESS_DEADLINE_SECONDS = 15
+
+
+@pytest.mark.parametrize("on_deadline", ["Rollback", "Pause"])
+def test_a_metrics_outage_holds_the_canary_until_the_progress_deadline(
+    on_deadline: str, kube: Kube, namespace: str, runtimes: dict[str, RuntimeProcess], stack: dict[str, Any],
+    gateway_port: int, workdir: Path, canary_operator: OperatorProcess, prometheus: PrometheusProcess,
+) -> None:  # fmt: skip
+    spec = {
+        **rollout("3s"),
+        # What is under test is the metrics' absence, not the canary's speed: on a busy CI machine a p95
+        # of a few requests can be several times the stable's, which would roll back the resumed canary.
+        "analysis": {**ANALYSIS, "maxP95RatioToStable": 100},
+        "progressDeadlineSeconds": PROGRESS_DEADLINE_SECONDS,
+        "onProgressDeadline": on_deadline,
+    }
+    serve_chat(kube, namespace, "v1", "v2", spec)
+    backends = {name: runtime.base_url for name, runtime in runtimes.items()}
+    stack["gateway"] = gateway = start_gateway(kube, namespace, gateway_port, backends, workdir)
+    held_split = {"v1": float(100 - STEPS[0]), "v2": float(STEPS[0])}
+    with Load(gateway.url + "/v1") as load:
+        wait_served(load, "v1")
+        kube.patch_feature(namespace, "chat", {"spec": {"model": "v2"}})
+        # A healthy canary, at its first step: its first analysis is due one interval later.
+        wait_until("canary at its first step", lambda: status(kube, namespace).get("canaryWeight") == STEPS[0], 60, 0.1)
+        try:
+            prometheus.kill()
+            killed_at = time.monotonic()
+            at_outage = status(kube, namespace)
+            seen: list[dict[str, Any]] = []
+            final = wait_until(
+                f"the progress deadline ({on_deadline})",
+                lambda: _until_phase_leaves(kube, namespace, "Progressing", seen),
+                timeout=PROGRESS_DEADLINE_SECONDS + 30, interval=0.2,
+            )  # fmt: skip
+            acted_at = time.monotonic()
+            if on_deadline == "Rollback":
+                wait_until("gateway on v1 only", lambda: gateway.route_weights() == {"v1": 100.0}, 30, 0.05)
+                stable_at = time.monotonic()
+                # Serving needs no metrics: the rollback reached the clients with Prometheus still down.
+                wait_until("clients served by v1 again", lambda: load.only_answered_by("v1", stable_at), 30)
+            else:
+                assert gateway.route_weights() == held_split  # a pause keeps the split it had
+            metrics_text = canary_operator.metrics()
+            events = wait_until(
+                "ProgressDeadlineExceeded event",
+                lambda: _warning_events(kube, namespace, "ProgressDeadlineExceeded"), timeout=30,
+            )  # fmt: skip
+        finally:
+            prometheus.ensure_running()
+        if on_deadline == "Pause":
+            # Metrics are back: resuming continues the same rollout, which now reaches its verdicts.
+            resumed_at = time.monotonic()
+            kube.patch_feature(namespace, "chat", {"metadata": {"annotations": {ROLLOUT_ANNOTATION: "resume"}}})
+            promoted = wait_until(
+                "v2 promoted after the resume",
+                lambda: (s := status(kube, namespace)).get("phase") == "Stable" and s.get("stableModel") == "v2" and s,
+                timeout=60, interval=0.1,
+            )  # fmt: skip
+            wait_until("only v2 answers", lambda: load.only_answered_by("v2", resumed_at), timeout=30)
+    outcomes = load.snapshot()
+
+    # Nothing moved while the metrics were out: same step, same weight, until the deadline acted.
+    in_outage = [s for s in [at_outage, *seen] if s.get("phase") == "Progressing"]
+    assert {(s.get("stepIndex"), s.get("canaryWeight")) for s in in_outage} == {(0, STEPS[0])}
+    earlier = at_outage.get("analyses", [])
+    during = [a for a in final["analyses"] if a not in earlier]
+    assert len(during) >= 2, during  # the deadline is several intervals: it held through analyses
+    assert all((a["verdict"], a["outcome"]) == ("hold", "inconclusive") for a in during), during
+    assert all(a["message"].startswith("No verdict: metrics unavailable: ") for a in during), during
+    # The deadline counted from the last verdict (entering the step), not from the outage, and no sooner.
+    awaiting = datetime.fromisoformat(at_outage["awaitingVerdictSince"].replace("Z", "+00:00"))
+    if on_deadline == "Rollback":
+        assert final["phase"] == "RolledBack", final
+        assert final["weights"] == [{"model": "v1", "weight": 100}]
+        assert final["rolledBackModel"] == "v2"
+        acted = _condition(final, "Degraded")
+        assert (acted["status"], acted["reason"]) == ("True", "ProgressDeadlineExceeded")
+        assert _condition(final, "Progressing")["reason"] == "RolledBack"
+    else:
+        assert final["phase"] == "Paused", final
+        assert (final["canaryModel"], final["canaryWeight"]) == ("v2", STEPS[0])
+        acted = _condition(final, "Progressing")
+        assert (acted["status"], acted["reason"]) == ("False", "ProgressDeadlineExceeded")
+        assert _condition(final, "Degraded")["status"] == "False"
+    message = acted["message"]
+    assert f"(progressDeadlineSeconds {PROGRESS_DEADLINE_SECONDS}): metrics unavailable: " in message, message
+    transition = datetime.fromisoformat(acted["lastTransitionTime"].replace("Z", "+00:00"))
+    assert (transition - awaiting).total_seconds() >= PROGRESS_DEADLINE_SECONDS
+    assert acted_at - killed_at <= PROGRESS_DEADLINE_SECONDS + 10  # and not long after it either
+    assert any("metrics unavailable" in str(e.message) for e in events), [e.message for e in events]
+    # The operator's own metrics say so too: every failed read counted, the deadline's action once.
+    unavailable = counter_value(
+        metrics_text, "servlane_operator_canary_metrics_unavailable_total", namespace=namespace, feature="chat"
+    )
+    assert unavailable >= len(during)
+    exceeded = counter_value(
+        metrics_text, "servlane_operator_feature_progress_deadline_exceeded_total",
+        namespace=namespace, feature="chat", action=on_deadline,
+    )  # fmt: skip
+    assert exceeded == 1
+    if on_deadline == "Pause":
+        after = [a for a in promoted["analyses"] if a not in final["analyses"]]
+        assert [a["verdict"] for a in after if a["verdict"] != "hold"] == ["advance", "advance", "promote"]
+    # The canary was healthy and the gateway needs no Prometheus: no client request failed.
+    assert [o for o in outcomes if o.error and o.started >= killed_at] == []
+    print(f"\nmetrics outage ({on_deadline}): deadline acted {acted_at - killed_at:.1f}s after the kill; {message}")

@@ -77,6 +77,7 @@ def runtimes(model_dir: Path, workdir: Path, teams: tuple[Team, Team]) -> Iterat
     try:
         for runtime in started.values():
             runtime.wait("ready")
+            runtime.warm_up()  # a cold canary's first chats would fail maxP95RatioToStable on a busy machine
         yield started
     finally:
         for runtime in started.values():

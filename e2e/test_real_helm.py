@@ -28,6 +28,7 @@ from e2e.harness import (
     RUNTIME_CPU_IMAGE,
     Kube,
 )
+from e2e.pod_netns import blocked, get_in_pod, netns_of
 from e2e.real_pods import (
     NODE,
     NODE_SELECTOR,
@@ -42,6 +43,7 @@ from e2e.real_pods import (
 )
 from e2e.traffic import Load
 from localcluster.cluster import LocalCluster
+from servlane_operator.labels import GATEWAY_LABELS
 from tests.helm.helmtool import CHART, Helm, HelmUnavailable, find_helm
 from tests.polling import wait_until
 
@@ -215,6 +217,69 @@ def test_the_gateway_pod_serves_chat_streaming_and_embeddings_from_model_pods(se
     vectors = api.embeddings.create(model="embeddings", input=["hello", "a real node"]).data
     assert [len(v.embedding) for v in vectors] == [384, 384]
     assert abs(sum(x * x for x in vectors[0].embedding) - 1.0) < 1e-3  # all-MiniLM-L6-v2 normalises
+
+
+INTRUDER = "intruder-real"
+SERVING_PORT = 8000  # the runtime's "http" port, the one the AIModel's NetworkPolicy admits the gateway to
+
+
+def _running(c: LocalCluster, namespace: str, selector: str) -> dict[str, Any]:
+    def found() -> dict[str, Any] | None:
+        for pod in pods(c, namespace, selector):
+            conditions = {x["type"]: x["status"] for x in pod.get("status", {}).get("conditions", [])}
+            if pod["status"].get("phase") == "Running" and conditions.get("Ready") == "True":
+                return pod
+        return None
+
+    return wait_until(f"a Running and Ready pod in {namespace} ({selector})", found, timeout=120, interval=0.5)
+
+
+def test_only_the_gateway_reaches_a_model_pod_directly(served: Installed) -> None:
+    """The AIModel's NetworkPolicy, enforced on the real node (kube-router): the gateway pod reaches tiny-a's
+    pod on its serving port, a pod in another namespace does not (not even one wearing the gateway's labels),
+    and the gateway keeps serving."""
+    from localcluster.realnode import TEST_IMAGE
+
+    c = served.cluster
+    policies = c.api("GET", f"/apis/networking.k8s.io/v1/namespaces/{TEAM}/networkpolicies")["items"]
+    selected = [p["spec"]["podSelector"]["matchLabels"].get("servlane.dev/model") for p in policies]
+    assert "tiny-a" in selected, policies
+    model_url = f"http://{_running(c, TEAM, 'servlane.dev/model=tiny-a')['status']['podIP']}:{SERVING_PORT}/v1/models"
+    gateway = _running(c, SYSTEM, "app.kubernetes.io/component=gateway")
+    assert "tiny-a" in get_in_pod(netns_of(c, gateway["status"]["podIP"]), model_url)  # admitted: right port
+
+    ensure_namespace(c, INTRUDER)
+    wait_until(
+        "intruder namespace's default ServiceAccount",
+        lambda: c.api("GET", f"/api/v1/namespaces/{INTRUDER}/serviceaccounts/default"),
+        timeout=60,
+        interval=0.5,
+        tolerate=lambda exc: isinstance(exc, OSError),
+    )
+    try:
+        for name, labels in (("curious", {"app": "curious"}), ("impostor", dict(GATEWAY_LABELS))):
+            c.api(
+                "POST",
+                f"/api/v1/namespaces/{INTRUDER}/pods",
+                {
+                    "metadata": {"name": name, "labels": labels},
+                    "spec": {
+                        "nodeSelector": NODE_SELECTOR,
+                        "terminationGracePeriodSeconds": 5,
+                        "containers": [{"name": "hello", "image": TEST_IMAGE, "imagePullPolicy": "Never"}],
+                    },
+                },
+            )
+            pod = _running(c, INTRUDER, f"{next(iter(labels))}={next(iter(labels.values()))}")
+            why = blocked(netns_of(c, pod["status"]["podIP"]), model_url)
+            assert why is not None, f"{INTRUDER}/{name} reached {model_url} directly, around the gateway"
+            print(f"\n{INTRUDER}/{name} -> {model_url}: {why}")
+        reply = client(served).chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "Still there?"}], max_tokens=4
+        )
+        assert reply.model == "tiny-a", served.story()
+    finally:
+        c.api("DELETE", f"/api/v1/namespaces/{INTRUDER}")
 
 
 def test_a_canary_to_a_second_real_model_is_promoted_under_traffic(served: Installed) -> None:

@@ -4,11 +4,11 @@ kube-proxy runs too: a Service in front of a pod answers through its ClusterIP a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import ssl
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from e2e.pod_netns import blocked, get_in_pod, netns_of
 from localcluster.cluster import LocalCluster
 from tests.polling import wait_until
 
@@ -162,40 +163,6 @@ def test_pod_runs_on_the_real_node(cluster: LocalCluster) -> None:
     _wait("no containers left in containerd", lambda: c.node.ctr("tasks", "ls", "-q").stdout.split() == [], 30)
 
 
-# A pod's own network namespace, entered with nsenter: its HTTP GET, as the pod would send it.
-_GET_IN_POD = (
-    "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode().strip())"
-)
-
-
-def _netns_of(c: LocalCluster, pod_ip: str) -> str:
-    """The network namespace (mounted under the node's containerd state) whose eth0 has `pod_ip`."""
-    assert c.node is not None
-    for ns in sorted((c.node.rundir / "state").glob("*/netns/cni-*")):
-        out = subprocess.run(
-            ["nsenter", f"--net={ns}", "ip", "-4", "-o", "addr", "show", "dev", "eth0"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout
-        if f" {pod_ip}/" in out:
-            return str(ns)
-    raise AssertionError(f"no network namespace with {pod_ip}")
-
-
-def _get_in_pod(netns: str, url: str) -> str:
-    result = subprocess.run(
-        ["nsenter", f"--net={netns}", sys.executable, "-c", _GET_IN_POD, url],
-        capture_output=True,
-        text=True,
-        timeout=15,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise OSError(f"GET {url} in {netns}: {result.stderr.strip().splitlines()[-1:]}")
-    return result.stdout.strip()
-
-
 def test_service_answers_through_cluster_ip_and_node_port(cluster: LocalCluster) -> None:
     """kube-proxy (iptables) on the real node: the host reaches a pod through its Service's ClusterIP and a
     NodePort (on the node's InternalIP and on 127.0.0.1, route_localnet), and so do pods (another pod, and
@@ -242,7 +209,7 @@ def test_service_answers_through_cluster_ip_and_node_port(cluster: LocalCluster)
         assert answer == expected, (url, answer)
 
     for pod in (client, web):  # another pod; the endpoint itself (hairpin, masqueraded by kube-proxy)
-        netns = _netns_of(c, pod["status"]["podIP"])
+        netns = netns_of(c, pod["status"]["podIP"])
         for url in (
             f"http://{cluster_ip}/",
             f"http://{web['status']['podIP']}:8080/",
@@ -250,7 +217,7 @@ def test_service_answers_through_cluster_ip_and_node_port(cluster: LocalCluster)
         ):
             answer = wait_until(
                 f"pod {pod['metadata']['name']}: GET {url}",
-                functools.partial(_get_in_pod, netns, url),
+                functools.partial(get_in_pod, netns, url),
                 timeout=30,
                 interval=0.5,
                 tolerate=_refused_or_timed_out,
@@ -401,3 +368,104 @@ def test_pod_reads_its_own_pod_with_its_service_account(cluster: LocalCluster) -
     denied = results[f"apiget:{forbidden}"]
     assert denied["status"] == 403, denied
     assert f"system:serviceaccount:{NAMESPACE}:pod-reader" in denied["body"], denied
+
+
+# --- NetworkPolicy on the real node (kube-router's firewall controller, localcluster/build-netpol.sh) ---
+NETPOL_NAMESPACES = ("netpol-server", "netpol-friends", "netpol-others")
+
+
+def _pod_in(c: LocalCluster, namespace: str, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    """A hello pod in `namespace` with `labels`, Running and Ready."""
+    body = _pod(name, name, app=name)
+    body["metadata"]["labels"] |= labels
+    c.api("POST", f"/api/v1/namespaces/{namespace}/pods", body)
+    path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+
+    def ready() -> dict[str, Any] | None:
+        pod: dict[str, Any] = c.api("GET", path)
+        status = pod.get("status", {})
+        conditions = {x["type"]: x["status"] for x in status.get("conditions", [])}
+        return pod if status.get("phase") == "Running" and conditions.get("Ready") == "True" else None
+
+    return wait_until(f"pod {namespace}/{name} Running and Ready", ready, timeout=120, interval=0.5)
+
+
+def test_network_policy_admits_only_the_selected_pods(cluster: LocalCluster) -> None:
+    """A NetworkPolicy is enforced on the real node: the server admits only pods labelled `role: friend` in
+    namespace netpol-friends. Before the policy every client reaches it (so a failure below is the policy's
+    doing); with it, that client still does, while an unlabelled pod in the same namespace and a labelled one
+    in a third namespace are refused (or time out), and the host (the kubelet's probes) still gets through."""
+    c = cluster
+    server_ns, friends_ns, others_ns = NETPOL_NAMESPACES
+    for ns in NETPOL_NAMESPACES:
+        c.api("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
+    for ns in NETPOL_NAMESPACES:
+        wait_until(
+            f"{ns}: default ServiceAccount",
+            functools.partial(c.api, "GET", f"/api/v1/namespaces/{ns}/serviceaccounts/default"),
+            timeout=60,
+            interval=0.5,
+            tolerate=lambda exc: isinstance(exc, urllib.error.HTTPError) and exc.code == 404,
+        )
+    try:
+        server = _pod_in(c, server_ns, "server", {})
+        clients = {
+            "friend": _pod_in(c, friends_ns, "friend", {"role": "friend"}),
+            "stranger": _pod_in(c, friends_ns, "stranger", {}),
+            "outsider": _pod_in(c, others_ns, "outsider", {"role": "friend"}),
+        }
+        url = f"http://{server['status']['podIP']}:8080/"
+        netns = {name: netns_of(c, pod["status"]["podIP"]) for name, pod in clients.items()}
+        for name, ns in netns.items():
+            answer = wait_until(
+                f"before the policy: {name} reaches the server",
+                functools.partial(get_in_pod, ns, url),
+                timeout=30,
+                interval=0.5,
+                tolerate=_refused_or_timed_out,
+            )
+            assert answer == "hello from server", (name, answer)
+
+        c.api(
+            "POST",
+            f"/apis/networking.k8s.io/v1/namespaces/{server_ns}/networkpolicies",
+            {
+                "metadata": {"name": "friends-only"},
+                "spec": {
+                    "podSelector": {"matchLabels": {"app": "server"}},
+                    "policyTypes": ["Ingress"],
+                    "ingress": [
+                        {
+                            "from": [
+                                {
+                                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": friends_ns}},
+                                    "podSelector": {"matchLabels": {"role": "friend"}},
+                                }
+                            ]
+                        }
+                    ],
+                },
+            },
+        )
+        # Enforced once kube-router has synced the policy: polled with a deadline, each try bounded at 5 s.
+        for name in ("stranger", "outsider"):
+            wait_until(
+                f"with the policy: {name} is kept out",
+                functools.partial(blocked, netns[name], url),
+                timeout=60,
+                interval=0.5,
+            )
+        assert get_in_pod(netns["friend"], url) == "hello from server"
+        for name in ("stranger", "outsider"):  # still out on a second try, not a one-off loss
+            why = blocked(netns[name], url)
+            assert why is not None, name
+            print(f"\n{name} -> {url}: {why}")
+        assert _get(url) == "hello from server"  # from the host: the kubelet's probes keep working
+        filter_rules = subprocess.run(
+            ["iptables-save", "-t", "filter"], capture_output=True, text=True, check=False
+        ).stdout
+        assert "policy name friends-only namespace netpol-server" in filter_rules, filter_rules[-3000:]
+    finally:
+        for ns in NETPOL_NAMESPACES:
+            with contextlib.suppress(urllib.error.HTTPError):
+                c.api("DELETE", f"/api/v1/namespaces/{ns}")

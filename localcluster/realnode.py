@@ -19,6 +19,11 @@ address and a free port, behind the standard `kube-system/kube-dns` Service (Clu
 selector-less EndpointSlice points at it; the kubelet gives pods `clusterDNS`/`clusterDomain`. The API
 server listens on all addresses and advertises the node's, so the `kubernetes` Service (10.0.0.1:443)
 reaches it from pods, which then use in-cluster config (projected ServiceAccount token, kube-root-ca.crt).
+
+NetworkPolicy (by default): kube-router's network policy controller alone (iptables + ipset, built by
+`build-netpol.sh`; v2.1.0, which has reported security flaws, used only inside this local test cluster) runs
+as a host process once the node is registered, as user NETPOL_USER with read-only rights. Without its binary
+the node runs without enforcement and says so loudly (CI=true: it fails instead).
 """
 
 from __future__ import annotations
@@ -109,6 +114,25 @@ SYSCTLS = (
 )
 
 
+# The NetworkPolicy enforcer (build-netpol.sh): kube-router, only its firewall controller. Its identity (a
+# client certificate) and rights: upstream's kube-router ClusterRole reduced to the reads the controller's
+# informers make (they all must sync before it starts).
+NETPOL_BINARY = "kube-router"
+NETPOL_USER = "servlane:kube-router"
+NETPOL_RULES = [
+    {
+        "apiGroups": [""],
+        "resources": ["namespaces", "pods", "services", "nodes", "endpoints"],
+        "verbs": ["get", "list", "watch"],
+    },
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+]
+# kube-router's ipsets (its chains all start with KUBE-, which _remove_chains already removes); "inet6:" is
+# the prefix of its IPv6 sets.
+NETPOL_IPSET = re.compile(r"^(inet6:)?KUBE-(SRC|DST)-")
+
+
 class RealNodeError(RuntimeError):
     pass
 
@@ -116,6 +140,27 @@ class RealNodeError(RuntimeError):
 def build_node_binaries() -> Path:
     """Runs build-node.sh (a no-op when its cache holds this pinned set) and returns the bin folder."""
     return run_build_script("build-node.sh", RealNodeError, "the real node")
+
+
+def build_netpol_binaries() -> Path:
+    """Runs build-netpol.sh (a no-op when its cache holds kube-router) and returns the bin folder."""
+    return run_build_script("build-netpol.sh", RealNodeError, "the NetworkPolicy enforcer (kube-router)")
+
+
+def netpol_binary() -> Path | None:
+    """kube-router from SERVLANE_NETPOL_BIN (a folder), else from build-netpol.sh's cache (built when missing
+    and Go is here); None when neither gives one. With CI=true a failing build raises instead."""
+    folder = os.environ.get("SERVLANE_NETPOL_BIN")
+    if folder:
+        return Path(folder) / NETPOL_BINARY if (Path(folder) / NETPOL_BINARY).is_file() else None
+    if shutil.which("go") is None:
+        return None
+    try:
+        return build_netpol_binaries() / NETPOL_BINARY
+    except RealNodeError:
+        if os.environ.get("CI") == "true":
+            raise
+        return None
 
 
 def cni_bin_dir() -> Path | None:
@@ -404,6 +449,14 @@ def _iptables_chains() -> dict[str, list[str]]:
     return chains
 
 
+def _ipsets() -> list[str]:
+    """The machine's ipset names (empty without the ipset command)."""
+    if shutil.which("ipset") is None:
+        return []
+    out = subprocess.run(["ipset", "list", "-n"], capture_output=True, text=True, check=False).stdout
+    return out.split()
+
+
 RULE_COMMENT = "servlane real node"
 
 
@@ -512,6 +565,9 @@ class RealNode:
     saved_sysctls: dict[str, str] = field(default_factory=dict)
     saved_chains: dict[str, list[str]] = field(default_factory=dict)
     had_kubepods: bool = False
+    # NetworkPolicy enforcement (kube-router's firewall controller); off when its binary is missing (CI: fails).
+    network_policy: bool = True
+    saved_ipsets: list[str] = field(default_factory=list)
     service_cidr: str = SERVICE_CIDR
     address: str = ""  # node_address(): the kubelet's InternalIP, CoreDNS's and the API server's for pods
 
@@ -645,6 +701,7 @@ class RealNode:
         self.saved_sysctls = _read_sysctls()
         self.saved_chains = _iptables_chains()
         self.had_kubepods = bool(_cgroup_roots("kubepods"))
+        self.saved_ipsets = _ipsets()
         for d in (self.workdir, self.rundir):
             d.mkdir(parents=True, exist_ok=True)
         self._save_state()
@@ -658,6 +715,8 @@ class RealNode:
             self._up_kubelet(timeout)
             if self.kube_proxy:
                 self._up_kube_proxy(timeout)
+            if self.network_policy:
+                self._up_netpol(timeout)
         except BaseException:
             self.down()
             raise
@@ -896,6 +955,64 @@ state = "{r / "state"}"
             dns_endpoint_slice(self.address, port, self.name),
         )
 
+    def _up_netpol(self, timeout: float) -> None:
+        """kube-router's network policy controller alone (no routing, no service proxy: the CNI bridge and
+        kube-proxy do those), as NETPOL_USER; ready when its /healthz answers (after its informers synced and
+        its first sync wrote the KUBE-ROUTER-* chains, which it keeps first in INPUT/FORWARD/OUTPUT, so policy
+        decides before the node's own ACCEPT of bridged traffic). Without its binary: a loud warning (CI: fail)."""
+        from localcluster.cluster import free_port
+
+        binary = self.bins.get(NETPOL_BINARY) or netpol_binary()
+        if binary is None or shutil.which("ipset") is None:
+            what = (
+                "the ipset command (apt-get install ipset)" if binary else "kube-router (localcluster/build-netpol.sh)"
+            )
+            message = f"NetworkPolicy is NOT enforced on {self.name}: {what} is missing"
+            if os.environ.get("CI") == "true":
+                raise RealNodeError(message)
+            print(f"\n{'!' * 20} WARNING: {message} {'!' * 20}", flush=True)
+            self.network_policy = False
+            self._save_state()
+            return
+        self.bins[NETPOL_BINARY] = binary
+        self.ports["netpol_health"] = free_port()
+        self._save_state()
+        rbac = "/apis/rbac.authorization.k8s.io/v1"
+        self._apply(f"{rbac}/clusterroles", {"metadata": {"name": NETPOL_USER}, "rules": NETPOL_RULES})
+        binding = {
+            "metadata": {"name": NETPOL_USER},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NETPOL_USER},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": NETPOL_USER}],
+        }
+        self._apply(f"{rbac}/clusterrolebindings", binding)
+        crt, key = client_certificate(self.cluster.pki_dir, NETPOL_USER, None, self.workdir / "pki")
+        kc = self.workdir / "kube-router.kubeconfig"
+        kc.write_text(kubeconfig(self.cluster.server, self.cluster.pki_dir / "ca.crt", crt, key))
+        proc = self._start(
+            NETPOL_BINARY,
+            [
+                str(binary),
+                "--run-firewall=true",
+                "--run-router=false",
+                "--run-service-proxy=false",
+                "--run-loadbalancer=false",
+                f"--kubeconfig={kc}",
+                f"--hostname-override={self.name}",
+                f"--service-cluster-ip-range={self.service_cidr}",
+                f"--health-port={self.ports['netpol_health']}",
+                "--metrics-port=0",
+                "--v=1",
+            ],
+        )
+
+        def healthy() -> bool:
+            url = f"http://127.0.0.1:{self.ports['netpol_health']}/healthz"
+            with urllib.request.urlopen(url, timeout=2) as r:
+                synced = "KUBE-ROUTER-FORWARD" in _iptables_chains().get("iptables:filter", [])
+                return bool(r.status == 200) and synced
+
+        self._wait("kube-router (network policy) /healthz", healthy, timeout, proc)
+
     def _apply(self, collection: str, body: dict[str, Any]) -> None:
         """Create, or replace what an earlier run left (same name)."""
         try:
@@ -948,6 +1065,7 @@ state = "{r / "state"}"
             "chains": self.saved_chains,
             "had_kubepods": self.had_kubepods,
             "kube_proxy": self.kube_proxy,
+            "ipsets": self.saved_ipsets,
             "service_cidr": self.service_cidr,
             "address": self.address,
         }
@@ -963,6 +1081,7 @@ state = "{r / "state"}"
         self.saved_chains = self.saved_chains or state["chains"]
         self.had_kubepods = self.had_kubepods or state["had_kubepods"]
         self.kube_proxy = self.kube_proxy or state["kube_proxy"]
+        self.saved_ipsets = self.saved_ipsets or state.get("ipsets", [])
         self.service_cidr = state.get("service_cidr", self.service_cidr)
         self.address = state.get("address", self.address)
         return {n: int(p) for n, p in state["pids"].items()}
@@ -977,6 +1096,8 @@ state = "{r / "state"}"
         self._drain(min(timeout, 45))
         if self.kube_proxy:
             self._remove_dns_objects()
+        if NETPOL_BINARY in self.bins:
+            self._remove_netpol_rights()
         kubelet_side = [pid for n, pid in pids.items() if n != "containerd"]
         stop_process_groups(kubelet_side, 15)
         self._remove_containers()
@@ -990,7 +1111,8 @@ state = "{r / "state"}"
             subprocess.run([str(self.bins["kube-proxy"]), "--cleanup"], capture_output=True, check=False, timeout=60)
         self._unmount()
         subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True, check=False)
-        self._remove_chains()
+        self._remove_chains()  # kube-router's KUBE-ROUTER-*, KUBE-POD-FW-*, KUBE-NWPLCY-* too
+        self._remove_ipsets()  # after the chains: a set in use by a rule cannot be destroyed
         _delete_host_rules()
         self._remove_cgroups()
         for name, value in self.saved_sysctls.items():
@@ -1032,6 +1154,21 @@ state = "{r / "state"}"
         ):
             with contextlib.suppress(OSError, ValueError):
                 self.cluster.api("DELETE", path)
+
+    def _remove_netpol_rights(self) -> None:
+        """kube-router's identity goes with it. Best effort: the API server may be gone already."""
+        for kind in ("clusterrolebindings", "clusterroles"):
+            with contextlib.suppress(OSError, ValueError):
+                self.cluster.api("DELETE", f"/apis/rbac.authorization.k8s.io/v1/{kind}/{NETPOL_USER}")
+
+    def _remove_ipsets(self) -> None:
+        """kube-router's ipsets that were not there before up(). Not `kube-router --cleanup-config`: in v2.1.0
+        it cleans the policy controller through an uninitialised one (no iptables or ipset handlers, so it
+        removes nothing of ours) and flushes every IPVS service on the machine."""
+        before = set(self.saved_ipsets)
+        for name in _ipsets():
+            if name not in before and NETPOL_IPSET.match(name):
+                subprocess.run(["ipset", "destroy", name], capture_output=True, check=False)
 
     def _remove_containers(self) -> None:
         if "ctr" not in self.bins or not self.socket.exists():

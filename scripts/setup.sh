@@ -51,11 +51,15 @@ if [[ "${SERVLANE_SKIP_REAL_NODE:-}" == 1 ]]; then
 elif [[ $EUID -ne 0 ]] || ! command -v go >/dev/null; then
   echo "setup: a real node needs root and Go: not building it (e2e/test_real_*.py then skip, and fail with CI=true)" >&2
 else
-  if ! [[ -x /usr/lib/cni/bridge && -e /usr/include/seccomp.h ]] || ! command -v iptables gcc >/dev/null; then
+  # One `command -v` per tool: with several names it succeeds when any one is found.
+  if ! [[ -x /usr/lib/cni/bridge && -e /usr/include/seccomp.h ]] || ! command -v iptables >/dev/null \
+    || ! command -v gcc >/dev/null || ! command -v ipset >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      containernetworking-plugins libseccomp-dev gcc iptables >/dev/null
+      containernetworking-plugins libseccomp-dev gcc iptables ipset >/dev/null
   fi
   echo "setup: real node binaries in $(localcluster/build-node.sh)"
+  # Its NetworkPolicy enforcer: kube-router v2.1.0 (firewall controller only), for the local test cluster only.
+  echo "setup: real node NetworkPolicy enforcer in $(localcluster/build-netpol.sh)"
 fi
 # 5. The container images (runtime cpu/cuda, operator, gateway) for tests/images: docker.io from apt, a local
 #    Debian base (no registry needed), BuildKit; cold about 12 minutes and ~17 GB, then cached by content key.

@@ -316,6 +316,8 @@ def _chat_logprobs(items: list[TokenLogprob]) -> p.ChoiceLogprobs:
 
 
 def _completion_logprobs(items: list[TokenLogprob]) -> p.CompletionLogprobs:
+    """The legacy shape: `logprobs: k` gives the k likeliest and always the sampled token too, first, so up
+    to k + 1 entries (OpenAI's documented meaning, and what `vllm serve` returns)."""
     offsets, at = [], 0
     for t in items:
         offsets.append(at)
@@ -323,7 +325,7 @@ def _completion_logprobs(items: list[TokenLogprob]) -> p.CompletionLogprobs:
     return p.CompletionLogprobs(
         tokens=[t.token for t in items],
         token_logprobs=[t.logprob for t in items],
-        top_logprobs=[dict(t.top) for t in items],
+        top_logprobs=[{t.token: t.logprob, **dict(t.top)} for t in items],
         text_offset=offsets,
     )
 

@@ -337,6 +337,39 @@ def test_chat_top_logprobs_have_exactly_the_asked_count(both: tuple[openai.OpenA
     assert outside > 0, "no sampled token fell outside the top two: this request checks nothing; change the seed"
 
 
+def test_completion_logprobs_hold_the_sampled_token_as_vllm_serve_does(
+    both: tuple[openai.OpenAI, openai.OpenAI],
+) -> None:
+    """Legacy `logprobs: 2`: the two likeliest plus the sampled token, so three entries where it is not among
+    them; the same entries and values as `vllm serve` on the same seeded hot sampling."""
+    ours, theirs = (
+        c.completions.create(
+            model=MODEL,
+            prompt="Paris",
+            max_tokens=8,
+            temperature=2.0,
+            seed=7,
+            logprobs=2,
+            extra_body={"ignore_eos": True},
+        )
+        for c in both
+    )
+    mine, vllms = ours.choices[0].logprobs, theirs.choices[0].logprobs
+    assert mine is not None
+    assert vllms is not None
+    assert mine.tokens == vllms.tokens
+    assert mine.top_logprobs is not None
+    assert vllms.top_logprobs is not None
+    assert mine.tokens is not None
+    sizes = [len(top) for top in mine.top_logprobs]
+    assert sizes == [len(top) for top in vllms.top_logprobs]
+    assert 3 in sizes, "no sampled token fell outside the top two: this request checks nothing; change the seed"
+    for token, got, want in zip(mine.tokens, mine.top_logprobs, vllms.top_logprobs, strict=True):
+        assert token in got  # the sampled token is always there
+        assert list(got) == list(want)  # same tokens, same order: the sampled one first
+        assert all(math.isclose(got[k], want[k], abs_tol=1e-3) for k in got)
+
+
 def test_top_logprobs_are_the_likeliest_even_when_the_sampled_token_is_not() -> None:
     """vLLM's dict at one position: the sampled token first (rank 7 here), then the two likeliest."""
     position = {

@@ -23,15 +23,15 @@ from servlane_api import GROUP, VERSION
 from servlane_core.rollout import MetricsReader
 from servlane_operator import aifeature_reconciler, aimodel_reconciler, operator_metrics, periodic
 from servlane_operator.kube import Kube, load_client
-from servlane_operator.labels import GATEWAY_SELECTOR, MANAGED_BY, MODEL_LABEL, OPERATOR_NAME
+from servlane_operator.labels import GATEWAY_SELECTOR, MODEL_LABEL
 from servlane_operator.metric_readers.prometheus_reader import PrometheusReader
 from servlane_operator.metric_readers.scrape_reader import ScrapeReader
 from servlane_operator.observed import DeploymentView, PodView
 from servlane_operator.peering import leads
 from servlane_operator.settings import OperatorSettings
+from servlane_operator.watch_scope import DEPLOYMENTS, OWNED, PODS, restrict_watches
 
 SETTINGS = OperatorSettings.from_env()
-OWNED = {MANAGED_BY: OPERATOR_NAME}
 
 
 @kopf.on.startup()
@@ -42,6 +42,8 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
+    # Pods and Deployments: the API server sends only ours (the handlers' labels= filters run after the fact).
+    restrict_watches(settings)
     # Peers of equal priority all pause each other (kopf freezes on a tie); distinct random priorities
     # make exactly one replica active and the others stand by.
     settings.peering.priority = random.randint(1, 1_000_000)
@@ -117,12 +119,12 @@ def canary_reader(settings: OperatorSettings, kube: Kube) -> MetricsReader:
     return ScrapeReader(gateway_pods, min_window_seconds=min_window)
 
 
-@kopf.index("apps", "v1", "deployments", labels=OWNED)
+@kopf.index(*DEPLOYMENTS, labels=OWNED)
 def deployments_by_model(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
     return {(namespace, labels[MODEL_LABEL]): DeploymentView.parse(body)}
 
 
-@kopf.index("", "v1", "pods", labels=OWNED)
+@kopf.index(*PODS, labels=OWNED)
 def pods_by_model(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
     return {(namespace, labels[MODEL_LABEL]): PodView.parse(body)}
 
@@ -174,8 +176,8 @@ async def resync_model(body: dict[str, Any], memo: Any, kwargs: dict[str, Any]) 
     )
 
 
-@kopf.on.event("apps", "v1", "deployments", labels=OWNED)
-@kopf.on.event("", "v1", "pods", labels=OWNED)
+@kopf.on.event(*DEPLOYMENTS, labels=OWNED)
+@kopf.on.event(*PODS, labels=OWNED)
 async def child_changed(namespace: str | None, labels: kopf.Labels, memo: Any, **kwargs: Any) -> None:
     start_periodic(memo, kwargs)
     key = (namespace or "", labels.get(MODEL_LABEL, ""))

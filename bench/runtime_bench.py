@@ -215,15 +215,31 @@ def ratios(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float]:
     return {k: round(ours[k] / theirs[k], 3) for k in keys if theirs[k]}
 
 
-def paired_ratios(ours: Target, theirs: Target, concurrency: int) -> dict[str, float]:
-    """The median of per-round ratios: each pair of batches ran back to back, so under the same
-    background load; less swayed by a busy minute than the pooled ratios."""
+def spread(values: list[float]) -> dict[str, Any]:
+    """Median, quartiles and range of per-round values (the claim is the median, never the best round)."""
+    ordered = sorted(values)
+    quartiles = statistics.quantiles(ordered, n=4, method="inclusive") if len(ordered) > 1 else ordered * 3
+    return {
+        "median": round(statistics.median(ordered), 3),
+        "q1": round(quartiles[0], 3),
+        "q3": round(quartiles[2], 3),
+        "min": round(ordered[0], 3),
+        "max": round(ordered[-1], 3),
+        "per_round": [round(v, 3) for v in values],
+    }
+
+
+def paired_ratios(ours: Target, theirs: Target, concurrency: int) -> dict[str, Any]:
+    """Per-round ratios, ours to theirs: each pair of batches ran back to back, so under the same background
+    load. Throughput above 1 and TTFT below 1 favour ours."""
     throughput = [t / o for o, t in zip(ours.walls[concurrency], theirs.walls[concurrency], strict=True)]
     ttft = [o / t for o, t in zip(ours.batch_ttft_p50[concurrency], theirs.batch_ttft_p50[concurrency], strict=True)]
-    return {
-        "requests_per_second": round(statistics.median(throughput), 3),
-        "ttft_p50_s": round(statistics.median(ttft), 3),
-    }
+    return {"requests_per_second": spread(throughput), "ttft_p50_s": spread(ttft)}
+
+
+def same_work(row: dict[str, Any], names: list[str]) -> bool:
+    """Every target answered every request (a failed one aborts the run) with the same completion tokens."""
+    return len({(row[n]["requests"], row[n]["completion_tokens"]) for n in names}) == 1
 
 
 def machine() -> dict[str, Any]:
@@ -257,7 +273,8 @@ _COLUMNS = (  # (key, scale, decimals)
 def markdown_table(report: dict[str, Any]) -> str:
     """The README table: each target's numbers per concurrency, ours-vs-vllm-serve ratios in brackets."""
     lines = [
-        "| streams | server | req/s | output tok/s | TTFT p50 (ms) | TTFT p99 (ms) | paired req/s, TTFT p50 |",
+        "| streams | server | req/s | output tok/s | TTFT p50 (ms) | TTFT p99 (ms) | per-round ratio: req/s, TTFT p50 "
+        "(median, range) |",
         "|---:|---|---:|---:|---:|---:|---|",
     ]
     for concurrency, row in report["results_by_concurrency"].items():
@@ -269,9 +286,13 @@ def markdown_table(report: dict[str, Any]) -> str:
                 if name == OURS_VLLM and key in ratio:
                     cell += f" (x{ratio[key]:.2f})"
                 cells.append(cell)
-            paired = row.get(f"{OURS_VLLM}_vs_{VLLM_SERVE}_paired_median", {})
+            paired = row.get(f"{OURS_VLLM}_vs_{VLLM_SERVE}_paired", {})
             if name == OURS_VLLM and paired:
-                cells.append(f"x{paired['requests_per_second']:.2f}, x{paired['ttft_p50_s']:.2f}")
+                rps, ttft = paired["requests_per_second"], paired["ttft_p50_s"]
+                cells.append(
+                    f"x{rps['median']:.2f} ({rps['min']:.2f}-{rps['max']:.2f}), "
+                    f"x{ttft['median']:.2f} ({ttft['min']:.2f}-{ttft['max']:.2f})"
+                )
             else:
                 cells.append("")
             lines.append("| " + " | ".join(cells) + " |")
@@ -307,9 +328,10 @@ def main() -> None:
     facts["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     results: dict[str, Any] = {}
     for concurrency in CONCURRENCIES:
-        row = {t.name: summary(t, concurrency) for t in targets}
+        row: dict[str, Any] = {t.name: summary(t, concurrency) for t in targets}
         row["servlane-vllm_vs_vllm-serve"] = ratios(row[OURS_VLLM], row[VLLM_SERVE])
-        row["servlane-vllm_vs_vllm-serve_paired_median"] = paired_ratios(targets[0], targets[1], concurrency)
+        row["servlane-vllm_vs_vllm-serve_paired"] = paired_ratios(targets[0], targets[1], concurrency)
+        row["same_work"] = same_work(row, [t.name for t in targets])
         results[str(concurrency)] = row
     report = {
         "benchmark": "runtime",

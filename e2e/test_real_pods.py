@@ -90,7 +90,8 @@ def model_claim(cluster: LocalCluster, kube: Kube) -> str:
 
 
 def model_spec(model_dir: str, **extra: Any) -> dict[str, Any]:
-    return model_on_the_real_node(CLAIM, model_dir, {"cpu": "1500m", "memory": "4Gi"}, **{"replicas": 1, **extra})
+    resources = extra.pop("resources", {"cpu": "1500m", "memory": "4Gi"})
+    return model_on_the_real_node(CLAIM, model_dir, resources, **{"replicas": 1, **extra})
 
 
 def describe(c: LocalCluster, model: str) -> str:

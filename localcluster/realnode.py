@@ -925,21 +925,10 @@ state = "{r / "state"}"
         Service with an EndpointSlice pointing at it; ready when its /ready says the kubernetes plugin synced."""
         from localcluster.cluster import free_port
 
-        cluster = self.cluster
         port = free_dns_port(self.address)
         self.ports |= {"dns": port, "dns_health": free_port(), "dns_ready": free_port()}
         self._save_state()
-        rbac = "/apis/rbac.authorization.k8s.io/v1"
-        self._apply(f"{rbac}/clusterroles", {"metadata": {"name": DNS_USER}, "rules": DNS_RULES})
-        binding = {
-            "metadata": {"name": DNS_USER},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": DNS_USER},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": DNS_USER}],
-        }
-        self._apply(f"{rbac}/clusterrolebindings", binding)
-        crt, key = client_certificate(cluster.pki_dir, DNS_USER, None, self.workdir / "pki")
-        kc = self.workdir / "coredns.kubeconfig"
-        kc.write_text(kubeconfig(cluster.server, cluster.pki_dir / "ca.crt", crt, key))
+        kc = self._host_identity(DNS_USER, DNS_RULES, "coredns.kubeconfig")
         config = self.workdir / "Corefile"
         config.write_text(corefile(self.address, port, self.ports["dns_health"], self.ports["dns_ready"], kc))
         proc = self._start("coredns", [str(self.bins["coredns"]), "-conf", str(config)])
@@ -954,6 +943,23 @@ state = "{r / "state"}"
             "/apis/discovery.k8s.io/v1/namespaces/kube-system/endpointslices",
             dns_endpoint_slice(self.address, port, self.name),
         )
+
+    def _host_identity(self, user: str, rules: list[dict[str, Any]], kubeconfig_name: str) -> Path:
+        """A host process's own API identity: a ClusterRole with `rules` bound to `user`, and a kubeconfig
+        with a client certificate for that user (removed again in down())."""
+        cluster = self.cluster
+        rbac = "/apis/rbac.authorization.k8s.io/v1"
+        self._apply(f"{rbac}/clusterroles", {"metadata": {"name": user}, "rules": rules})
+        binding = {
+            "metadata": {"name": user},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": user},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        }
+        self._apply(f"{rbac}/clusterrolebindings", binding)
+        crt, key = client_certificate(cluster.pki_dir, user, None, self.workdir / "pki")
+        path = self.workdir / kubeconfig_name
+        path.write_text(kubeconfig(cluster.server, cluster.pki_dir / "ca.crt", crt, key))
+        return path
 
     def _up_netpol(self, timeout: float) -> None:
         """kube-router's network policy controller alone (no routing, no service proxy: the CNI bridge and
@@ -977,17 +983,7 @@ state = "{r / "state"}"
         self.bins[NETPOL_BINARY] = binary
         self.ports["netpol_health"] = free_port()
         self._save_state()
-        rbac = "/apis/rbac.authorization.k8s.io/v1"
-        self._apply(f"{rbac}/clusterroles", {"metadata": {"name": NETPOL_USER}, "rules": NETPOL_RULES})
-        binding = {
-            "metadata": {"name": NETPOL_USER},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NETPOL_USER},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": NETPOL_USER}],
-        }
-        self._apply(f"{rbac}/clusterrolebindings", binding)
-        crt, key = client_certificate(self.cluster.pki_dir, NETPOL_USER, None, self.workdir / "pki")
-        kc = self.workdir / "kube-router.kubeconfig"
-        kc.write_text(kubeconfig(self.cluster.server, self.cluster.pki_dir / "ca.crt", crt, key))
+        kc = self._host_identity(NETPOL_USER, NETPOL_RULES, "kube-router.kubeconfig")
         proc = self._start(
             NETPOL_BINARY,
             [

@@ -23,11 +23,12 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -100,26 +101,30 @@ def count(models: list[dict[str, Any]], ready: bool) -> int:
     return sum(1 for m in models if ok(m))
 
 
-def overloaded(exc: ApiException) -> bool:
-    """The API server shedding load (429) or timing out (5xx): the bench's own poll tries again later.
-    The operator's requests meet the same answers and retry on their own; they are part of the result."""
-    return exc.status is not None and (exc.status == 429 or exc.status >= 500)
+def unless_overloaded(read: Callable[[], T]) -> T | None:
+    """`read()`, or None (recorded in POLL_ERRORS) when the API server sheds load (429) or times out (5xx):
+    the bench's own poll then tries again later. The operator's requests meet the same answers and retry on
+    their own; they are part of the result."""
+    try:
+        return read()
+    except ApiException as exc:
+        if exc.status is None or not (exc.status == 429 or exc.status >= 500):
+            raise
+        POLL_ERRORS.append(f"{type(exc).__name__} {exc.status}")
+        return None
 
 
 # Each poll lists every AIModel (megabytes of JSON at N=1000) on the same 2 cores as the control plane and
 # the operator: polling twice as often would cost more CPU than the resolution it buys on a ~100 s result.
 POLL_SECONDS = 2.0
+T = TypeVar("T")
 
 
 def wait_all(kube: Kube, n: int, ready: bool, started: float, timeout: float) -> float | None:
     while time.monotonic() - started < timeout:
-        try:
-            if count(all_models(kube), ready) >= n:
-                return time.monotonic() - started
-        except ApiException as exc:
-            if not overloaded(exc):
-                raise
-            POLL_ERRORS.append(f"{type(exc).__name__} {exc.status}")
+        models = unless_overloaded(lambda: all_models(kube))
+        if models is not None and count(models, ready) >= n:
+            return time.monotonic() - started
         time.sleep(POLL_SECONDS)  # polling interval of a deadline-bounded wait
     return None
 
@@ -132,15 +137,13 @@ def change_latency(kube: Kube, name: str, round_: int, timeout: float = 300) -> 
     started = time.monotonic()
     kube.patch_model(NAMESPACE, name, {"spec": {"servedModelName": served}})
     while time.monotonic() - started < timeout:
-        try:
-            dep = kube.apps.read_namespaced_deployment(f"model-{name}", NAMESPACE)
-            model = kube.get_model(NAMESPACE, name)
-        except ApiException as exc:
-            if not overloaded(exc):
-                raise
-            POLL_ERRORS.append(f"{type(exc).__name__} {exc.status}")
+        read = unless_overloaded(
+            lambda: (kube.apps.read_namespaced_deployment(f"model-{name}", NAMESPACE), kube.get_model(NAMESPACE, name))
+        )
+        if read is None:
             time.sleep(POLL_SECONDS)  # polling interval of a deadline-bounded wait
             continue
+        dep, model = read
         env = {e.name: e.value for e in present(pod_spec(dep).containers[0].env, "the runtime container's env")}
         caught_up = (model.get("status") or {}).get("observedGeneration") == model["metadata"]["generation"]
         if served in present(env["SERVLANE_RUNTIME_CONFIG"], "SERVLANE_RUNTIME_CONFIG's value") and caught_up:
@@ -191,12 +194,10 @@ def create_unrelated_pods(kube: Kube, n: int, nodes: list[str], timeout: float =
         )
     created = time.monotonic() - started
     while time.monotonic() - started < timeout:
-        try:
-            running = kube.core.list_namespaced_pod(UNRELATED_NAMESPACE, field_selector="status.phase=Running")
-        except ApiException as exc:
-            if not overloaded(exc):
-                raise
-            POLL_ERRORS.append(f"{type(exc).__name__} {exc.status}")
+        running = unless_overloaded(
+            lambda: kube.core.list_namespaced_pod(UNRELATED_NAMESPACE, field_selector="status.phase=Running")
+        )
+        if running is None:
             time.sleep(POLL_SECONDS)  # polling interval of a deadline-bounded wait
             continue
         if len(running.items) >= n:

@@ -147,10 +147,6 @@ class Limiter(Protocol):
         """Admit by every applicable limit or raise the 429 (a shared store it cannot reach: 503)."""
         ...
 
-    async def problem(self) -> str | None:
-        """Why requests cannot be admitted now (for /ready), or None."""
-        ...
-
     async def start(self) -> None: ...
 
     async def aclose(self) -> None: ...
@@ -300,9 +296,6 @@ class RateLimiter:
 
     async def acquire(self, key_name: str | None, namespace: str, feature: str, reserve_tokens: int = 0) -> Hold:
         return self.admit(key_name, namespace, feature, reserve_tokens)
-
-    async def problem(self) -> str | None:
-        return None  # nothing outside this process to depend on
 
     async def start(self) -> None:
         pass

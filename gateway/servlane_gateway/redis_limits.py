@@ -16,6 +16,7 @@ renewal that fails is logged: the lease then frees the place, and the reservatio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import uuid
@@ -227,7 +228,7 @@ class RedisLimiter:
         for name, text in (("admit", ADMIT), ("settle", SETTLE), ("renew", RENEW), ("peek", PEEK)):
             self._scripts[name] = self._client.register_script(text)
         self._renewer = asyncio.create_task(self._renew_forever())
-        await self.problem()  # an unreachable store is logged at once, not at the first request
+        await self._ping()  # an unreachable store is logged at once, not at the first request
 
     async def aclose(self) -> None:
         if self._renewer is not None:
@@ -238,12 +239,10 @@ class RedisLimiter:
         if self._client is not None:
             await self._client.aclose()
 
-    async def problem(self) -> str | None:
-        try:
+    async def _ping(self) -> None:
+        # An outage is logged by _call (where, why); requests then get 503 on their own.
+        with contextlib.suppress(StoreUnavailable):
             await self._call(lambda client: client.ping())
-        except StoreUnavailable:
-            return "the limit store (Redis) does not answer"  # the details (where, why) are in the log
-        return None
 
     async def acquire(
         self, key_name: str | None, namespace: str, feature: str, reserve_tokens: int = 0

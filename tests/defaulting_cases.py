@@ -29,6 +29,9 @@ PARTIAL_MANIFESTS: tuple[Partial, ...] = (
     Partial("rollout-only-steps", ai_feature(feature_spec(rollout={"steps": [10, 100]}))),
     Partial("rollout-only-budget", ai_feature(feature_spec(rollout={"fixedGpuBudget": True}))),
     Partial("defaults-partial", ai_feature(feature_spec(defaults={"temperature": 0.2}))),
+    Partial("response-cache-empty", ai_feature(feature_spec(responseCache={}))),
+    Partial("response-cache-only-enabled", ai_feature(feature_spec(responseCache={"enabled": True}))),
+    Partial("response-cache-only-ttl", ai_feature(feature_spec(responseCache={"ttlSeconds": 30}))),
     Partial(
         "split-with-partial-rollout",
         ai_feature({"split": [{"model": "a", "weight": 100}], "rollout": {"analysis": {"maxErrorRate": 0.1}}}),

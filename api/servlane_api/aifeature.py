@@ -95,6 +95,27 @@ class FeatureDefaults(ApiModel):
     max_tokens_cap: int | None = Field(default=None, ge=1, description="Upper bound on max_tokens per request.")
 
 
+# Opt-in: a hit tells its caller that the same request was made recently in this feature, so it stays off
+# where callers must not learn of each other's requests. What is cached: gateway/servlane_gateway/README.md.
+class ResponseCache(ApiModel):
+    enabled: bool = Field(default=False, description="Keep and serve again this feature's deterministic answers.")
+    ttl_seconds: int = Field(default=300, ge=1, le=86_400, description="How long an answer is served again.")
+    max_entries: int = Field(
+        default=1000,
+        ge=1,
+        le=1_000_000,
+        description="Most answers kept for the feature: per gateway replica, or in all with a shared Redis; "
+        "the oldest go first.",
+    )
+    max_bytes: int = Field(
+        default=16 << 20,
+        ge=1024,
+        le=1 << 32,
+        description="Most bytes of answers kept for the feature (per replica, or in the shared Redis); an "
+        "answer larger than this is never kept.",
+    )
+
+
 class AIFeatureSpec(CelValidated):
     cel_rules = (
         CelRule(
@@ -113,6 +134,11 @@ class AIFeatureSpec(CelValidated):
     split: list[WeightedModel] | None = Field(default=None, min_length=1, max_length=16)
     rollout: Rollout = Field(default_factory=Rollout)
     defaults: FeatureDefaults = Field(default_factory=FeatureDefaults)
+    response_cache: ResponseCache = Field(
+        default_factory=ResponseCache,
+        description="The gateway answers a repeated deterministic request (temperature 0, or a seed) to the "
+        "same model version again, without the backend.",
+    )
 
 
 FeaturePhase = Literal["Pending", "Stable", "Progressing", "Paused", "RolledBack", "Split"]

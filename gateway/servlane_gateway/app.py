@@ -21,6 +21,7 @@ from servlane_core.protocol.limits import RequestLimits
 from servlane_core.routing.overrides import apply_overrides
 from servlane_core.routing.routes import RouteTable, describe_refused, describe_shadowing, resolve_plain_names
 from servlane_gateway.access import ApiKey, KeyRing, parse_keys
+from servlane_gateway.cache_store import AnswerStore, MemoryStore, RedisStore, ResponseCacher
 from servlane_gateway.forwarding import GatewayState, handle
 from servlane_gateway.gateway_metrics import GatewayMetrics
 from servlane_gateway.kube_watch import KubeRouteSource, own_namespace
@@ -108,6 +109,20 @@ def limiter_for(settings: GatewaySettings) -> RateLimiter | RedisLimiter:
     return limiter
 
 
+def answer_store_for(settings: GatewaySettings) -> AnswerStore:
+    """The response cache's store: the Redis of the shared limits when one is set, else this replica's memory."""
+    if settings.redis_url is None:
+        return MemoryStore()
+    password = settings.redis_password
+    return RedisStore(
+        settings.redis_url.get_secret_value(),
+        password=password.get_secret_value() if password is not None else None,
+        prefix=settings.redis_key_prefix,
+        timeout=settings.redis_timeout,
+        pause=settings.unavailable_retry_after,
+    )
+
+
 PROXIED = {f"/v1/{e}": e for e in ("chat/completions", "completions", "embeddings")}
 
 
@@ -157,6 +172,7 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
         keys=load_key_ring(settings.keys_file),  # fails fast on a malformed keys file
         reserved_completion_tokens=settings.reserved_completion_tokens,
     )
+    state.cache = ResponseCacher(answer_store_for(settings), state.metrics)
     state.metrics.limits_store.labels(state.limiter.mode).set(1)
     if settings.keys_file is not None:
         log_key_ring(state.keys, settings.keys_file)
@@ -183,7 +199,10 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         state.pool = UpstreamPool(timeouts.connect)
         limiter: Limiter = state.limiter  # the one started is the one closed
+        cache = state.cache
+        assert cache is not None
         await limiter.start()
+        await cache.start()
         await routes.start(on_table)
         keys_task = None
         if settings.keys_file is not None:
@@ -197,6 +216,7 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
                     await keys_task
             await routes.stop()
             await limiter.aclose()
+            await cache.aclose()
             await state.pool.aclose()
 
     app = GatewayApp(title="Servlane gateway", lifespan=lifespan)

@@ -34,6 +34,7 @@ from servlane_core.routing.picking import pick_backend
 from servlane_core.routing.routes import Route, RouteTable
 from servlane_core.routing.sticky_share import StickyShareGuard
 from servlane_gateway.access import KeyRing, authorize
+from servlane_gateway.cache_store import ResponseCacher
 from servlane_gateway.gateway_metrics import NONE, GatewayMetrics
 from servlane_gateway.proxy import (
     CLIENT_GONE,
@@ -47,6 +48,7 @@ from servlane_gateway.proxy import (
 )
 from servlane_gateway.ratelimit import DEFAULT_RESERVED_COMPLETION_TOKENS, Hold, RateLimiter, estimate_tokens
 from servlane_gateway.redis_limits import RedisLimiter
+from servlane_gateway.response_cache import CACHE_HEADER, MISS, Caching, lookup_key
 from servlane_gateway.upstream import UpstreamConnectError, UpstreamError, UpstreamPool, UpstreamResponse
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,7 @@ class GatewayState:
     sticky_guard: StickyShareGuard = field(default_factory=StickyShareGuard)
     # Reserved at admission for a completion without max_tokens (see ratelimit.estimate_tokens).
     reserved_completion_tokens: int = DEFAULT_RESERVED_COMPLETION_TOKENS
+    cache: ResponseCacher | None = None  # deterministic answers, for the features that opt in
 
 
 @dataclass
@@ -92,6 +95,7 @@ class Call:
     gateway_seconds: float = 0.0  # time spent in the gateway before the upstream was called
     admission: Hold | None = None  # set once the limiter admitted the request; settled when it ends
     strip_usage: bool = False  # the gateway asked for the stream's usage chunk, the client did not
+    caching: Caching | None = None  # the response cache missed: keep the answer under this key
 
     def settle(self, tokens: int | None) -> None:
         if self.admission is not None:
@@ -250,6 +254,12 @@ async def _forward(
     backend = pick.backend
     if pick.unpinned and backend is not None:
         state.metrics.sticky_unpinned.labels(route.namespace, route.name, backend.model).inc()
+    # After admission, so the limits hold for answers from the cache too (they are charged no tokens).
+    key = lookup_key(body, endpoint, route, backend) if state.cache is not None else None
+    if state.cache is not None and key is not None and (entry := await state.cache.get(key)) is not None:
+        call.settle(0)
+        state.metrics.record(call.namespace, call.feature, NONE, 200, time.perf_counter() - call.started)
+        return state.cache.replay(entry, call.strip_usage, request.headers.get("x-request-id"))
     headers = {"content-type": "application/json", "accept": request.headers.get("accept", "*/*")}
     if request_id := request.headers.get("x-request-id"):
         headers["x-request-id"] = request_id
@@ -279,6 +289,8 @@ async def _forward(
                 # (When no retry follows, the request's own 503 is counted against it below.)
                 elapsed = time.perf_counter() - call.started
                 state.metrics.record(call.namespace, call.feature, refused.model, 502, elapsed, "upstream_unavailable")
+    if key is not None and (key := lookup_key(body, endpoint, route, backend)) is not None:
+        call.caching = Caching(key, route.response_cache)  # of the backend that answered (after a retry)
     return _respond(state, call, upstream, content)
 
 
@@ -327,16 +339,22 @@ def _response_headers(upstream: UpstreamResponse) -> dict[str, str]:
 def _respond(state: GatewayState, call: Call, upstream: UpstreamResponse, content: bytes | None) -> Response:
     after_upstream = time.perf_counter()
     headers = _response_headers(upstream)
+    if call.caching is not None:
+        headers[CACHE_HEADER] = MISS
+        call.caching.content_type = headers["content-type"]
     if content is None:  # a stream: relayed as it comes
         headers |= {"cache-control": "no-cache", "x-accel-buffering": "no"}
         state.metrics.added_latency.observe(call.gateway_seconds + time.perf_counter() - after_upstream)
         done = partial(_stream_done, state, call, upstream.status_code)
-        return RelayResponse(upstream, state.timeouts, headers, done, strip_usage=call.strip_usage)
+        tap = state.cache.record(call.caching) if state.cache and call.caching else None
+        return RelayResponse(upstream, state.timeouts, headers, done, strip_usage=call.strip_usage, tap=tap)
     elapsed = after_upstream - call.started
     if upstream.status_code < 400:
         state.metrics.latency_histograms(call.namespace, call.feature, call.model)[1].observe(elapsed)
         # Parsing the answer only when there is something to count; an answer without usage keeps its reservation.
         call.settle(_count_usage(state, call, _usage_of(content)) if b'"usage"' in content else None)
+        if state.cache is not None and call.caching is not None and upstream.status_code == 200:
+            state.cache.keep_answer(call.caching, content)
     else:
         call.settle(0)  # the backend refused or failed: nothing generated
     state.metrics.record(call.namespace, call.feature, call.model, upstream.status_code, elapsed)
@@ -367,6 +385,8 @@ def _stream_done(state: GatewayState, call: Call, status: int, result: StreamRes
         state.metrics.latency_histograms(call.namespace, call.feature, call.model)[1].observe(first_chunk)
     # Without a usage chunk (the client left, the stream was cut or failed) the reservation stands.
     call.settle(_count_usage(state, call, result.usage))
+    if state.cache is not None and call.caching is not None and status == 200 and result.outcome == COMPLETED:
+        state.cache.keep_stream(call.caching)
     if result.outcome == CLIENT_GONE:
         state.metrics.record(call.namespace, call.feature, call.model, CLIENT_CLOSED, elapsed)
     else:

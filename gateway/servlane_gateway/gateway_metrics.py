@@ -14,6 +14,11 @@ from servlane_api import metric_names as contract
 from servlane_core.routing.picking import effective_weights
 from servlane_core.routing.routes import RouteTable
 
+# The response cache's counters (read by people and dashboards, not by the operator: so named here).
+CACHE_HITS = "servlane_gateway_response_cache_hits_total"
+CACHE_MISSES = "servlane_gateway_response_cache_misses_total"
+CACHE_STORES = "servlane_gateway_response_cache_stores_total"
+CACHE_EVICTIONS = "servlane_gateway_response_cache_evictions_total"
 # Label value when a request never reached a known route or backend (bounded, unlike client input).
 NONE = ""
 # Request series started at 0 for every route: success, and the backend 4xx a canary analysis compares
@@ -67,6 +72,21 @@ class GatewayMetrics:
         self.limits_store = Gauge(
             contract.LIMITS_STORE, "Where rate limits and quotas live: memory (per replica) or redis (shared).",
             ["mode"], registry=r,
+        )  # fmt: skip
+
+        cache = ["namespace", "feature"]
+        self.cache_hits = Counter(
+            _base(CACHE_HITS, "_total"), "Requests answered from the response cache.", cache, registry=r
+        )
+        self.cache_misses = Counter(
+            _base(CACHE_MISSES, "_total"), "Cacheable requests the response cache did not hold.", cache, registry=r
+        )
+        self.cache_stores = Counter(
+            _base(CACHE_STORES, "_total"), "Answers kept by the response cache.", cache, registry=r
+        )
+        self.cache_evictions = Counter(
+            _base(CACHE_EVICTIONS, "_total"), "Answers dropped from the response cache to make room.", cache,
+            registry=r,
         )  # fmt: skip
 
         # Label children cached per label values: `.labels()` takes a lock and builds a key on every call,

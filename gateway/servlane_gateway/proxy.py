@@ -184,6 +184,7 @@ class RelayResponse(Response):
         headers: dict[str, str],
         on_done: Callable[[StreamResult], None],
         strip_usage: bool = False,
+        tap: Callable[[bytes], None] | None = None,
     ) -> None:
         super().__init__(status_code=upstream.status_code)
         # Set directly: Response would add `content-length: 0` for its empty body.
@@ -192,6 +193,7 @@ class RelayResponse(Response):
         self.timeouts = timeouts
         self.on_done = on_done
         self.strip_usage = strip_usage  # the client did not ask for the usage chunk: see UsageScanner
+        self.tap = tap  # gets every chunk as the backend sent it (the response cache records the stream)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         result = StreamResult()
@@ -245,6 +247,8 @@ class RelayResponse(Response):
                 break
             if result.first_chunk_at is None:
                 result.first_chunk_at = time.perf_counter()
+            if self.tap is not None:
+                self.tap(chunk)
             relayed = scanner.feed(chunk)
             if relayed:
                 await send(_body(relayed))

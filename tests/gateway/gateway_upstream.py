@@ -75,10 +75,11 @@ def create_upstream(name: str) -> tuple[FastAPI, UpstreamState]:
                     error = {"error": {"message": "engine failed", "type": "server_error", "code": 500}}
                     yield b"data: " + json.dumps(error).encode() + b"\n\n"
                     break
+                finish = "stop" if i == chunks - 1 else None  # the last chunk says why it ended, as the runtime's
                 if chat:
-                    choice: dict[str, Any] = {"index": 0, "delta": {"content": f"{name} "}, "finish_reason": None}
+                    choice: dict[str, Any] = {"index": 0, "delta": {"content": f"{name} "}, "finish_reason": finish}
                 else:
-                    choice = {"index": 0, "text": f"{name} ", "finish_reason": None}
+                    choice = {"index": 0, "text": f"{name} ", "finish_reason": finish}
                 kind = "chat.completion.chunk" if chat else "text_completion"
                 event = {"id": "x", "object": kind, "created": 0, "model": body["model"], "choices": [choice]}
                 yield b"data: " + json.dumps(event).encode() + b"\n\n"

@@ -11,6 +11,7 @@ import signal
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +175,29 @@ def test_a_stream_without_include_usage_is_charged_and_shows_no_usage_chunk(
         30,
     )
     assert gw.sample(m.TOKENS, feature="only-a", model="model-a", kind="prompt") > 0
+
+
+def kept_at_least(gw: Gateway, count: int) -> bool:
+    return gw.sample("servlane_gateway_response_cache_stores_total", feature="cached") >= count
+
+
+def test_deterministic_answers_are_replayed_from_the_response_cache(
+    runtimes: dict[str, Runtime], start_gateway: StartGateway
+) -> None:
+    """The runtime's real answers (a stream's last chunk says why it finished) are kept and replayed."""
+    feature = aifeature("cached", [("model-a", 100)])
+    feature["spec"]["responseCache"] = {"enabled": True}
+    gw = start_gateway(objects_for(runtimes, feature))
+    body = {"model": "cached", "messages": HI, "max_tokens": 8, "temperature": 0}
+    for kept, stream in enumerate((False, True), start=1):
+        first = httpx.post(gw.url + "/v1/chat/completions", json={**body, "stream": stream}, timeout=60)
+        assert first.status_code == 200, first.text
+        assert first.headers["x-servlane-cache"] == "miss"
+        wait_until("the answer kept", partial(kept_at_least, gw, kept), 10)
+        again = httpx.post(gw.url + "/v1/chat/completions", json={**body, "stream": stream}, timeout=60)
+        assert again.headers["x-servlane-cache"] == "hit"
+        assert again.content == first.content
+    assert gw.sample(m.REQUESTS, feature="cached", model="model-a", code="200") == 2
 
 
 def test_client_errors_never_reach_the_runtimes(runtimes: dict[str, Runtime], start_gateway: StartGateway) -> None:

@@ -21,7 +21,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from servlane_api import AIFeature, AIModel
-from servlane_api.aifeature import FeatureDefaults, WeightedModel
+from servlane_api.aifeature import FeatureDefaults, ResponseCache, WeightedModel
+from servlane_core.routing.model_version import answer_version
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class Backend:
     served_model_name: str  # what the backend expects in the request's `model`
     ready: bool
     weight: int
+    version: str = ""  # model_version.answer_version of its spec: keys the gateway's response cache
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class Route:
     backends: tuple[Backend, ...]
     defaults: FeatureDefaults = field(default_factory=FeatureDefaults)
     is_feature: bool = True
+    response_cache: ResponseCache = field(default_factory=ResponseCache)  # off unless the feature opts in
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,7 @@ def _backend(model: AIModel, weight: int) -> Backend:
         served_model_name=_served_name(model),
         ready=is_ready(model),
         weight=weight,
+        version=answer_version(model.spec),
     )
 
 
@@ -108,7 +112,8 @@ def _feature_route(feature: AIFeature, models: dict[tuple[str, str], AIModel]) -
             backends.append(Backend(weighted.model, feature.namespace, "", weighted.model, False, weighted.weight))
         else:
             backends.append(_backend(model, weighted.weight))
-    return Route(feature.name, feature.namespace, tuple(backends), feature.spec.defaults, is_feature=True)
+    spec = feature.spec
+    return Route(feature.name, feature.namespace, tuple(backends), spec.defaults, True, spec.response_cache)
 
 
 def build_route_table(

@@ -19,12 +19,17 @@ import argparse
 import json
 import os
 import platform
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -33,7 +38,7 @@ from typing import Any, TypeVar
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kubernetes import client  # noqa: E402
+from kubernetes import client, watch  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 
 from e2e.harness import (  # noqa: E402
@@ -57,6 +62,7 @@ UNRELATED_NAMESPACE = "unrelated"
 SPEC: dict[str, Any] = {"source": {"uri": "/models/tiny"}, "engine": "transformers", "resources": {"cpu": "10m"}}
 PODS_PER_NODE = 100  # KWOK nodes admit 110; leave the scheduler some room on the nodes it shares
 RESYNC_SECONDS = 300
+PROBES = 10  # models created (and reconciled) before the burst, whose changes are timed during it
 # The top-level fields of the JSON: the headline configuration's medians, in the layout of the first
 # version of this file (readers of the old layout keep working).
 HEADLINE_KEYS = (
@@ -132,24 +138,79 @@ def wait_all(kube: Kube, n: int, ready: bool, started: float, timeout: float) ->
 POLL_ERRORS: list[str] = []  # the bench's own polls answered 429/5xx in this round (a sign of overload)
 
 
-def change_latency(kube: Kube, name: str, round_: int, timeout: float = 300) -> float:
-    served = f"changed-{round_}"
+def retried(call: Callable[[], T], timeout: float = 120) -> T:
+    """`call()`, again after a pause while the API server sheds load (429/5xx), until `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = unless_overloaded(call)
+        if result is not None:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the API server shed load for {timeout}s")
+        time.sleep(POLL_SECONDS)  # back-off of a deadline-bounded retry
+
+
+def change_latency(kube: Kube, name: str, tag: str, timeout: float = 300) -> float:
+    """Seconds from a spec PATCH until the AIModel's status.observedGeneration reaches the new generation,
+    seen on a watch of that one object (no polling load during a burst). The reconciler applies the
+    Deployment before it writes observedGeneration, so the Deployment is then checked once: it must carry
+    the change."""
+    served = f"changed-{tag}"
     started = time.monotonic()
-    kube.patch_model(NAMESPACE, name, {"spec": {"servedModelName": served}})
-    while time.monotonic() - started < timeout:
-        read = unless_overloaded(
-            lambda: (kube.apps.read_namespaced_deployment(f"model-{name}", NAMESPACE), kube.get_model(NAMESPACE, name))
-        )
-        if read is None:
-            time.sleep(POLL_SECONDS)  # polling interval of a deadline-bounded wait
-            continue
-        dep, model = read
-        env = {e.name: e.value for e in present(pod_spec(dep).containers[0].env, "the runtime container's env")}
-        caught_up = (model.get("status") or {}).get("observedGeneration") == model["metadata"]["generation"]
-        if served in present(env["SERVLANE_RUNTIME_CONFIG"], "SERVLANE_RUNTIME_CONFIG's value") and caught_up:
-            return time.monotonic() - started
-        time.sleep(0.02)  # polling interval of a deadline-bounded wait
-    raise TimeoutError(f"change {round_} of {name} not reconciled in {timeout}s")
+    patched = retried(lambda: kube.patch_model(NAMESPACE, name, {"spec": {"servedModelName": served}}))
+    generation, version = patched["metadata"]["generation"], patched["metadata"]["resourceVersion"]
+    stream = watch.Watch()
+    elapsed = None
+    for event in stream.stream(
+        kube.custom.list_namespaced_custom_object,
+        GROUP,
+        VERSION,
+        NAMESPACE,
+        "aimodels",
+        field_selector=f"metadata.name={name}",
+        resource_version=version,
+        timeout_seconds=int(timeout),
+    ):
+        model = event["object"]
+        if ((model.get("status") or {}).get("observedGeneration") or 0) >= generation:
+            elapsed = time.monotonic() - started
+            stream.stop()
+    if elapsed is None:
+        raise TimeoutError(f"change {tag} of {name} not reconciled in {timeout}s")
+    dep = retried(lambda: kube.apps.read_namespaced_deployment(f"model-{name}", NAMESPACE))
+    env = {e.name: e.value for e in present(pod_spec(dep).containers[0].env, "the runtime container's env")}
+    if served not in present(env["SERVLANE_RUNTIME_CONFIG"], "SERVLANE_RUNTIME_CONFIG's value"):
+        raise AssertionError(f"{name}: observedGeneration caught up but the Deployment lacks change {tag}")
+    return elapsed
+
+
+@dataclass
+class BurstProbe:
+    """Changes, one at a time, to models reconciled before the burst, while the burst's models are being
+    reconciled: the latency a team sees for its one edit while someone else applies a thousand models.
+    A sample counts as "during the burst" when it ended before every burst model was reconciled."""
+
+    kube: Kube
+    probes: list[str]
+    changes: int
+    during: list[float] = field(default_factory=list)
+    after: list[float] = field(default_factory=list)
+    burst_done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for i in range(self.changes):
+                latency = change_latency(self.kube, self.probes[i % len(self.probes)], f"burst-{i}")
+                (self.after if self.burst_done.is_set() else self.during).append(latency)
+                if self.burst_done.wait(PROBE_SPACING_SECONDS):
+                    return  # pacing between changes; the burst has ended: stop sampling
+        except BaseException as exc:  # reported by the caller
+            self.error = exc
+
+
+# One change every few seconds: a team editing its model, not a second load generator.
+PROBE_SPACING_SECONDS = 2.0
 
 
 def unrelated_pod(i: int, node: str) -> client.V1Pod:
@@ -207,6 +268,25 @@ def create_unrelated_pods(kube: Kube, n: int, nodes: list[str], timeout: float =
     raise TimeoutError(f"{n} unrelated pods not Running in {timeout}s")
 
 
+def start_profiler(out: Path | None, pid: int) -> subprocess.Popen[bytes] | None:
+    """py-spy (not a project dependency: `pip install py-spy` anywhere, it must be on PATH) sampling the
+    operator from the burst until all models are reconciled; collapsed stacks, for flame graphs."""
+    if out is None:
+        return None
+    spy = shutil.which("py-spy")
+    if spy is None:
+        raise SystemExit("--profile needs py-spy on PATH")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = [spy, "record", "--pid", str(pid), "--rate", "50", "--format", "raw", "--output", str(out)]
+    return subprocess.Popen([*command, "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_profiler(profiler: subprocess.Popen[bytes] | None) -> None:
+    if profiler is not None:
+        profiler.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+        profiler.wait(timeout=60)
+
+
 def quantiles(latencies: list[float]) -> dict[str, Any]:
     q = statistics.quantiles(latencies, n=100, method="inclusive") if len(latencies) > 1 else latencies * 99
     return {
@@ -239,6 +319,7 @@ def one_round(args: argparse.Namespace) -> dict[str, Any]:
                 unrelated = create_unrelated_pods(kube, args.unrelated_pods, nodes)
             sa_config = service_account_kubeconfig(kube, Path(tmp) / "sa.kubeconfig")
             extra_env = {"PYTHONPATH": str(args.operator_src)} if args.operator_src else {}
+            extra_env.update(item.split("=", 1) for item in args.operator_env)
             operator = OperatorProcess(
                 sa_config, Path(tmp) / "operator.log", resync_seconds=RESYNC_SECONDS, extra_env=extra_env
             )
@@ -248,17 +329,36 @@ def one_round(args: argparse.Namespace) -> dict[str, Any]:
             idle_peak, idle_rss = rss_kib(pid)  # as soon as kopf answers liveness, before any model exists
             idle_cpu = cpu_seconds(pid)
 
+            # The probes: models reconciled before the burst, changed one at a time during it.
+            probes = [f"m{i:04d}" for i in range(min(PROBES, args.models))]
+            for name in probes:
+                kube.create_model(NAMESPACE, name, SPEC)
+            wait_all(kube, len(probes), ready=False, started=time.monotonic(), timeout=300)
+            probe = BurstProbe(kube, probes, args.changes)
+            prober = threading.Thread(target=probe.run, name="burst-probe")
+
+            profiler = start_profiler(args.profile, pid)
             started = time.monotonic()
+            prober.start()
             with ThreadPoolExecutor(max_workers=16) as pool:
-                list(pool.map(lambda i: kube.create_model(NAMESPACE, f"m{i:04d}", SPEC), range(args.models)))
+                list(
+                    pool.map(lambda i: kube.create_model(NAMESPACE, f"m{i:04d}", SPEC), range(len(probes), args.models))
+                )
             applied = time.monotonic() - started
             reconciled = wait_all(kube, args.models, ready=False, started=started, timeout=1800)
+            probe.burst_done.set()
             cpu_reconciled = cpu_seconds(pid)
+            stop_profiler(profiler)
+            prober.join()
+            if probe.error is not None:
+                raise probe.error
             ready = wait_all(kube, args.models, ready=True, started=started, timeout=1800)
             peak_load, _ = rss_kib(pid)
             load_burst = load()
 
-            latencies = [change_latency(kube, f"m{(i * 37) % args.models:04d}", i) for i in range(args.changes)]
+            latencies = [
+                change_latency(kube, f"m{(i * 37) % args.models:04d}", f"after-{i}") for i in range(args.changes)
+            ]
             peak, current = rss_kib(pid)
             cpu_end = cpu_seconds(pid)
         finally:
@@ -272,6 +372,8 @@ def one_round(args: argparse.Namespace) -> dict[str, Any]:
         "all_reconciled_seconds": None if reconciled is None else round(reconciled, 2),
         "all_ready_seconds": None if ready is None else round(ready, 2),
         "single_change_latency_seconds": quantiles(latencies),
+        "single_change_during_burst_seconds": quantiles(probe.during) if probe.during else None,
+        "probe_changes_after_burst": len(probe.after),
         "operator_rss_mib": {
             "at_liveness": round(idle_rss / 1024, 1),
             "peak_at_liveness": round(idle_peak / 1024, 1),
@@ -313,6 +415,8 @@ def summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "all_ready_seconds": spread(pick("all_ready_seconds")),
         "single_change_p50_seconds": spread(pick("single_change_latency_seconds", "p50")),
         "single_change_p99_seconds": spread(pick("single_change_latency_seconds", "p99")),
+        "burst_change_p50_seconds": spread(pick("single_change_during_burst_seconds", "p50")),
+        "burst_change_p99_seconds": spread(pick("single_change_during_burst_seconds", "p99")),
         "operator_rss_peak_mib": spread(pick("operator_rss_mib", "peak")),
         "operator_rss_at_liveness_mib": spread(pick("operator_rss_mib", "at_liveness")),
         "operator_cpu_seconds_total": spread(pick("operator_cpu_seconds", "total")),
@@ -390,6 +494,12 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/scale.json")
     parser.add_argument(
+        "--profile", type=Path, default=None, help="py-spy collapsed stacks of the operator during the burst"
+    )
+    parser.add_argument(
+        "--operator-env", action="append", default=[], help="KEY=VALUE for the operator process (repeatable)"
+    )
+    parser.add_argument(
         "--table", type=Path, default=None, help="print the README table of a results file, run nothing"
     )
     args = parser.parse_args()
@@ -413,6 +523,7 @@ def main() -> int:
         "operator_src": str(args.operator_src) if args.operator_src else "this tree",
         "resync_seconds": RESYNC_SECONDS,
         "create_threads": 16,
+        "operator_env": args.operator_env,
         "note": args.note or config.get("settings", {}).get("note", ""),
     }
     config["versions"] = versions()

@@ -25,6 +25,7 @@ from servlane_core.rollout import (
     combine_overrides,
     models_to_measure,
     plan,
+    referenced_models,
 )
 from servlane_operator import operator_metrics
 from servlane_operator.kube import Kube
@@ -38,6 +39,12 @@ def parse_feature(body: Mapping[str, Any]) -> AIFeature:
         return AIFeature.model_validate(dict(body))
     except ValidationError as exc:
         raise kopf.PermanentError(f"invalid AIFeature: {exc.errors()[0]['msg']}") from exc
+
+
+def referenced(body: Mapping[str, Any]) -> set[str]:
+    """The AIModel names a pass of this feature reads (servlane_core.rollout.referenced_models)."""
+    feature = parse_feature(body)
+    return referenced_models(feature.spec, feature.status)
 
 
 def model_ready(body: Mapping[str, Any]) -> bool:
@@ -82,7 +89,8 @@ async def reconcile_feature(
     *,
     now: datetime | None = None,
 ) -> AIFeatureStatus:
-    """One pass of the rollout controller. `models` are the AIModels of the feature's namespace by name.
+    """One pass of the rollout controller. `models`: the AIModels of the feature's namespace that it refers to
+    (`referenced`), by name; a missing one counts as not Ready.
     Returns the new status; `overrides_to_apply` tells from it which Deployments to re-apply at once."""
     started = time.perf_counter()
     feature = parse_feature(body)

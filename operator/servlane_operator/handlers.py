@@ -24,9 +24,10 @@ from servlane_core.rollout import MetricsReader
 from servlane_operator import aifeature_reconciler, aimodel_reconciler, operator_metrics, periodic
 from servlane_operator.kube import Kube, load_client
 from servlane_operator.labels import GATEWAY_SELECTOR, MODEL_LABEL
+from servlane_operator.lanes import Lanes, Priority
 from servlane_operator.metric_readers.prometheus_reader import PrometheusReader
 from servlane_operator.metric_readers.scrape_reader import ScrapeReader
-from servlane_operator.observed import DeploymentView, PodView
+from servlane_operator.observed import DeploymentView, PodView, aimodel_index_entry
 from servlane_operator.peering import leads
 from servlane_operator.settings import OperatorSettings
 from servlane_operator.watch_scope import DEPLOYMENTS, OWNED, PODS, restrict_watches
@@ -48,6 +49,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     # make exactly one replica active and the others stand by.
     settings.peering.priority = random.randint(1, 1_000_000)
     memo.kube = Kube(load_client())
+    memo.lanes = Lanes(SETTINGS.max_concurrent_reconciles)
     memo.reader = canary_reader(SETTINGS, memo.kube)
     memo.peering = settings.peering
     memo.periodic = []
@@ -131,7 +133,7 @@ def pods_by_model(namespace: str | None, labels: kopf.Labels, body: kopf.Body, *
 
 @kopf.index(GROUP, VERSION, "aimodels")
 def aimodels_by_key(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> Any:
-    return {(namespace, name): dict(body)}
+    return {(namespace, name): aimodel_index_entry(body)}
 
 
 def _indexed(kwargs: dict[str, Any], index: str, key: Any) -> list[Any]:
@@ -151,11 +153,28 @@ def _override(kwargs: dict[str, Any], namespace: str, name: str) -> int | None:
 @kopf.on.resume(GROUP, VERSION, "aimodels")
 @kopf.on.create(GROUP, VERSION, "aimodels")
 @kopf.on.update(GROUP, VERSION, "aimodels", field="spec")
-async def reconcile_model(body: kopf.Body, namespace: str | None, name: str, memo: Any, **kwargs: Any) -> None:
+async def reconcile_model(
+    body: kopf.Body, reason: str, namespace: str | None, name: str, memo: Any, **kwargs: Any
+) -> None:
     start_periodic(memo, kwargs)
-    pods = _indexed(kwargs, "pods_by_model", (namespace or "", name))
-    override = _override(kwargs, namespace or "", name)
-    await aimodel_reconciler.reconcile(body, memo.kube, SETTINGS, pods, trigger="change", replicas_override=override)
+    key = (namespace or "", name)
+    async with memo.lanes.slot(REASON_PRIORITY.get(reason, Priority.CREATE)):
+        # Read after the wait for a slot: the children may have moved on meanwhile.
+        if key not in kwargs["aimodels_by_key"]:
+            return  # deleted while waiting: nothing to apply (its children go by garbage collection)
+        pods = _indexed(kwargs, "pods_by_model", key)
+        override = _override(kwargs, *key)
+        await aimodel_reconciler.reconcile(
+            body, memo.kube, SETTINGS, pods, trigger="change", replicas_override=override
+        )
+
+
+# A spec edit goes before new models, which go before the whole list again after a restart.
+REASON_PRIORITY: dict[str, Priority] = {
+    kopf.Reason.UPDATE: Priority.CHANGE,
+    kopf.Reason.CREATE: Priority.CREATE,
+    kopf.Reason.RESUME: Priority.RESUME,
+}
 
 
 async def resync_models(memo: Any, kwargs: dict[str, Any]) -> None:
@@ -168,31 +187,46 @@ async def resync_models(memo: Any, kwargs: dict[str, Any]) -> None:
 
 async def resync_model(body: dict[str, Any], memo: Any, kwargs: dict[str, Any]) -> None:
     key = (body["metadata"].get("namespace", ""), body["metadata"]["name"])
-    known = next(iter(_indexed(kwargs, "deployments_by_model", key)), None)
-    pods = _indexed(kwargs, "pods_by_model", key)
-    override = _override(kwargs, key[0], key[1])
-    await aimodel_reconciler.reconcile(
-        body, memo.kube, SETTINGS, pods, trigger="resync", known_deployment=known, replicas_override=override
-    )
+    async with memo.lanes.slot(Priority.RESYNC):
+        latest: dict[str, Any] | None = next(iter(_indexed(kwargs, "aimodels_by_key", key)), None)
+        if latest is None:
+            return  # deleted while waiting
+        known = next(iter(_indexed(kwargs, "deployments_by_model", key)), None)
+        pods = _indexed(kwargs, "pods_by_model", key)
+        override = _override(kwargs, key[0], key[1])
+        await aimodel_reconciler.reconcile(
+            latest, memo.kube, SETTINGS, pods, trigger="resync", known_deployment=known, replicas_override=override
+        )
 
 
 @kopf.on.event(*DEPLOYMENTS, labels=OWNED)
 @kopf.on.event(*PODS, labels=OWNED)
 async def child_changed(namespace: str | None, labels: kopf.Labels, memo: Any, **kwargs: Any) -> None:
     start_periodic(memo, kwargs)
-    key = (namespace or "", labels.get(MODEL_LABEL, ""))
-    owner = next(iter(_indexed(kwargs, "aimodels_by_key", key)), None)
-    if owner is None:
-        return  # the AIModel is gone; garbage collection removes the child
-    deployment = next(iter(_indexed(kwargs, "deployments_by_model", key)), None)
-    pods = _indexed(kwargs, "pods_by_model", key)
-    await aimodel_reconciler.refresh_status(owner, memo.kube, SETTINGS, deployment, pods)
+    await refresh_from_index(memo, kwargs, (namespace or "", labels.get(MODEL_LABEL, "")))
+
+
+async def refresh_from_index(
+    memo: Any, kwargs: dict[str, Any], key: tuple[str, str], *, only_once_applied: bool = False
+) -> None:
+    """Status from the children as the indexes hold them once a slot is free (not as they were when the
+    event came: the wait may be long during a burst, and the latest view is the one to write)."""
+    async with memo.lanes.slot(Priority.CREATE):
+        owner = next(iter(_indexed(kwargs, "aimodels_by_key", key)), None)
+        if owner is None:
+            return  # the AIModel is gone; garbage collection removes the child
+        deployment = next(iter(_indexed(kwargs, "deployments_by_model", key)), None)
+        if deployment is None and only_once_applied:
+            return  # not applied yet: the change handler writes the first status
+        pods = _indexed(kwargs, "pods_by_model", key)
+        await aimodel_reconciler.refresh_status(owner, memo.kube, SETTINGS, deployment, pods)
 
 
 @kopf.on.event(GROUP, VERSION, "aimodels")
 async def model_changed(type: str, body: kopf.Body, namespace: str | None, name: str, memo: Any, **kwargs: Any) -> None:
-    """Every AIModel event re-derives status from the children as last seen, against the event's own
-    fresh copy: a status written from an older view of the children than the latest is corrected."""
+    """Every AIModel event re-derives status from the children as last seen, against the AIModel's latest
+    copy (kopf updates the index before handlers run): a status written from an older view of the children
+    than the latest is corrected."""
     start_periodic(memo, kwargs)
     if type == "DELETED":
         # Its children go by garbage collection (ownerReferences); only our own metric series is left.
@@ -200,12 +234,7 @@ async def model_changed(type: str, body: kopf.Body, namespace: str | None, name:
         return
     if not (body.get("status") or {}).get("observedGeneration"):
         return  # not reconciled yet: the change handler writes the first status
-    key = (namespace or "", name)
-    deployment = next(iter(_indexed(kwargs, "deployments_by_model", key)), None)
-    if deployment is None:
-        return
-    pods = _indexed(kwargs, "pods_by_model", key)
-    await aimodel_reconciler.refresh_status(body, memo.kube, SETTINGS, deployment, pods)
+    await refresh_from_index(memo, kwargs, (namespace or "", name), only_once_applied=True)
 
 
 @kopf.on.resume(GROUP, VERSION, "aifeatures")
@@ -226,8 +255,10 @@ async def analyse_features(memo: Any, kwargs: dict[str, Any]) -> None:
 
 
 async def feature_pass(body: Any, ns: str, memo: Any, kwargs: dict[str, Any]) -> None:
+    # Only the models this feature refers to: a pass costs the same with ten or a thousand models around.
     index = kwargs["aimodels_by_key"]
-    in_namespace = {name: next(iter(index[(n, name)])) for (n, name) in index if n == ns}
+    wanted = aifeature_reconciler.referenced(body)
+    in_namespace = {name: next(iter(index[(ns, name)])) for name in sorted(wanted) if (ns, name) in index}
     new_status = await aifeature_reconciler.reconcile_feature(body, memo.kube, in_namespace, memo.reader)
     # Fixed-GPU-budget shares moved: re-apply those models now rather than at their next resync, with the
     # override merged over every feature of the namespace (another one may share the model).
@@ -237,10 +268,11 @@ async def feature_pass(body: Any, ns: str, memo: Any, kwargs: dict[str, Any]) ->
     changed = aifeature_reconciler.overrides_to_apply(others, before, new_status)
     for name, override in changed.items():
         if name in in_namespace:
-            pods = _indexed(kwargs, "pods_by_model", (ns, name))
-            await aimodel_reconciler.reconcile(
-                in_namespace[name], memo.kube, SETTINGS, pods, trigger="budget", replicas_override=override
-            )
+            async with memo.lanes.slot(Priority.CHANGE):
+                pods = _indexed(kwargs, "pods_by_model", (ns, name))
+                await aimodel_reconciler.reconcile(
+                    in_namespace[name], memo.kube, SETTINGS, pods, trigger="budget", replicas_override=override
+                )
 
 
 # No @kopf.on.delete: even an optional one is skipped when an object without a finalizer vanishes at

@@ -122,3 +122,22 @@ class PodView:
             blocking_message=message,
             runtime_exit=runtime_exit,
         )
+
+
+# What the operator reads of an AIModel's metadata (owner references, status, Events, reconcile).
+_KEPT_METADATA = ("name", "namespace", "uid", "generation", "resourceVersion", "labels")
+
+
+def aimodel_index_entry(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The copy of an AIModel that the operator's index keeps between its events: spec, status and the
+    metadata it reads. managedFields and annotations are left out: kopf's last-handled-configuration
+    annotation repeats the whole spec, and with managedFields they were most of the bytes of each of a
+    thousand copies held in memory."""
+    meta = body.get("metadata") or {}
+    return {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": {key: meta[key] for key in _KEPT_METADATA if key in meta},
+        "spec": body.get("spec") or {},
+        "status": body.get("status") or {},
+    }

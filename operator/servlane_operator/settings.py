@@ -31,6 +31,12 @@ class OperatorSettings(BaseModel):
     )
     namespaces: list[str] = Field(default_factory=list, description="Watched namespaces; empty = all.")
     resync_seconds: float = Field(default=60, gt=0, description="Periodic re-apply, which reverts hand edits.")
+    max_concurrent_reconciles: int = Field(
+        default=16,
+        ge=1,
+        description="AIModel reconciles and status writes in flight at once; the rest wait by priority "
+        "(spec edits first, periodic resyncs last), see lanes.py.",
+    )
     cluster_domain: str = "cluster.local"
     metrics_port: int = 9090
     prometheus_url: str | None = None
@@ -82,6 +88,7 @@ class OperatorSettings(BaseModel):
             ("SERVLANE_RUNTIME_IMAGE_GPU", "runtime_image_gpu"),
             ("SERVLANE_RUNTIME_IMAGE_CPU", "runtime_image_cpu"),
             ("SERVLANE_RESYNC_SECONDS", "resync_seconds"),
+            ("SERVLANE_MAX_CONCURRENT_RECONCILES", "max_concurrent_reconciles"),
             ("SERVLANE_CLUSTER_DOMAIN", "cluster_domain"),
             ("SERVLANE_METRICS_PORT", "metrics_port"),
             ("SERVLANE_PROMETHEUS_URL", "prometheus_url"),

@@ -127,12 +127,14 @@ def test_operator_settings_come_from_values(helm: Helm) -> None:
         set_values=(
             "operator.prometheusUrl=http://prom:9090",
             "operator.resyncSeconds=30",
+            "operator.maxConcurrentReconciles=4",
             "operator.watchNamespaces={a,b}",
         )
     )
     env = env_of(one(objects, "Deployment", "mp-servlane-operator"))
     assert env["SERVLANE_PROMETHEUS_URL"] == "http://prom:9090"
     assert env["SERVLANE_RESYNC_SECONDS"] == "30"
+    assert env["SERVLANE_MAX_CONCURRENT_RECONCILES"] == "4"
     assert env["SERVLANE_NAMESPACES"] == "a,b"
     assert env["SERVLANE_METRICS_PORT"] == "9090"
     assert env_of(one(objects, "Deployment", "mp-servlane-gateway"))["SERVLANE_GATEWAY_NAMESPACES"] == "a,b"

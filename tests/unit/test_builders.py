@@ -336,3 +336,23 @@ def test_served_model_name_override(settings: OperatorSettings) -> None:
 def test_bad_specs_are_rejected_with_a_reason(spec: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         make_model(spec)
+
+
+def test_the_index_copy_of_an_aimodel_plans_the_same_children_without_managed_fields_or_kopf_annotations(
+    settings: OperatorSettings,
+) -> None:
+    from servlane_operator.aimodel_reconciler import parse_model
+    from servlane_operator.observed import aimodel_index_entry
+
+    body = make_model(CPU_SPEC).model_dump(by_alias=True, mode="json")
+    body["metadata"].update(
+        generation=3,
+        resourceVersion="42",
+        annotations={"servlane.dev/last-handled-configuration": json.dumps({"spec": CPU_SPEC})},
+        managedFields=[{"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:spec": {}}}],
+    )
+    entry = aimodel_index_entry(body)
+    assert "managedFields" not in entry["metadata"]
+    assert "annotations" not in entry["metadata"]
+    assert plan_children(parse_model(entry), settings) == plan_children(parse_model(body), settings)
+    assert parse_model(entry).metadata["generation"] == 3

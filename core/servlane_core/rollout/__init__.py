@@ -22,6 +22,7 @@ from servlane_core.rollout.decide import (
     models_to_measure,
     plan,
     progress_deadline_seconds,
+    referenced_models,
 )
 from servlane_core.rollout.window import (
     MetricsOutage,
@@ -49,5 +50,6 @@ __all__ = [
     "models_to_measure",
     "plan",
     "progress_deadline_seconds",
+    "referenced_models",
     "split_budget",
 ]

@@ -171,6 +171,18 @@ def analysis_due(spec: AIFeatureSpec, status: AIFeatureStatus, now: datetime, mi
     return due is not None and now >= due
 
 
+def referenced_models(spec: AIFeatureSpec, status: AIFeatureStatus) -> set[str]:
+    """Every AIModel name plan() may look up for this feature: its target or split, and the models its
+    status still holds (stable, canary, rolled back, weights, replica overrides). plan() reads readiness
+    and replica counts of these only, so a feature's pass never needs the namespace's other models."""
+    names = {spec.model} if spec.model else set()
+    names.update(s.model for s in spec.split or [])
+    names.update(m for m in (status.stable_model, status.canary_model, status.rolled_back_model) if m)
+    names.update(w.model for w in status.weights)
+    names.update(r.model for r in status.replica_overrides)
+    return names
+
+
 def models_to_measure(status: AIFeatureStatus) -> list[str]:
     """The models whose window metrics plan() looks at: the canary (judged) and the stable (recorded)."""
     return [m for m in (status.canary_model, status.stable_model) if m]

@@ -26,6 +26,7 @@ from servlane_core.rollout import (
     combine_overrides,
     models_in_use,
     plan,
+    referenced_models,
     split_budget,
 )
 from servlane_core.rollout.timeutil import parse_duration
@@ -135,8 +136,21 @@ class Run:
         restarted = plan(
             f.spec, stored, f.ready, window, self.now, annotations, f.generation, model_replicas=f.replicas
         )
-        # Determinism: the same inputs, in memory or read back from the API server, give the same decision.
-        for other in (again, restarted):
+        # The operator hands plan() only the models the feature refers to (not the whole namespace).
+        wanted = referenced_models(f.spec, before)
+        narrowed = plan(
+            f.spec,
+            before,
+            {m: r for m, r in f.ready.items() if m in wanted},
+            window,
+            self.now,
+            annotations,
+            f.generation,
+            model_replicas={m: n for m, n in (f.replicas or {}).items() if m in wanted} if f.replicas else None,
+        )
+        # Determinism: the same inputs, in memory or read back from the API server, give the same decision;
+        # and so does the narrowed view of the namespace.
+        for other in (again, restarted, narrowed):
             assert other.status_patch() == result.status_patch()
             assert other.events == result.events
             assert other.requeue_after_seconds == result.requeue_after_seconds

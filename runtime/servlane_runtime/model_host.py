@@ -17,13 +17,20 @@ import logging
 import os
 import time
 from collections.abc import AsyncGenerator, Callable
-from typing import Literal
+from typing import Any, Literal
 
 from servlane_api.runtime_config import RuntimeConfig
 from servlane_api.runtime_exit import ENGINE_DIED, MODEL_LOAD_FAILED
 from servlane_core.protocol.errors import OpenAIError, overloaded
 
-from .engines.base import EmbeddingResult, EngineDeadError, GenerationDelta, InferenceEngine, SamplingOptions
+from .engines.base import (
+    EmbeddingResult,
+    EngineDeadError,
+    GenerationDelta,
+    InferenceEngine,
+    SamplingOptions,
+    ToolCallParser,
+)
 from .model_source import resolve_model_source
 from .termination import redact, secret_values
 
@@ -163,8 +170,14 @@ class _DeathWatch(InferenceEngine):
     async def load(self) -> None:
         await self._engine.load()
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        return self._engine.render_chat(messages)
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        return self._engine.render_chat(messages, tools)
+
+    def check_json_schema(self, schema: str) -> None:
+        self._engine.check_json_schema(schema)
+
+    def tool_parser(self) -> ToolCallParser | None:
+        return self._engine.tool_parser()
 
     def count_tokens(self, text: str) -> int:
         return self._engine.count_tokens(text)

@@ -17,11 +17,21 @@ from dataclasses import dataclass, field, replace
 
 from servlane_core.protocol import openai as p
 from servlane_core.protocol.errors import OpenAIError, model_not_found
+from servlane_core.protocol.tools import OutputPlan, ParsedToolCall, plan_output, template_messages
 from servlane_runtime.runtime_metrics import RuntimeMetrics
 
-from .engines.base import EngineError, GenerationDelta, InferenceEngine, SamplingOptions, TokenLogprob
+from .engines.base import (
+    EngineError,
+    GenerationDelta,
+    InferenceEngine,
+    RequestNotSupported,
+    SamplingOptions,
+    TokenLogprob,
+    ToolCallParser,
+)
 from .model_host import ModelHost
 from .streams import SSE_DONE, ContentChunkFrames, merge_generations, sse
+from .tool_calls import ChoiceOutput
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -124,32 +134,44 @@ class OpenAIServing:
 
     async def chat(self, req: p.ChatCompletionRequest) -> p.ChatCompletionResponse | AsyncIterator[str]:
         engine = self.check_model(req.model)
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        plan = plan_output(req)
+        messages = template_messages(req.messages)
         try:
-            prompt = await asyncio.to_thread(engine.render_chat, messages)
+            prompt = await asyncio.to_thread(engine.render_chat, messages, plan.tools)
+        except RequestNotSupported as exc:
+            raise OpenAIError(400, str(exc), param="tools", code="tools_not_supported") from exc
         except EngineError as exc:
             raise OpenAIError(400, str(exc), param="messages") from exc
         except Exception as exc:  # a template's own raise_exception(), e.g. roles out of order
             raise OpenAIError(400, f"the chat template rejected the messages: {exc}", param="messages") from exc
+        if plan.json_schema is not None:
+            try:
+                await asyncio.to_thread(engine.check_json_schema, plan.json_schema)
+            except RequestNotSupported as exc:
+                param = "tools" if plan.tool_mode == "forced" else "response_format"
+                raise OpenAIError(400, str(exc), param=param, code="invalid_schema") from exc
         top = (req.top_logprobs or 0) if req.logprobs else None
         options = await self._options(engine, prompt, req, req.max_completion_tokens or req.max_tokens, top)
+        # With tools the model may mark its calls with special tokens (`<tool_call>` is one in some models):
+        # they must reach the parser (vLLM's hermes parser asks its server for the same).
+        options = replace(options, json_schema=plan.json_schema, skip_special_tokens=plan.tool_mode != "auto")
+        parser = engine.tool_parser() if plan.tool_mode == "auto" else None
         request_id = p.new_id("chatcmpl")
         merged = self._start(engine, [(prompt, options)], req.n, request_id)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return self._chat_stream(merged, req.n, request_id, include_usage, bool(req.logprobs))
-        choices, prompts = await self._collect(CHAT, merged, req.n, req.n)
+            outputs = [ChoiceOutput(plan, parser) for _ in range(req.n)]
+            return self._chat_stream(merged, outputs, request_id, include_usage, bool(req.logprobs))
+        try:
+            choices, prompts = await self._collect(CHAT, merged, req.n, req.n)
+        except RequestNotSupported as exc:  # an engine that validates only when generation starts (vLLM)
+            raise OpenAIError(400, str(exc), param="response_format", code="invalid_request") from exc
         return p.ChatCompletionResponse(
             id=request_id,
             created=p.now(),
             model=self.name,
             choices=[
-                p.ChatChoice(
-                    index=i,
-                    message=p.AssistantMessage(content=c.text),
-                    logprobs=_chat_logprobs(c.logprobs) if req.logprobs else None,
-                    finish_reason=c.finish_reason,
-                )
+                _chat_choice(i, c, plan, parser, _chat_logprobs(c.logprobs) if req.logprobs else None)
                 for i, c in enumerate(choices)
             ],
             usage=self._usage(prompts.get(0, 0), sum(c.completion_tokens for c in choices)),
@@ -158,12 +180,13 @@ class OpenAIServing:
     async def _chat_stream(
         self,
         merged: AsyncGenerator[tuple[int, GenerationDelta], None],
-        n: int,
+        outputs: list[ChoiceOutput],
         request_id: str,
         include_usage: bool,
         logprobs: bool,
     ) -> AsyncIterator[str]:
         created = p.now()
+        n = len(outputs)
 
         def chunk(choices: list[p.ChatChunkChoice], usage: p.Usage | None = None) -> str:
             return sse(
@@ -183,16 +206,21 @@ class OpenAIServing:
                     first = False
                 completion[index] = delta.completion_tokens
                 prompt_tokens = delta.prompt_tokens
-                if index == 0 and delta.text and not logprobs:
-                    yield frames.frame(delta.text)
-                elif delta.text or delta.logprobs:
-                    content = p.ChatDelta(content=delta.text)
+                text = outputs[index].push(delta.text)
+                if index == 0 and text and not logprobs:
+                    yield frames.frame(text)
+                elif text or (delta.logprobs and logprobs):
+                    content = p.ChatDelta(content=text)
                     lp = _chat_logprobs(delta.logprobs) if logprobs else None
                     yield chunk([p.ChatChunkChoice(index=index, delta=content, logprobs=lp)])
                 if delta.finish_reason is not None:
-                    yield chunk(
-                        [p.ChatChunkChoice(index=index, delta=p.ChatDelta(), finish_reason=delta.finish_reason)]
-                    )
+                    rest, calls = outputs[index].finish()
+                    if rest:
+                        yield chunk([p.ChatChunkChoice(index=index, delta=p.ChatDelta(content=rest))])
+                    for piece in _tool_call_deltas(calls):
+                        yield chunk([p.ChatChunkChoice(index=index, delta=p.ChatDelta(tool_calls=[piece]))])
+                    reason = _finish_reason(delta.finish_reason, calls)
+                    yield chunk([p.ChatChunkChoice(index=index, delta=p.ChatDelta(), finish_reason=reason)])
             usage = self._usage(prompt_tokens, sum(completion))
             if include_usage:
                 yield chunk([], usage)
@@ -299,6 +327,43 @@ class OpenAIServing:
 
 def _with_seed(options: SamplingOptions, seed: int) -> SamplingOptions:
     return replace(options, seed=seed)
+
+
+def _chat_choice(
+    index: int, choice: _Choice, plan: OutputPlan, parser: ToolCallParser | None, logprobs: p.ChoiceLogprobs | None
+) -> p.ChatChoice:
+    output = ChoiceOutput(plan, parser)
+    content = output.push(choice.text)
+    rest, calls = output.finish()
+    content += rest
+    message = p.AssistantMessage(
+        content=content or (None if calls else ""),
+        tool_calls=[
+            p.ResponseToolCall(
+                id=p.new_tool_call_id(), function=p.ResponseFunctionCall(name=c.name, arguments=c.arguments)
+            )
+            for c in calls
+        ]
+        or None,
+    )
+    return p.ChatChoice(
+        index=index, message=message, logprobs=logprobs, finish_reason=_finish_reason(choice.finish_reason, calls)
+    )
+
+
+def _finish_reason(reason: str | None, calls: list[ParsedToolCall]) -> str | None:
+    """`tool_calls` when the model stopped after calling tools (OpenAI's reason); a cut-off stays `length`."""
+    return "tool_calls" if calls and reason == "stop" else reason
+
+
+def _tool_call_deltas(calls: list[ParsedToolCall]) -> list[p.DeltaToolCall]:
+    """OpenAI's streaming shape of each call: id, type and name first (arguments ""), then the arguments."""
+    pieces = []
+    for index, call in enumerate(calls):
+        head = p.DeltaFunctionCall(name=call.name, arguments="")
+        pieces.append(p.DeltaToolCall(index=index, id=p.new_tool_call_id(), type="function", function=head))
+        pieces.append(p.DeltaToolCall(index=index, function=p.DeltaFunctionCall(arguments=call.arguments)))
+    return pieces
 
 
 def _chat_logprobs(items: list[TokenLogprob]) -> p.ChoiceLogprobs:

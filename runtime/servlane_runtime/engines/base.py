@@ -9,7 +9,9 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, Protocol
+
+from servlane_core.protocol.tools import ParsedToolCall
 
 FinishReason = Literal["stop", "length"]
 
@@ -26,6 +28,10 @@ class SamplingOptions:
     # How many alternatives to report per token; None: no logprobs at all.
     logprobs: int | None = None
     ignore_eos: bool = False
+    # Guided decoding: the output must be JSON valid against this schema (compact JSON text).
+    json_schema: str | None = None
+    # False keeps special tokens in the text: some models' tool-call markers are special tokens.
+    skip_special_tokens: bool = True
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,22 @@ class EngineError(Exception):
     """A failure the engine can explain (bad model files, unsupported task)."""
 
 
+class RequestNotSupported(EngineError):
+    """This request cannot run on this model or engine (tools without a template for them, a schema guided
+    decoding cannot compile): the client's to fix, a 400."""
+
+
+class ToolCallParser(Protocol):
+    """Reads the tool calls out of a model's text, in the format its chat template taught it."""
+
+    @property
+    def start_marker(self) -> str:
+        """The text that opens a tool call: streamed content is held back from here on."""
+
+    def parse(self, text: str, tools: list[dict[str, Any]]) -> tuple[str | None, list[ParsedToolCall]]:
+        """The content (text outside tool calls; None if there is none) and the calls, in order."""
+
+
 class EngineDeadError(Exception):
     """The engine can no longer serve anything (vLLM's engine core process is gone, the device failed).
 
@@ -76,8 +98,9 @@ class InferenceEngine(abc.ABC):
         """Load weights and tokenizer; heavy work must run off the event loop."""
 
     @abc.abstractmethod
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        """The prompt text for a chat, through the tokenizer's chat template."""
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt text for a chat, through the tokenizer's chat template (with `tools`, if any: raises
+        RequestNotSupported when the template has no place for them)."""
 
     @abc.abstractmethod
     def count_tokens(self, text: str) -> int:
@@ -90,6 +113,15 @@ class InferenceEngine(abc.ABC):
     @abc.abstractmethod
     async def embed(self, texts: list[str]) -> EmbeddingResult:
         """One normalised vector per text."""
+
+    def check_json_schema(self, schema: str) -> None:
+        """Raise RequestNotSupported if guided decoding cannot enforce `schema` (called before generating,
+        so a bad schema is a 400 before any stream starts). The default: no guided decoding at all."""
+        raise RequestNotSupported("this engine does not support structured outputs")
+
+    def tool_parser(self) -> ToolCallParser | None:
+        """The engine's own tool-call parser; None: the runtime's (hermes/Qwen `<tool_call>` JSON)."""
+        return None
 
     async def check_health(self) -> None:  # noqa: B027 - optional hook, most engines need nothing
         """Raise EngineDeadError if the engine has died; called periodically while serving."""

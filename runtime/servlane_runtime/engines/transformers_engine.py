@@ -5,6 +5,10 @@ each token is streamed as soon as it exists, OpenAI's presence/frequency penalti
 are exact, and a cancelled request stops at the next token. The loop runs in a worker thread and
 hands tokens to the event loop through an asyncio queue.
 
+Structured outputs (a JSON schema from response_format or forced tool calls) are xgrammar's: its
+GrammarMatcher masks, at every step, the tokens that would leave the schema (the loop applies the mask
+before sampling). Compiled grammars are cached by xgrammar's compiler, keyed by the schema.
+
 A device failure (a CUDA error: illegal memory access, device-side assert, a lost GPU) leaves the CUDA
 context unusable for every later request, so it is raised as EngineDeadError; out of memory is not one.
 """
@@ -29,15 +33,19 @@ from .base import (
     EngineError,
     GenerationDelta,
     InferenceEngine,
+    RequestNotSupported,
     SamplingOptions,
     TokenLogprob,
 )
+from .chat_template import ChatTemplate
 from .text_stream import StopTextStream
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 _DEFAULT_MAX_LEN = 2048
 # vLLM raises a temperature in (0, 0.01) to 0.01: below it logits / temperature overflows to inf and NaN.
 _MIN_TEMPERATURE = 1e-2
+# Memory for compiled grammars (xgrammar's cache): schemas come from clients, so the cache is bounded.
+_GRAMMAR_CACHE_BYTES = 64 * 1024 * 1024
 
 
 class TransformersEngine(InferenceEngine):
@@ -49,6 +57,9 @@ class TransformersEngine(InferenceEngine):
         self._tokenizer: Any = None
         self._max_len = config.max_model_len or _DEFAULT_MAX_LEN
         self._eos: set[int] = set()
+        self._chat: ChatTemplate | None = None
+        self._grammars: Any = None  # xgrammar's GrammarCompiler, made on the first structured request
+        self._grammars_lock = threading.Lock()
         # One thread per running request: admission control bounds how many there are.
         self._pool = ThreadPoolExecutor(max_workers=config.max_in_flight, thread_name_prefix="generate")
 
@@ -74,12 +85,32 @@ class TransformersEngine(InferenceEngine):
         eos = getattr(model.generation_config, "eos_token_id", None) if self._config.task == "generate" else None
         eos = eos if eos is not None else self._tokenizer.eos_token_id
         self._eos = set(eos) if isinstance(eos, list) else ({eos} if eos is not None else set())
+        self._chat = ChatTemplate(self._tokenizer)
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        if not getattr(self._tokenizer, "chat_template", None):
-            raise EngineError("the model's tokenizer has no chat template; use /v1/completions")
-        rendered = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return str(rendered)
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        assert self._chat is not None, "render_chat before load"
+        return self._chat.render(messages, tools)
+
+    def check_json_schema(self, schema: str) -> None:
+        self._compile(schema)
+
+    def _compile(self, schema: str) -> Any:
+        """xgrammar's compiled grammar for `schema` (cached by its compiler), or RequestNotSupported."""
+        try:
+            import xgrammar
+        except ImportError as exc:
+            raise RequestNotSupported("structured outputs need xgrammar, which is not installed") from exc
+        with self._grammars_lock:
+            if self._grammars is None:
+                info = xgrammar.TokenizerInfo.from_huggingface(
+                    self._tokenizer, vocab_size=int(self._model.config.vocab_size), stop_token_ids=sorted(self._eos)
+                )
+                self._grammars = xgrammar.GrammarCompiler(info, cache_limit_bytes=_GRAMMAR_CACHE_BYTES)
+        try:
+            # Compact JSON: with any whitespace allowed, a weak model can pad with spaces until max_tokens.
+            return self._grammars.compile_json_schema(schema, any_whitespace=False)
+        except Exception as exc:  # xgrammar raises RuntimeError/ValueError for schemas it cannot compile
+            raise RequestNotSupported(f"guided decoding cannot enforce this JSON schema: {exc}") from exc
 
     def count_tokens(self, text: str) -> int:
         # A fast tokenizer's Rust batch call releases the GIL and builds no Python list of ids, so a
@@ -142,22 +173,27 @@ class TransformersEngine(InferenceEngine):
         generated: list[int] = []
         counts: Counter[int] = Counter()
         pending: list[TokenLogprob] = []
+        guide = _Guide(self._compile(options.json_schema)) if options.json_schema is not None else None
         for _ in range(options.max_tokens):
             if cancelled.is_set():
                 return
             out = self._model(input_ids=inputs, past_key_values=past, use_cache=True)
             past = out.past_key_values
-            logits = out.logits[0, -1].float()
-            token, logprob = self._sample(_penalised(logits, counts, options), options, generator)
+            logits = _penalised(out.logits[0, -1].float(), counts, options)
+            if guide is not None:
+                guide.mask(logits)
+            token, logprob = self._sample(logits, options, generator)
+            if guide is not None:
+                guide.accept(token)
             if token in self._eos and not options.ignore_eos:
-                step = stream.step(self._decode(generated), final=True)
+                step = stream.step(self._decode(generated, options.skip_special_tokens), final=True)
                 emit(GenerationDelta(step.text, n_prompt, len(generated), pending, "stop"))
                 return
             generated.append(token)
             counts[token] += 1
             if logprob is not None:
                 pending.append(logprob)
-            step = stream.step(self._decode(generated))
+            step = stream.step(self._decode(generated, options.skip_special_tokens))
             if step.stopped:
                 emit(GenerationDelta(step.text, n_prompt, len(generated), pending, "stop"))
                 return
@@ -165,11 +201,11 @@ class TransformersEngine(InferenceEngine):
                 emit(GenerationDelta(step.text, n_prompt, len(generated), pending))
                 pending = []
             inputs = torch.tensor([[token]], device=self._device)
-        step = stream.step(self._decode(generated), final=True)
+        step = stream.step(self._decode(generated, options.skip_special_tokens), final=True)
         emit(GenerationDelta(step.text, n_prompt, len(generated), pending, "length"))
 
-    def _decode(self, ids: list[int]) -> str:
-        return str(self._tokenizer.decode(ids, skip_special_tokens=True))
+    def _decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return str(self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def _sample(
         self, logits: torch.Tensor, options: SamplingOptions, generator: torch.Generator
@@ -237,6 +273,27 @@ def as_engine_death(exc: Exception) -> Exception:
     dead = EngineDeadError(f"the device failed: {exc}")
     dead.__cause__ = exc
     return dead
+
+
+class _Guide:
+    """One generation's xgrammar matcher: masks what the grammar forbids next, follows what was sampled."""
+
+    def __init__(self, compiled: Any) -> None:
+        import xgrammar
+
+        self._xgr = xgrammar
+        self._matcher = xgrammar.GrammarMatcher(compiled)
+        self._bitmask = xgrammar.allocate_token_bitmask(1, compiled.tokenizer_info.vocab_size)
+
+    def mask(self, logits: torch.Tensor) -> None:
+        if self._matcher.is_terminated():
+            return
+        self._matcher.fill_next_token_bitmask(self._bitmask)
+        self._xgr.apply_token_bitmask_inplace(logits.view(1, -1), self._bitmask.to(logits.device))
+
+    def accept(self, token: int) -> None:
+        if not self._matcher.is_terminated():
+            self._matcher.accept_token(token)
 
 
 def _penalised(logits: torch.Tensor, counts: Counter[int], options: SamplingOptions) -> torch.Tensor:

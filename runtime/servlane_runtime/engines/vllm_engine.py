@@ -5,6 +5,10 @@ Task `generate` serves chat and completions; task `embed` runs vLLM's pooling ru
 RuntimeConfig becomes vLLM command-line arguments parsed by vLLM's own parser, so `extra_args`
 accepts exactly what `vllm serve` accepts and typed fields cannot drift from vLLM's names.
 
+Structured outputs are vLLM's own guided decoding (SamplingParams.structured_outputs, its default backend),
+and tool calls in `auto` mode are read by vLLM's own tool parsers (ToolParserManager, `hermes` by default),
+so this engine answers tools as `vllm serve --tool-call-parser` would.
+
 When the engine core process dies, vLLM raises its EngineDeadError from every call; it becomes ours
 (base.EngineDeadError), which ends the runtime as it ends `vllm serve`.
 """
@@ -20,6 +24,7 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from servlane_api.runtime_config import RuntimeConfig
+from servlane_core.protocol.tools import ParsedToolCall
 
 from .base import (
     EmbeddingResult,
@@ -28,9 +33,15 @@ from .base import (
     FinishReason,
     GenerationDelta,
     InferenceEngine,
+    RequestNotSupported,
     SamplingOptions,
     TokenLogprob,
+    ToolCallParser,
 )
+from .chat_template import ChatTemplate
+
+# The tool parser when the config names none: the hermes/Qwen `<tool_call>` format most open models use.
+DEFAULT_TOOL_CALL_PARSER = "hermes"
 
 
 def engine_cli_args(config: RuntimeConfig, model_path: str) -> list[str]:
@@ -56,6 +67,8 @@ class VllmEngine(InferenceEngine):
         self._llm: Any = None
         self._tokenizer: Any = None
         self._max_len = config.max_model_len or 0
+        self._chat: ChatTemplate | None = None
+        self._tool_parser: ToolCallParser | None = None
 
     @property
     def max_model_len(self) -> int:
@@ -68,6 +81,8 @@ class VllmEngine(InferenceEngine):
         # first request, which runs on our loop.
         self._llm, self._tokenizer = await asyncio.to_thread(self._create_sync)
         self._max_len = int(self._llm.model_config.max_model_len)
+        self._chat = ChatTemplate(self._tokenizer)
+        self._tool_parser = VllmToolParser(DEFAULT_TOOL_CALL_PARSER, self._tokenizer)
 
     def _create_sync(self) -> tuple[Any, Any]:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -81,10 +96,29 @@ class VllmEngine(InferenceEngine):
         llm = AsyncLLM.from_engine_args(engine_args)
         return llm, AutoTokenizer.from_pretrained(self._path)
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        if not getattr(self._tokenizer, "chat_template", None):
-            raise EngineError("the model's tokenizer has no chat template; use /v1/completions")
-        return str(self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        assert self._chat is not None, "render_chat before load"
+        return self._chat.render(messages, tools)
+
+    def check_json_schema(self, schema: str) -> None:
+        """vLLM's own checks, as its `auto` backend chooses: xgrammar if it can, else llguidance."""
+        from vllm import SamplingParams
+        from vllm.exceptions import VLLMClientError
+        from vllm.sampling_params import StructuredOutputsParams
+        from vllm.v1.structured_output.backend_guidance import validate_guidance_grammar
+        from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
+
+        params = SamplingParams(structured_outputs=StructuredOutputsParams(json=schema))
+        try:
+            validate_xgrammar_grammar(params)
+        except (ValueError, VLLMClientError) as exc:
+            try:
+                validate_guidance_grammar(params)
+            except (ValueError, VLLMClientError):
+                raise RequestNotSupported(f"guided decoding cannot enforce this JSON schema: {exc}") from exc
+
+    def tool_parser(self) -> ToolCallParser | None:
+        return self._tool_parser
 
     def count_tokens(self, text: str) -> int:
         return len(self._token_ids(text))
@@ -106,10 +140,15 @@ class VllmEngine(InferenceEngine):
         if self._config.task != "generate":
             raise EngineError("this model is loaded for embeddings, not generation")
         from vllm import SamplingParams
+        from vllm.exceptions import VLLMClientError
         from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
         from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
 
+        guided = None
+        if options.json_schema is not None:
+            # Compact JSON: with any whitespace allowed, a weak model can pad with spaces until max_tokens.
+            guided = StructuredOutputsParams(json=options.json_schema, disable_any_whitespace=True)
         params = SamplingParams(
             max_tokens=options.max_tokens,
             temperature=options.temperature,
@@ -123,6 +162,8 @@ class VllmEngine(InferenceEngine):
             # Only what is new since the last output (as `vllm serve` streams): no copying of the
             # whole text and token list at every step.
             output_kind=RequestOutputKind.DELTA,
+            structured_outputs=guided,
+            skip_special_tokens=options.skip_special_tokens,
         )
         # Token ids, not text: given text, vLLM would tokenize it again with special tokens (a second BOS
         # before a rendered chat). Off the event loop, like the count before it: prompts can be megabytes.
@@ -146,6 +187,10 @@ class VllmEngine(InferenceEngine):
                     yield GenerationDelta(completion.text, n_prompt, sent_tokens, logprobs, reason)
         except VllmEngineDeadError as exc:
             raise _engine_dead(exc) from exc
+        except (ValueError, VLLMClientError) as exc:  # vLLM's validation of the request, before any output
+            if sent_tokens:
+                raise
+            raise RequestNotSupported(str(exc)) from exc
         finally:
             if not finished:
                 await self._abort(request_id)
@@ -193,6 +238,31 @@ class VllmEngine(InferenceEngine):
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None
+
+
+class VllmToolParser:
+    """One of vLLM's tool parsers (by its `--tool-call-parser` name) behind our ToolCallParser interface."""
+
+    def __init__(self, name: str, tokenizer: Any) -> None:
+        from vllm.tool_parsers import ToolParserManager
+
+        self._parser_class: Any = ToolParserManager.get_tool_parser(name)
+        self._tokenizer = tokenizer
+        # Parsers without a start token (plain JSON formats): stream no content, parse it all at the end.
+        marker = getattr(self._parser_class, "tool_call_start_token", "")
+        self.start_marker = marker if isinstance(marker, str) else ""
+
+    def parse(self, text: str, tools: list[dict[str, Any]]) -> tuple[str | None, list[ParsedToolCall]]:
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+        fields: dict[str, Any] = {"model": "-", "messages": []}
+        if tools:  # vLLM refuses an empty list of tools
+            fields["tools"] = tools
+        request = ChatCompletionRequest.model_validate(fields)
+        info = self._parser_class(self._tokenizer, request.tools).extract_tool_calls(text, request)
+        if not info.tools_called:
+            return text, []
+        return info.content, [ParsedToolCall(c.function.name, c.function.arguments) for c in info.tool_calls]
 
 
 def _engine_dead(exc: Exception) -> EngineDeadError:

@@ -1,0 +1,103 @@
+"""Structured outputs (`response_format`) on the transformers engine: guided decoding makes even the tiny
+random model answer JSON that parses and validates against the schema. Helpers shared with vLLM's tests."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import jsonschema  # type: ignore[import-untyped]
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from tests.runtime.servers import InProcessServer
+
+MODEL = "tiny-llama"
+ASK: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Describe a city as JSON."}]
+CITY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
+        "capital": {"type": "boolean"},
+        "size": {"type": "string", "enum": ["small", "large"]},
+    },
+    "required": ["name", "capital", "size"],
+    "additionalProperties": False,
+}
+ROOM = 300
+
+
+@pytest.fixture
+def client(chat_server: InProcessServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=chat_server.v1, api_key="unused", max_retries=0, timeout=120)
+
+
+def check_json_schema_answer(client: openai.OpenAI, *, stream: bool = False) -> None:
+    response_format: Any = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA}}
+    if stream:
+        text = ""
+        for chunk in client.chat.completions.create(
+            model=MODEL, messages=ASK, response_format=response_format, max_tokens=ROOM, seed=2, stream=True
+        ):
+            for choice in chunk.choices:
+                assert not choice.delta.tool_calls
+                text += choice.delta.content or ""
+        answers = [text]
+    else:
+        reply = client.chat.completions.create(
+            model=MODEL, messages=ASK, response_format=response_format, max_tokens=ROOM, n=3, seed=2
+        )
+        assert all(c.finish_reason == "stop" for c in reply.choices)
+        answers = [c.message.content or "" for c in reply.choices]
+    for answer in answers:
+        jsonschema.validate(json.loads(answer), CITY_SCHEMA)
+
+
+def check_json_object_answer(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL, messages=ASK, response_format={"type": "json_object"}, max_tokens=ROOM, n=2, seed=4
+    )
+    for choice in reply.choices:
+        if choice.finish_reason == "length":  # any object may go on: only a finished one must parse
+            continue
+        assert isinstance(json.loads(choice.message.content or ""), dict)
+
+
+def check_unenforceable_schema_is_400(base_url: str) -> None:
+    schema = {"type": "object", "properties": {"x": {"type": "no-such-type"}}}
+    body = {
+        "model": MODEL,
+        "messages": ASK,
+        "max_tokens": 4,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "bad", "schema": schema}},
+    }
+    for stream in (False, True):
+        response = httpx.post(base_url + "/chat/completions", json={**body, "stream": stream}, timeout=60)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "response_format"
+
+
+def test_json_schema_answers_parse_and_validate(client: openai.OpenAI) -> None:
+    check_json_schema_answer(client)
+
+
+def test_streamed_json_schema_answer_parses_and_validates(client: openai.OpenAI) -> None:
+    check_json_schema_answer(client, stream=True)
+
+
+def test_json_object_answers_are_objects(client: openai.OpenAI) -> None:
+    check_json_object_answer(client)
+
+
+def test_text_format_is_plain_generation(client: openai.OpenAI) -> None:
+    plain = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=8, temperature=0)
+    text = client.chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=8, temperature=0, response_format={"type": "text"}
+    )
+    assert text.choices[0].message.content == plain.choices[0].message.content
+
+
+def test_a_schema_guided_decoding_cannot_enforce_is_400(chat_server: InProcessServer) -> None:
+    check_unenforceable_schema_is_400(chat_server.v1)

@@ -33,6 +33,7 @@ from servlane_operator.settings import OperatorSettings
 from servlane_operator.watch_scope import DEPLOYMENTS, OWNED, PODS, restrict_watches
 
 SETTINGS = OperatorSettings.from_env()
+log = logging.getLogger(__name__)
 
 
 @kopf.on.startup()
@@ -53,12 +54,16 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     memo.reader = canary_reader(SETTINGS, memo.kube)
     memo.peering = settings.peering
     memo.periodic = []
+    # Status refreshes waiting for a slot, by model (see request_refresh). kopf hands each object a
+    # shallow copy of this memo, so these are the operator's one dict each, filled in place.
+    memo.refreshing = {}
+    memo.refresh_tasks = set()
     start_http_server(SETTINGS.metrics_port)
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: Any, **_: Any) -> None:
-    for task in memo.periodic:
+    for task in [*memo.periodic, *memo.refresh_tasks]:
         task.cancel()
 
 
@@ -203,15 +208,37 @@ async def resync_model(body: dict[str, Any], memo: Any, kwargs: dict[str, Any]) 
 @kopf.on.event(*PODS, labels=OWNED)
 async def child_changed(namespace: str | None, labels: kopf.Labels, memo: Any, **kwargs: Any) -> None:
     start_periodic(memo, kwargs)
-    await refresh_from_index(memo, kwargs, (namespace or "", labels.get(MODEL_LABEL, "")))
+    request_refresh(memo, kwargs, (namespace or "", labels.get(MODEL_LABEL, "")))
 
 
-async def refresh_from_index(
+def request_refresh(
     memo: Any, kwargs: dict[str, Any], key: tuple[str, str], *, only_once_applied: bool = False
 ) -> None:
-    """Status from the children as the indexes hold them once a slot is free (not as they were when the
-    event came: the wait may be long during a burst, and the latest view is the one to write)."""
-    async with memo.lanes.slot(Priority.CREATE):
+    """Queues one status refresh of the model, unless one is already waiting, and returns at once.
+
+    Returning at once matters: kopf handles one event per object at a time, so a handler that waited here
+    for a slot (behind a burst of other models) would hold back that object's next event, a spec edit
+    included. Waiting refreshes coalesce: the one that runs reads the indexes when its slot comes, so it
+    writes the latest view of every event that arrived before, once."""
+    pending = memo.refreshing
+    if key in pending:  # one is waiting already: it will read what this event brought
+        pending[key] = pending[key] and only_once_applied
+        return
+    pending[key] = only_once_applied
+    task = asyncio.create_task(_refresh(memo, kwargs, key))
+    memo.refresh_tasks.add(task)  # the loop keeps only weak references to tasks
+    task.add_done_callback(memo.refresh_tasks.discard)
+
+
+async def _refresh(memo: Any, kwargs: dict[str, Any], key: tuple[str, str]) -> None:
+    try:
+        await memo.lanes.acquire(Priority.STATUS)
+    except asyncio.CancelledError:
+        memo.refreshing.pop(key, None)
+        raise
+    try:
+        # From here on, a new event queues another refresh: this one may already have read the indexes.
+        only_once_applied = memo.refreshing.pop(key, False)
         owner = next(iter(_indexed(kwargs, "aimodels_by_key", key)), None)
         if owner is None:
             return  # the AIModel is gone; garbage collection removes the child
@@ -220,6 +247,10 @@ async def refresh_from_index(
             return  # not applied yet: the change handler writes the first status
         pods = _indexed(kwargs, "pods_by_model", key)
         await aimodel_reconciler.refresh_status(owner, memo.kube, SETTINGS, deployment, pods)
+    except Exception:  # the next event or resync writes it; kopf would only have logged it too
+        log.exception("status refresh of %s/%s failed", *key)
+    finally:
+        memo.lanes.release()
 
 
 @kopf.on.event(GROUP, VERSION, "aimodels")
@@ -234,7 +265,7 @@ async def model_changed(type: str, body: kopf.Body, namespace: str | None, name:
         return
     if not (body.get("status") or {}).get("observedGeneration"):
         return  # not reconciled yet: the change handler writes the first status
-    await refresh_from_index(memo, kwargs, (namespace or "", name), only_once_applied=True)
+    request_refresh(memo, kwargs, (namespace or "", name), only_once_applied=True)
 
 
 @kopf.on.resume(GROUP, VERSION, "aifeatures")

@@ -21,9 +21,10 @@ class Priority(IntEnum):
     """Lower goes first."""
 
     CHANGE = 0  # a spec edit, or a canary's replica budget moving: someone is waiting for it now
-    CREATE = 1  # a new AIModel, and status following its children (pods starting, becoming Ready)
-    RESUME = 2  # every AIModel again after an operator restart
-    RESYNC = 3  # the periodic re-apply that puts hand edits back
+    CREATE = 1  # a new AIModel: its children must exist before anything else can happen to it
+    STATUS = 2  # status following the children (pods starting, becoming Ready, failing)
+    RESUME = 3  # every AIModel again after an operator restart
+    RESYNC = 4  # the periodic re-apply that puts hand edits back
 
 
 class Lanes:
@@ -45,13 +46,14 @@ class Lanes:
 
     @asynccontextmanager
     async def slot(self, priority: Priority) -> AsyncIterator[None]:
-        await self._acquire(priority)
+        await self.acquire(priority)
         try:
             yield
         finally:
-            self._release()
+            self.release()
 
-    async def _acquire(self, priority: Priority) -> None:
+    async def acquire(self, priority: Priority) -> None:
+        """Waits for a slot; every acquire that returns must be followed by exactly one release()."""
         if self._free > 0 and not self.waiting:
             self._free -= 1
             return
@@ -61,10 +63,10 @@ class Lanes:
             await future
         except asyncio.CancelledError:
             if future.done() and not future.cancelled():
-                self._release()  # handed a slot at the moment it was cancelled: pass it on
+                self.release()  # handed a slot at the moment it was cancelled: pass it on
             raise
 
-    def _release(self) -> None:
+    def release(self) -> None:
         while self._waiters:
             _, _, future = heapq.heappop(self._waiters)
             if not future.done():  # a cancelled waiter's future is done: skip it

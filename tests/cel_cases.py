@@ -193,6 +193,21 @@ CEL_CASES: tuple[RuleCases, ...] = (
         ),
     ),
     RuleCases(
+        "transformers-tool-call-parser",
+        "the transformers engine reads only hermes tool calls: another engineOptions.toolCallParser needs engine vllm",
+        good=(
+            ai_model(model_spec(engine="transformers", engineOptions={"toolCallParser": "hermes"})),
+            ai_model(model_spec(engine="vllm", engineOptions={"toolCallParser": "llama3_json"})),
+            ai_model(model_spec(engineOptions={"toolCallParser": "mistral"})),  # vllm is the default
+            ai_model(model_spec(engine="transformers")),
+        ),
+        bad=(
+            ai_model(model_spec(engine="transformers", engineOptions={"toolCallParser": "pythonic"})),
+            # Names are compared whole and case-sensitively, as vLLM looks them up.
+            ai_model(model_spec(engine="transformers", engineOptions={"toolCallParser": "hermes2"})),
+        ),
+    ),
+    RuleCases(
         "env-reserved-names",
         "env must not set SERVLANE_RUNTIME_CONFIG, HF_HOME or HOME: the operator sets them on every model pod",
         good=(

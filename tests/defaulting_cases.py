@@ -58,6 +58,7 @@ PARTIAL_MANIFESTS: tuple[Partial, ...] = (
     Partial("resources-only-memory", ai_model(model_spec(resources={"memory": "16Gi"}))),
     Partial("engine-options-only-max-len", ai_model(model_spec(engineOptions={"maxModelLen": 4096}))),
     Partial("engine-options-empty", ai_model(model_spec(engineOptions={}))),
+    Partial("engine-options-only-tool-parser", ai_model(model_spec(engineOptions={"toolCallParser": "mistral"}))),
     Partial("scheduling-only-priority", ai_model(model_spec(scheduling={"priorityClassName": "high"}))),
     Partial(
         "scheduling-only-tolerations",

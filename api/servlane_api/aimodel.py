@@ -102,6 +102,15 @@ class EngineOptions(ApiModel):
     quantization: Literal["awq", "gptq", "fp8", "bitsandbytes", "compressed-tensors"] | None = Field(
         default=None, description="Quantization method of the weights."
     )
+    tool_call_parser: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9][a-z0-9_.-]*$",
+        max_length=64,
+        description="How tool calls are read from the model's text in tool_choice 'auto': one of vLLM's "
+        "`--tool-call-parser` names (hermes, llama3_json, mistral, pythonic, ...), as the model card says; "
+        "default hermes (`<tool_call>` JSON, Qwen and Hermes models). The runtime refuses to start with a "
+        "name vLLM does not know. The transformers engine reads hermes only.",
+    )
     extra_args: list[Annotated[str, Field(max_length=512)]] = Field(
         default_factory=list,
         max_length=64,
@@ -229,6 +238,14 @@ class AIModelSpec(CelValidated):
             "|| self.engineOptions.quantization == 'bitsandbytes'",
             "the transformers engine supports only bitsandbytes quantization",
             lambda spec: spec.engine == Engine.VLLM or spec.engine_options.quantization in (None, "bitsandbytes"),
+        ),
+        # The transformers engine parses the hermes format only: another parser would be silently ignored.
+        CelRule(
+            "self.engine == 'vllm' || !has(self.engineOptions) || !has(self.engineOptions.toolCallParser) "
+            "|| self.engineOptions.toolCallParser == 'hermes'",
+            "the transformers engine reads only hermes tool calls: another engineOptions.toolCallParser needs engine "
+            "vllm",
+            lambda spec: spec.engine == Engine.VLLM or spec.engine_options.tool_call_parser in (None, "hermes"),
         ),
         CelRule(
             f"self.env.all(e, !(e.name in [{', '.join(repr(name) for name in RESERVED_ENV_NAMES)}]))",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ENV_VAR = "SERVLANE_RUNTIME_CONFIG"
 DEFAULT_PORT = 8000
@@ -37,6 +37,9 @@ class RuntimeConfig(BaseModel):
     gpu_memory_utilization: float | None = None
     quantization: str | None = None
     tensor_parallel_size: int = Field(default=1, ge=1)
+    # vLLM's `--tool-call-parser` name (None: hermes). The vLLM engine refuses a name it does not know at
+    # startup; the transformers engine reads hermes only, so the config refuses anything else for it.
+    tool_call_parser: str | None = None
     extra_args: list[str] = Field(default_factory=list)
     port: int = DEFAULT_PORT
     host: str = "0.0.0.0"
@@ -51,6 +54,14 @@ class RuntimeConfig(BaseModel):
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1)
     max_json_depth: int = Field(default=DEFAULT_MAX_JSON_DEPTH, ge=2, le=128)
     max_list_items: int = Field(default=DEFAULT_MAX_LIST_ITEMS, ge=1)
+
+    @model_validator(mode="after")
+    def _parser_fits_the_engine(self) -> RuntimeConfig:
+        if self.engine == "transformers" and self.tool_call_parser not in (None, "hermes"):
+            raise ValueError(
+                f"tool_call_parser {self.tool_call_parser!r}: the transformers engine reads only hermes tool calls"
+            )
+        return self
 
     def to_env_value(self) -> str:
         return self.model_dump_json(exclude_defaults=False)

@@ -65,6 +65,24 @@ def check_json_object_answer(client: openai.OpenAI) -> None:
         assert isinstance(json.loads(choice.message.content or ""), dict)
 
 
+def check_greedy_json_is_compact(client: openai.OpenAI) -> None:
+    """Greedy, the random model's likeliest token is often whitespace: allowed anywhere between JSON tokens,
+    it would pad until max_tokens. Guided decoding allows none (only `, ` and `: `), so the answer ends, and
+    reads as json.dumps writes it, on either engine."""
+    response_format: Any = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA}}
+    questions: list[str] = ["Describe a city as JSON.", "Another city?", "What is the weather in Paris?"]
+    for question in questions:
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": question}]
+        reply = client.chat.completions.create(
+            model=MODEL, messages=messages, response_format=response_format, max_tokens=ROOM, temperature=0
+        )
+        answer = reply.choices[0].message.content or ""
+        assert reply.choices[0].finish_reason == "stop", answer
+        parsed = json.loads(answer)
+        jsonschema.validate(parsed, CITY_SCHEMA)
+        assert answer == json.dumps(parsed)
+
+
 def check_unenforceable_schema_is_400(base_url: str) -> None:
     schema = {"type": "object", "properties": {"x": {"type": "no-such-type"}}}
     body = {
@@ -85,6 +103,10 @@ def test_json_schema_answers_parse_and_validate(client: openai.OpenAI) -> None:
 
 def test_streamed_json_schema_answer_parses_and_validates(client: openai.OpenAI) -> None:
     check_json_schema_answer(client, stream=True)
+
+
+def test_greedy_json_is_compact(client: openai.OpenAI) -> None:
+    check_greedy_json_is_compact(client)
 
 
 def test_json_object_answers_are_objects(client: openai.OpenAI) -> None:

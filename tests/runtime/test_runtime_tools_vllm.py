@@ -18,6 +18,7 @@ from tests.runtime import tool_model
 from tests.runtime.conftest import tiny_config
 from tests.runtime.servers import SubprocessServer
 from tests.runtime.test_runtime_structured import (
+    check_greedy_json_is_compact,
     check_json_object_answer,
     check_json_schema_answer,
     check_unenforceable_schema_is_400,
@@ -98,6 +99,11 @@ def test_json_schema_answers_parse_and_validate(client: openai.OpenAI) -> None:
     check_json_schema_answer(client, stream=True)
 
 
+def test_greedy_json_is_compact(client: openai.OpenAI) -> None:
+    """vLLM ignores a request's disable_any_whitespace: the engine sends a whitespace-free grammar instead."""
+    check_greedy_json_is_compact(client)
+
+
 def test_json_object_answers_are_objects(client: openai.OpenAI) -> None:
     check_json_object_answer(client)
 
@@ -111,9 +117,9 @@ def test_auto_calls_are_read_by_vllms_hermes_parser(tools_model_dir: Path) -> No
     require_vllm()
     from transformers import AutoTokenizer
 
-    from servlane_runtime.engines.vllm_engine import VllmToolParser
+    from servlane_runtime.engines.vllm_engine import VllmToolParser, tool_parser_class
 
-    parser = VllmToolParser("hermes", AutoTokenizer.from_pretrained(tools_model_dir))
+    parser = VllmToolParser(tool_parser_class("hermes"), AutoTokenizer.from_pretrained(tools_model_dir))
     assert parser.start_marker == "<tool_call>"
     text = 'Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}\n</tool_call>'
     text += '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC", "precise": true}}\n</tool_call>'

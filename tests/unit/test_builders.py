@@ -33,6 +33,7 @@ GPU_SPEC: dict[str, Any] = {
         "dtype": "bfloat16",
         "maxModelLen": 8192,
         "gpuMemoryUtilization": 0.9,
+        "toolCallParser": "llama3_json",
         "extraArgs": ["--enable-prefix-caching"],
     },
 }
@@ -64,6 +65,7 @@ def test_gpu_model_requests_gpus_and_maps_options_to_the_runtime(settings: Opera
     assert cfg.served_model_name == "llama"
     assert (cfg.dtype, cfg.max_model_len, cfg.gpu_memory_utilization) == ("bfloat16", 8192, 0.9)
     assert cfg.extra_args == ["--enable-prefix-caching"]
+    assert cfg.tool_call_parser == "llama3_json"
     pod = dep["spec"]["template"]["spec"]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     # A surge pod would wait for the GPU the old pod holds: GPU models replace in place.
@@ -78,6 +80,7 @@ def test_cpu_model_has_no_gpu_and_surges_for_zero_downtime(settings: OperatorSet
     assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     assert runtime_config(dep).tensor_parallel_size == 1
     assert runtime_config(dep).engine == "transformers"
+    assert runtime_config(dep).tool_call_parser is None  # unset: each engine's default (hermes)
     assert c["image"] == CPU_IMAGE
 
 

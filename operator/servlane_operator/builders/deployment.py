@@ -55,6 +55,7 @@ def build_runtime_config(model: AIModel) -> RuntimeConfig:
         max_model_len=options.max_model_len,
         gpu_memory_utilization=options.gpu_memory_utilization,
         quantization=options.quantization,
+        tool_call_parser=options.tool_call_parser,
         tensor_parallel_size=max(1, spec.resources.gpus),
         extra_args=list(options.extra_args),
         port=DEFAULT_PORT,

@@ -6,8 +6,8 @@ RuntimeConfig becomes vLLM command-line arguments parsed by vLLM's own parser, s
 accepts exactly what `vllm serve` accepts and typed fields cannot drift from vLLM's names.
 
 Structured outputs are vLLM's own guided decoding (SamplingParams.structured_outputs, its default backend),
-and tool calls in `auto` mode are read by vLLM's own tool parsers (ToolParserManager, `hermes` by default),
-so this engine answers tools as `vllm serve --tool-call-parser` would.
+and tool calls in `auto` mode are read by vLLM's own tool parsers (ToolParserManager: the config's
+tool_call_parser, `hermes` by default), so this engine answers tools as `vllm serve --tool-call-parser` would.
 
 When the engine core process dies, vLLM raises its EngineDeadError from every call; it becomes ours
 (base.EngineDeadError), which ends the runtime as it ends `vllm serve`.
@@ -75,6 +75,8 @@ class VllmEngine(InferenceEngine):
         return self._max_len
 
     async def load(self) -> None:
+        # The parser first: a name vLLM does not know fails in seconds, not after the weights are loaded.
+        parser_class = await asyncio.to_thread(tool_parser_class, self._config.tool_call_parser)
         # Importing vLLM and creating the engine (which starts its core process and blocks until the
         # weights are loaded) take a minute or more, so both run in a thread: /health must keep
         # answering meanwhile. Outside a running loop AsyncLLM defers its background tasks to the
@@ -82,7 +84,7 @@ class VllmEngine(InferenceEngine):
         self._llm, self._tokenizer = await asyncio.to_thread(self._create_sync)
         self._max_len = int(self._llm.model_config.max_model_len)
         self._chat = ChatTemplate(self._tokenizer)
-        self._tool_parser = VllmToolParser(DEFAULT_TOOL_CALL_PARSER, self._tokenizer)
+        self._tool_parser = VllmToolParser(parser_class, self._tokenizer)
 
     def _create_sync(self) -> tuple[Any, Any]:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -148,7 +150,11 @@ class VllmEngine(InferenceEngine):
         guided = None
         if options.json_schema is not None:
             # Compact JSON: with any whitespace allowed, a weak model can pad with spaces until max_tokens.
-            guided = StructuredOutputsParams(json=options.json_schema, disable_any_whitespace=True)
+            grammar = await asyncio.to_thread(compact_json_grammar, options.json_schema)
+            if grammar is not None:
+                guided = StructuredOutputsParams(grammar=grammar)
+            else:
+                guided = StructuredOutputsParams(json=options.json_schema)
         params = SamplingParams(
             max_tokens=options.max_tokens,
             temperature=options.temperature,
@@ -240,13 +246,40 @@ class VllmEngine(InferenceEngine):
             self._llm = None
 
 
+def compact_json_grammar(schema: str) -> str | None:
+    """The JSON schema as an xgrammar grammar (EBNF) with no free whitespace (`, ` and `: ` only), exactly as
+    the transformers engine decodes it; None when xgrammar cannot express it (then vLLM's json mode, which
+    may fall back to llguidance).
+
+    Why a grammar: vLLM reads disable_any_whitespace from its engine config only (StructuredOutputsParams'
+    field of that name is ignored), and the engine-wide setting needs one fixed backend instead of `auto`.
+    """
+    import xgrammar
+
+    try:
+        grammar = xgrammar.Grammar.from_json_schema(schema, any_whitespace=False)
+    except (RuntimeError, ValueError):
+        return None
+    return str(grammar)
+
+
+def tool_parser_class(name: str | None) -> Any:
+    """vLLM's tool parser class for a `--tool-call-parser` name (None: DEFAULT_TOOL_CALL_PARSER); an unknown
+    name is an EngineError that lists the names this vLLM knows."""
+    from vllm.tool_parsers import ToolParserManager
+
+    name = name or DEFAULT_TOOL_CALL_PARSER
+    known = ToolParserManager.list_registered()
+    if name not in known:
+        raise EngineError(f"unknown tool_call_parser {name!r}; this vLLM knows: {', '.join(known)}")
+    return ToolParserManager.get_tool_parser(name)
+
+
 class VllmToolParser:
-    """One of vLLM's tool parsers (by its `--tool-call-parser` name) behind our ToolCallParser interface."""
+    """One of vLLM's tool parsers (a class from tool_parser_class) behind our ToolCallParser interface."""
 
-    def __init__(self, name: str, tokenizer: Any) -> None:
-        from vllm.tool_parsers import ToolParserManager
-
-        self._parser_class: Any = ToolParserManager.get_tool_parser(name)
+    def __init__(self, parser_class: Any, tokenizer: Any) -> None:
+        self._parser_class: Any = parser_class
         self._tokenizer = tokenizer
         # Parsers without a start token (plain JSON formats): stream no content, parse it all at the end.
         marker = getattr(self._parser_class, "tool_call_start_token", "")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import ssl
@@ -62,10 +63,32 @@ def binary_paths(bin_dir: Path | None = None) -> dict[str, Path]:
     return paths
 
 
+# Below the kernel's ephemeral range (ip_local_port_range, 32768-60999 by default). A port there that was
+# free a moment ago can become the source port of any outgoing connection before our server binds it: CI
+# saw the operator container's liveness port taken that way ("address already in use"). The kernel never
+# picks a port below that range on its own.
+_LOWEST_PORT = 10000
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port that can be bound now, chosen at random below the ephemeral range (see above)."""
+    chooser = random.SystemRandom()
+    for _ in range(200):
+        port = chooser.randrange(_LOWEST_PORT, max(_LOWEST_PORT + 1, _ephemeral_start()))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port below the ephemeral port range")
 
 
 def answers_ok(url: str, context: ssl.SSLContext | None = None) -> Callable[[], bool]:

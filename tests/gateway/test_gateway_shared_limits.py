@@ -11,7 +11,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import pytest
 import redis
 from pydantic import ValidationError
 
+from localcluster.cluster import free_port as free_port  # re-exported: the shared helper for tests
 from servlane_api import metric_names as m
 from servlane_core.protocol.errors import OpenAIError
 from servlane_gateway.ratelimit import Check, Limits, RateLimiter, plan_checks
@@ -39,12 +39,6 @@ KEYS = "team-a: sk-alpha\nteam-b: sk-bravo\n"
 CHAT = "/v1/chat/completions"
 PASSWORD = "s3cret-redis-pass"
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class RedisServer:

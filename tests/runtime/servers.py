@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,16 +16,11 @@ from typing import Any
 import httpx
 import uvicorn
 
+from localcluster.cluster import free_port as free_port  # re-exported: the shared helper for tests
 from servlane_api.runtime_config import RuntimeConfig
 from servlane_api.runtime_exit import TERMINATION_LOG_ENV
 from servlane_runtime.app import create_app
 from tests.polling import wait_until
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class _Server:

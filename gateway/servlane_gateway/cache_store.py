@@ -31,8 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 from starlette.responses import Response
@@ -40,6 +38,7 @@ from starlette.responses import Response
 from servlane_api.aifeature import ResponseCache
 from servlane_gateway.gateway_metrics import GatewayMetrics
 from servlane_gateway.proxy import UsageScanner
+from servlane_gateway.redis_limits import redis_client
 from servlane_gateway.response_cache import (
     CACHE_HEADER,
     HIT,
@@ -216,15 +215,8 @@ class RedisStore:
         self._reachable: bool | None = None
 
     async def start(self) -> None:
-        options: dict[str, Any] = {
-            "socket_timeout": self._timeout,
-            "socket_connect_timeout": self._timeout,
-            "retry": Retry(NoBackoff(), 1),
-            "client_name": f"servlane-gateway-cache-{uuid.uuid4().hex[:12]}",
-        }
-        if self._password is not None:
-            options["password"] = self._password  # a password in the URL itself takes precedence
-        self._client = Redis.from_url(self._url, **options)
+        name = f"servlane-gateway-cache-{uuid.uuid4().hex[:12]}"
+        self._client = redis_client(self._url, self._password, self._timeout, name)
         self._scripts = {"get": self._client.register_script(GET), "put": self._client.register_script(PUT)}
 
     async def aclose(self) -> None:

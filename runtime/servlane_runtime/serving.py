@@ -58,13 +58,27 @@ class OpenAIServing:
 
     def models(self) -> p.ModelList:
         max_len = self.host.engine.max_model_len if self.host.state == "ready" else None
-        card = p.ModelCard(id=self.name, created=p.now(), root=self.host.config.model_source, max_model_len=max_len)
-        return p.ModelList(data=[card])
+        created = p.now()
+        cards = [p.ModelCard(id=self.name, created=created, root=self.host.config.model_source, max_model_len=max_len)]
+        if self.host.adapters is not None:
+            cards += [
+                p.ModelCard(id=name, created=created, root=name, parent=self.name, max_model_len=max_len)
+                for name in self.host.adapters.ready_names()
+            ]
+        return p.ModelList(data=cards)
 
     def check_model(self, model: str) -> InferenceEngine:
-        if model != self.name:
+        """The engine for `model`: the base model's name or a ready adapter's; else 404 (unknown) or 503."""
+        adapters = self.host.adapters
+        if model != self.name and (adapters is None or not adapters.knows(model)):
             raise model_not_found(model)
-        return self.host.engine
+        engine = self.host.engine
+        if model != self.name and adapters is not None:
+            adapters.check(model)
+        return engine
+
+    def _adapter(self, model: str) -> str | None:
+        return None if model == self.name else model
 
     # ---- generation -----------------------------------------------------------------------
 
@@ -86,6 +100,7 @@ class OpenAIServing:
             frequency_penalty=req.frequency_penalty,
             logprobs=top,
             ignore_eos=req.ignore_eos,
+            adapter=self._adapter(req.model),
         )
 
     def _start(
@@ -161,7 +176,7 @@ class OpenAIServing:
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             outputs = [ChoiceOutput(plan, parser) for _ in range(req.n)]
-            return self._chat_stream(merged, outputs, request_id, include_usage, bool(req.logprobs))
+            return self._chat_stream(merged, outputs, request_id, req.model, include_usage, bool(req.logprobs))
         try:
             choices, prompts = await self._collect(CHAT, merged, req.n, req.n)
         except RequestNotSupported as exc:  # an engine that validates only when generation starts (vLLM)
@@ -169,7 +184,7 @@ class OpenAIServing:
         return p.ChatCompletionResponse(
             id=request_id,
             created=p.now(),
-            model=self.name,
+            model=req.model,
             choices=[
                 _chat_choice(i, c, plan, parser, _chat_logprobs(c.logprobs) if req.logprobs else None)
                 for i, c in enumerate(choices)
@@ -182,6 +197,7 @@ class OpenAIServing:
         merged: AsyncGenerator[tuple[int, GenerationDelta], None],
         outputs: list[ChoiceOutput],
         request_id: str,
+        model: str,
         include_usage: bool,
         logprobs: bool,
     ) -> AsyncIterator[str]:
@@ -189,15 +205,13 @@ class OpenAIServing:
         n = len(outputs)
 
         def chunk(choices: list[p.ChatChunkChoice], usage: p.Usage | None = None) -> str:
-            return sse(
-                p.ChatCompletionChunk(id=request_id, created=created, model=self.name, choices=choices, usage=usage)
-            )
+            return sse(p.ChatCompletionChunk(id=request_id, created=created, model=model, choices=choices, usage=usage))
 
         started = time.monotonic()
         completion = [0] * n
         prompt_tokens = 0
         first = True
-        frames = ContentChunkFrames(request_id, created, self.name)
+        frames = ContentChunkFrames(request_id, created, model)
         try:
             yield chunk([p.ChatChunkChoice(index=i, delta=p.ChatDelta(role="assistant", content="")) for i in range(n)])
             async for index, delta in merged:
@@ -243,13 +257,15 @@ class OpenAIServing:
         count = len(prompts) * req.n
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return self._completion_stream(merged, req.n, count, request_id, include_usage, req.logprobs is not None)
+            return self._completion_stream(
+                merged, req.n, count, request_id, req.model, include_usage, req.logprobs is not None
+            )
         choices, prompt_counts = await self._collect(COMPLETIONS, merged, count, req.n)
         prompt_tokens = sum(prompt_counts.get(i * req.n, 0) for i in range(len(prompts)))
         return p.CompletionResponse(
             id=request_id,
             created=p.now(),
-            model=self.name,
+            model=req.model,
             choices=[
                 p.CompletionChoice(
                     index=i,
@@ -268,6 +284,7 @@ class OpenAIServing:
         n: int,
         count: int,
         request_id: str,
+        model: str,
         include_usage: bool,
         logprobs: bool,
     ) -> AsyncIterator[str]:
@@ -287,12 +304,10 @@ class OpenAIServing:
                 choice = p.CompletionChoice(
                     index=index, text=delta.text, logprobs=lp, finish_reason=delta.finish_reason
                 )
-                yield sse(p.CompletionResponse(id=request_id, created=created, model=self.name, choices=[choice]))
+                yield sse(p.CompletionResponse(id=request_id, created=created, model=model, choices=[choice]))
             usage = self._usage(sum(prompt_by_choice[::n]), sum(completion))
             if include_usage:
-                yield sse(
-                    p.CompletionResponse(id=request_id, created=created, model=self.name, choices=[], usage=usage)
-                )
+                yield sse(p.CompletionResponse(id=request_id, created=created, model=model, choices=[], usage=usage))
         except OpenAIError as exc:
             yield sse(exc.body())
         except EngineError as exc:

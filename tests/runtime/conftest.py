@@ -17,6 +17,7 @@ from tests.runtime.servers import InProcessServer
 # The shared model fixtures, re-exported so pytest finds them for these tests.
 tiny_llama_dir = shared_models.tiny_llama_dir
 minilm_model_dir = shared_models.minilm_model_dir
+tiny_adapter_dirs = shared_models.tiny_adapter_dirs
 
 
 def tiny_config(model_dir: Path, **overrides: object) -> RuntimeConfig:

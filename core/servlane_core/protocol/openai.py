@@ -309,6 +309,8 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "servlane"
     root: str | None = None
+    # For a LoRA adapter: the base model it runs on (as vLLM's /v1/models says).
+    parent: str | None = None
     max_model_len: int | None = None
 
 

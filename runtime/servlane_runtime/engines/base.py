@@ -7,7 +7,9 @@ HTTP. Nothing here imports torch, so the server imports without it.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncGenerator
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -32,6 +34,8 @@ class SamplingOptions:
     json_schema: str | None = None
     # False keeps special tokens in the text: some models' tool-call markers are special tokens.
     skip_special_tokens: bool = True
+    # The LoRA adapter (its served name) that generates; None: the base model.
+    adapter: str | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,36 @@ class ToolCallParser(Protocol):
         """The content (text outside tool calls; None if there is none) and the calls, in order."""
 
 
+class AdapterUsers:
+    """How many generations use each adapter, so that unloading one waits for them to end."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+        self._idle: dict[str, asyncio.Event] = {}
+
+    @contextlib.contextmanager
+    def using(self, name: str | None) -> Iterator[None]:
+        if name is None:
+            yield
+            return
+        self._counts[name] = self._counts.get(name, 0) + 1
+        self._idle.setdefault(name, asyncio.Event()).clear()
+        try:
+            yield
+        finally:
+            self._counts[name] -= 1
+            if self._counts[name] == 0:
+                del self._counts[name]
+                self._idle.pop(name).set()
+
+    async def drained(self, name: str, limit_seconds: float) -> None:
+        """Return when no generation uses `name` any more, or after `limit_seconds`."""
+        idle = self._idle.get(name)
+        if idle is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(idle.wait(), limit_seconds)
+
+
 class EngineDeadError(Exception):
     """The engine can no longer serve anything (vLLM's engine core process is gone, the device failed).
 
@@ -122,6 +156,14 @@ class InferenceEngine(abc.ABC):
     def tool_parser(self) -> ToolCallParser | None:
         """The engine's own tool-call parser; None: the runtime's (hermes/Qwen `<tool_call>` JSON)."""
         return None
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Serve the LoRA adapter in directory `path` as `name` from now on (EngineError if it cannot)."""
+        raise EngineError("this engine does not serve LoRA adapters")
+
+    async def unload_adapter(self, name: str) -> None:
+        """Stop serving adapter `name` once the generations that use it have ended."""
+        raise EngineError("this engine does not serve LoRA adapters")
 
     async def check_health(self) -> None:  # noqa: B027 - optional hook, most engines need nothing
         """Raise EngineDeadError if the engine has died; called periodically while serving."""

@@ -9,6 +9,11 @@ Structured outputs (a JSON schema from response_format or forced tool calls) are
 GrammarMatcher masks, at every step, the tokens that would leave the schema (the loop applies the mask
 before sampling). Compiled grammars are cached by xgrammar's compiler, keyed by the schema.
 
+LoRA adapters are peft's, on the one shared model: a step runs with one adapter active (or none, for
+the base model). Requests for the same adapter step together; a request for another waits for the running
+steps to finish, then the switch happens (`_AdapterSwitch`, taken per token, so no request waits for a
+whole generation of another adapter). Without any adapter loaded the model is the plain one.
+
 A device failure (a CUDA error: illegal memory access, device-side assert, a lost GPU) leaves the CUDA
 context unusable for every later request, so it is raised as EngineDeadError; out of memory is not one.
 """
@@ -16,9 +21,10 @@ context unusable for every later request, so it is raised as EngineDeadError; ou
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import Counter
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -28,6 +34,7 @@ from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 from servlane_api.runtime_config import RuntimeConfig
 
 from .base import (
+    AdapterUsers,
     EmbeddingResult,
     EngineDeadError,
     EngineError,
@@ -46,6 +53,8 @@ _DEFAULT_MAX_LEN = 2048
 _MIN_TEMPERATURE = 1e-2
 # Memory for compiled grammars (xgrammar's cache): schemas come from clients, so the cache is bounded.
 _GRAMMAR_CACHE_BYTES = 64 * 1024 * 1024
+# Unloading an adapter waits this long at most for the generations that use it (then they may fail).
+_ADAPTER_DRAIN_SECONDS = 600.0
 
 
 class TransformersEngine(InferenceEngine):
@@ -62,6 +71,9 @@ class TransformersEngine(InferenceEngine):
         self._grammars_lock = threading.Lock()
         # One thread per running request: admission control bounds how many there are.
         self._pool = ThreadPoolExecutor(max_workers=config.max_in_flight, thread_name_prefix="generate")
+        self._switch = _AdapterSwitch(self._activate)
+        self._adapters: set[str] = set()
+        self._adapter_users = AdapterUsers()
 
     @property
     def max_model_len(self) -> int:
@@ -141,6 +153,10 @@ class TransformersEngine(InferenceEngine):
         def emit(item: GenerationDelta | BaseException) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
+        if options.adapter is not None and options.adapter not in self._adapters:
+            raise RequestNotSupported(f"the adapter {options.adapter!r} is not loaded")
+        users = self._adapter_users.using(options.adapter)
+        users.__enter__()
         future = loop.run_in_executor(self._pool, self._generate_sync, prompt, options, cancelled, emit)
         try:
             while True:
@@ -153,7 +169,10 @@ class TransformersEngine(InferenceEngine):
         finally:
             # Reached on completion, error, or the consumer closing us (client gone): stop the loop.
             cancelled.set()
-            await asyncio.shield(future)
+            try:
+                await asyncio.shield(future)
+            finally:
+                users.__exit__(None, None, None)
 
     @torch.inference_mode()
     def _generate_sync(self, prompt: str, options: SamplingOptions, cancelled: threading.Event, emit: Any) -> None:
@@ -177,7 +196,8 @@ class TransformersEngine(InferenceEngine):
         for _ in range(options.max_tokens):
             if cancelled.is_set():
                 return
-            out = self._model(input_ids=inputs, past_key_values=past, use_cache=True)
+            with self._switch.step(options.adapter):
+                out = self._model(input_ids=inputs, past_key_values=past, use_cache=True)
             past = out.past_key_values
             logits = _penalised(out.logits[0, -1].float(), counts, options)
             if guide is not None:
@@ -229,6 +249,51 @@ class TransformersEngine(InferenceEngine):
     def _token_text(self, token: int) -> str:
         return str(self._tokenizer.decode([token]))
 
+    async def load_adapter(self, name: str, path: str) -> None:
+        if self._config.task != "generate":
+            raise EngineError("adapters apply to task generate only")
+        await asyncio.to_thread(self._load_adapter_sync, name, path)
+        self._adapters.add(name)
+
+    def _load_adapter_sync(self, name: str, path: str) -> None:
+        from peft import PeftModel
+
+        with self._switch.exclusive():
+            try:
+                if name in self._adapters:
+                    self._model.delete_adapter(name)
+                if isinstance(self._model, PeftModel):
+                    self._model.load_adapter(path, adapter_name=name)
+                else:
+                    self._model = PeftModel.from_pretrained(self._model, path, adapter_name=name).eval()
+            except (OSError, ValueError, KeyError, RuntimeError) as exc:
+                raise EngineError(f"cannot load the adapter at {path}: {exc}") from exc
+
+    async def unload_adapter(self, name: str) -> None:
+        if name not in self._adapters:
+            return
+        self._adapters.discard(name)
+        await self._adapter_users.drained(name, _ADAPTER_DRAIN_SECONDS)
+        await asyncio.to_thread(self._unload_adapter_sync, name)
+
+    def _unload_adapter_sync(self, name: str) -> None:
+        with self._switch.exclusive():
+            if not self._adapters:  # the last one: back to the plain model, no LoRA layers in the way
+                self._model = self._model.unload().eval()
+            else:
+                self._model.delete_adapter(name)
+
+    def _activate(self, name: str | None) -> None:
+        """Make `name` the adapter the shared model computes with (None: the base model). Called by the switch
+        while no step runs."""
+        if not hasattr(self._model, "peft_config"):
+            return  # no adapter loaded: the plain model is the base
+        if name is None:
+            self._model.base_model.disable_adapter_layers()
+        else:
+            self._model.base_model.enable_adapter_layers()
+            self._model.set_adapter(name)
+
     async def embed(self, texts: list[str]) -> EmbeddingResult:
         if self._config.task != "embed":
             raise EngineError("this model is loaded for generation; embeddings need task 'embed'")
@@ -273,6 +338,54 @@ def as_engine_death(exc: Exception) -> Exception:
     dead = EngineDeadError(f"the device failed: {exc}")
     dead.__cause__ = exc
     return dead
+
+
+_EXCLUSIVE = object()  # the switch's mark while the model itself changes (an adapter loads or unloads)
+_UNSET = object()  # after such a change: the next step sets its adapter again, whatever it was before
+
+
+class _AdapterSwitch:
+    """One adapter at a time on the shared model. Steps with the active adapter run together; a step for
+    another waits until they end, and while it waits no new step of the active one starts (no starvation)."""
+
+    def __init__(self, activate: Callable[[str | None], None]) -> None:
+        self._activate = activate
+        self._cond = threading.Condition()
+        self._active: object = None
+        self._running = 0
+        self._waiting: Counter[object] = Counter()
+
+    def _others_waiting(self) -> bool:
+        return any(count for name, count in self._waiting.items() if name != self._active)
+
+    @contextlib.contextmanager
+    def step(self, name: object) -> Iterator[None]:
+        """`name`: the adapter (None: the base model), or _EXCLUSIVE."""
+        with self._cond:
+            self._waiting[name] += 1
+            while self._running and (self._active != name or self._others_waiting()):
+                self._cond.wait()
+            self._waiting[name] -= 1
+            if self._active != name:
+                if name is None or isinstance(name, str):
+                    self._activate(name)
+                self._active = name
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running -= 1
+                if not self._running:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """No step runs meanwhile (the model object may be replaced)."""
+        with self.step(_EXCLUSIVE):
+            yield
+        with self._cond:
+            self._active = _UNSET
 
 
 class _Guide:

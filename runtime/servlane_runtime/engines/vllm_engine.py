@@ -27,6 +27,7 @@ from servlane_api.runtime_config import RuntimeConfig
 from servlane_core.protocol.tools import ParsedToolCall
 
 from .base import (
+    AdapterUsers,
     EmbeddingResult,
     EngineDeadError,
     EngineError,
@@ -42,6 +43,8 @@ from .chat_template import ChatTemplate
 
 # The tool parser when the config names none: the hermes/Qwen `<tool_call>` format most open models use.
 DEFAULT_TOOL_CALL_PARSER = "hermes"
+# Unloading an adapter waits this long at most for the generations that use it (then they may fail).
+_ADAPTER_DRAIN_SECONDS = 600.0
 
 
 def engine_cli_args(config: RuntimeConfig, model_path: str) -> list[str]:
@@ -57,6 +60,10 @@ def engine_cli_args(config: RuntimeConfig, model_path: str) -> list[str]:
         args += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
     if config.quantization is not None:
         args += ["--quantization", config.quantization]
+    if config.adapters_enabled and config.task == "generate":
+        # Room for adapters is reserved at start; the adapters themselves come and go (load_adapter).
+        args += ["--enable-lora", "--max-loras", str(config.max_adapters)]
+        args += ["--max-lora-rank", str(config.max_adapter_rank)]
     return args + list(config.extra_args)
 
 
@@ -69,6 +76,10 @@ class VllmEngine(InferenceEngine):
         self._max_len = config.max_model_len or 0
         self._chat: ChatTemplate | None = None
         self._tool_parser: ToolCallParser | None = None
+        # Adapter name -> vLLM's LoRARequest (a fresh integer id per load, so a reload never hits a stale cache).
+        self._adapters: dict[str, Any] = {}
+        self._next_adapter_id = 1
+        self._adapter_users = AdapterUsers()
 
     @property
     def max_model_len(self) -> int:
@@ -176,21 +187,27 @@ class VllmEngine(InferenceEngine):
         prompt_ids = await asyncio.to_thread(self._token_ids, prompt)
         sent_tokens = 0
         finished = False
+        lora = None
+        if options.adapter is not None:
+            lora = self._adapters.get(options.adapter)
+            if lora is None:
+                raise RequestNotSupported(f"the adapter {options.adapter!r} is not loaded")
         try:
             engine_prompt = TokensPrompt(prompt_token_ids=prompt_ids)
-            async for output in self._llm.generate(engine_prompt, params, request_id):
-                completion = output.outputs[0]
-                n_prompt = len(output.prompt_token_ids or [])
-                logprobs = []
-                if options.logprobs is not None:
-                    logprobs = _logprobs(completion.logprobs, completion.token_ids, options.logprobs)
-                sent_tokens += len(completion.token_ids)
-                finished = bool(output.finished)
-                reason: FinishReason | None = None
-                if finished:
-                    reason = "length" if completion.finish_reason == "length" else "stop"
-                if completion.text or logprobs or finished:
-                    yield GenerationDelta(completion.text, n_prompt, sent_tokens, logprobs, reason)
+            with self._adapter_users.using(options.adapter):
+                async for output in self._llm.generate(engine_prompt, params, request_id, lora_request=lora):
+                    completion = output.outputs[0]
+                    n_prompt = len(output.prompt_token_ids or [])
+                    logprobs = []
+                    if options.logprobs is not None:
+                        logprobs = _logprobs(completion.logprobs, completion.token_ids, options.logprobs)
+                    sent_tokens += len(completion.token_ids)
+                    finished = bool(output.finished)
+                    reason: FinishReason | None = None
+                    if finished:
+                        reason = "length" if completion.finish_reason == "length" else "stop"
+                    if completion.text or logprobs or finished:
+                        yield GenerationDelta(completion.text, n_prompt, sent_tokens, logprobs, reason)
         except VllmEngineDeadError as exc:
             raise _engine_dead(exc) from exc
         except (ValueError, VLLMClientError) as exc:  # vLLM's validation of the request, before any output
@@ -227,6 +244,40 @@ class VllmEngine(InferenceEngine):
             if not finished:
                 await self._abort(request_id)
         return [float(x) for x in last.outputs.data.tolist()], len(last.prompt_token_ids or [])
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        from vllm.lora.request import LoRARequest
+
+        if not self._config.adapters_enabled:
+            raise EngineError("adapters are not enabled on this model (engineOptions.enableAdapters)")
+        request = LoRARequest(name, self._next_adapter_id, path)
+        self._next_adapter_id += 1
+        try:
+            with _vllm_engine_dead():
+                # vLLM checks the files (rank within --max-lora-rank, target modules) and raises if unfit.
+                added = await self._llm.add_lora(request)
+        except EngineDeadError:
+            raise
+        except Exception as exc:
+            raise EngineError(f"vLLM cannot load the adapter at {path}: {exc}") from exc
+        if not added:
+            raise EngineError(f"vLLM did not load the adapter at {path}")
+        old = self._adapters.get(name)
+        self._adapters[name] = request
+        if old is not None:
+            await self._remove(old)
+
+    async def unload_adapter(self, name: str) -> None:
+        request = self._adapters.pop(name, None)
+        if request is None:
+            return
+        # Running generations keep their LoRARequest: they end on the adapter they started with.
+        await self._adapter_users.drained(name, _ADAPTER_DRAIN_SECONDS)
+        await self._remove(request)
+
+    async def _remove(self, request: Any) -> None:
+        with _vllm_engine_dead():
+            await self._llm.remove_lora(request.lora_int_id)
 
     async def _abort(self, request_id: str) -> None:
         # A dead engine has nothing left to abort (and vLLM would raise EngineDeadError for trying).

@@ -103,7 +103,8 @@ async def reconcile(
         results = await asyncio.gather(*(kube.apply(obj) for obj in plan.apply))
         applied = {obj["kind"]: result for obj, result in zip(plan.apply, results, strict=True)}
         for api_version, kind in plan.delete:
-            await kube.delete(api_version, kind, model.namespace, child_name(model.name))
+            # The periodic resync asks the API server again (someone may have created it since).
+            await kube.delete(api_version, kind, model.namespace, child_name(model.name), recheck=trigger == "resync")
     except ApiException as exc:
         operator_metrics.RECONCILES.labels("AIModel", trigger, "error").inc()
         if exc.status == 422:

@@ -19,6 +19,7 @@ PLURALS = {
     "Service": "services",
     "HorizontalPodAutoscaler": "horizontalpodautoscalers",
     "NetworkPolicy": "networkpolicies",
+    "ConfigMap": "configmaps",
     "AIModel": "aimodels",
     "AIFeature": "aifeatures",
 }
@@ -42,9 +43,16 @@ def resource_path(api_version: str, kind: str, namespace: str, name: str | None 
     return f"{path}/{name}" if name else path
 
 
+# Children this process saw absent (deleted, or a 404): bounded so that model churn cannot grow it forever.
+_MAX_KNOWN_ABSENT = 100_000
+
+
 class Kube:
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
+        # (kind, namespace, name) of children known not to exist since our last delete, so a reconcile of
+        # a model without autoscaling does not send a DELETE for its HPA (a 404) every time.
+        self._known_absent: set[tuple[str, str, str]] = set()
 
     def _call(
         self,
@@ -73,21 +81,31 @@ class Kube:
         """Server-side apply, by default with the operator's one field manager, taking over conflicting
         fields (so a hand edit of an owned field is put back)."""
         meta = obj["metadata"]
+        self._known_absent.discard((obj["kind"], meta["namespace"], meta["name"]))
         path = resource_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
         query = [("fieldManager", field_manager), ("force", "true" if force else "false")]
         return await asyncio.to_thread(
             self._call, "PATCH", path, body=obj, content_type="application/apply-patch+yaml", query=query
         )
 
-    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
-        """Deletes if present; True when something was deleted."""
+    async def delete(self, api_version: str, kind: str, namespace: str, name: str, *, recheck: bool = True) -> bool:
+        """Deletes if present; True when something was deleted. recheck=False trusts that a child this
+        process deleted (or found absent) before, and has not applied since, is still absent."""
+        key = (kind, namespace, name)
+        if not recheck and key in self._known_absent:
+            return False
         try:
             await asyncio.to_thread(self._call, "DELETE", resource_path(api_version, kind, namespace, name))
         except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
+            if exc.status != 404:
+                raise
+            deleted = False
+        else:
+            deleted = True
+        if len(self._known_absent) >= _MAX_KNOWN_ABSENT:
+            self._known_absent.clear()
+        self._known_absent.add(key)
+        return deleted
 
     async def patch_status(
         self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]

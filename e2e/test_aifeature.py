@@ -71,6 +71,39 @@ def test_a_healthy_canary_is_promoted_step_by_step(
     assert any(a["verdict"] in ("advance", "promote") for a in final["analyses"])
 
 
+def test_a_canary_between_adapters_of_one_model_is_promoted(
+    kube: Kube, operator: OperatorProcess, gateway_metrics: GatewayMetrics, namespace: str
+) -> None:
+    feature = f"sql-{namespace}"
+    adapters = [{"name": "sql-v1", "source": "/adapters/v1"}, {"name": "sql-v2", "source": "/adapters/v2"}]
+    models(kube, namespace, "base", spec={**CPU_MODEL, "adapters": adapters})
+    for target in ("base:sql-v1", "base:sql-v2"):
+        gateway_metrics.declare(feature, target, namespace=namespace)
+    kube.create_feature(namespace, feature, {"model": "base:sql-v1", "rollout": FAST_ROLLOUT})
+    wait_until("sql-v1 stable", lambda: status(kube, namespace, feature).get("stableModel") == "base:sql-v1")
+
+    kube.patch_feature(namespace, feature, {"spec": {"model": "base:sql-v2"}})
+
+    def promoted() -> bool:
+        traffic(gateway_metrics, namespace, feature, "base:sql-v1", "base:sql-v2", canary_errors=False)
+        s = status(kube, namespace, feature)
+        return s.get("phase") == "Stable" and s.get("stableModel") == "base:sql-v2"
+
+    wait_until("sql-v2 promoted", promoted, timeout=60, interval=0.3)
+    final = status(kube, namespace, feature)
+    assert final["weights"] == [{"model": "base:sql-v2", "weight": 100}]
+    assert any(a["verdict"] == "promote" and a["canaryModel"] == "base:sql-v2" for a in final["analyses"])
+    assert not final.get("replicaOverrides"), final  # adapters share their model's pods
+
+    # A target whose adapter the model does not list never becomes ready: the canary waits, no traffic moves.
+    kube.patch_feature(namespace, feature, {"spec": {"model": "base:sql-v3"}})
+    waiting = wait_until(
+        "the canary of an unlisted adapter", lambda: (x := status(kube, namespace, feature)).get("canaryModel") and x
+    )
+    assert waiting["canaryModel"] == "base:sql-v3"
+    assert waiting["weights"] == [{"model": "base:sql-v2", "weight": 100}]
+
+
 def test_a_failing_canary_is_rolled_back_and_stays_back(
     kube: Kube, operator: OperatorProcess, gateway_metrics: GatewayMetrics, namespace: str
 ) -> None:

@@ -52,6 +52,10 @@ CLAIM = "tiny-models"
 # The model loads in ~10-40 s on 2 cores once the container runs; the image's first start (python + torch
 # imports from a cold page cache) adds to it.
 READY_DEADLINE_SECONDS = 600
+# Adapter folders in the claim.
+ADAPTERS = ("lora-1", "lora-2")
+# The real node's kubelet syncs ConfigMap volumes every 10 s (syncFrequency; a cluster's default is 1 min).
+ADAPTER_SYNC_SECONDS = 120
 
 
 @pytest.fixture(scope="module")
@@ -81,11 +85,12 @@ def operator(cluster: LocalCluster, kube: Kube) -> Iterator[OperatorProcess]:
 
 @pytest.fixture(scope="module")
 def model_claim(cluster: LocalCluster, kube: Kube) -> str:
-    """A claim holding the tiny Llama; returns the model's folder inside it."""
-    from servlane_devtools.tiny_model import build_tiny_llama
+    """A claim holding the tiny Llama and two LoRA adapters of it (ADAPTERS); returns the model's folder inside it."""
+    from servlane_devtools.tiny_model import build_tiny_adapter, build_tiny_llama
 
     source = build_tiny_llama()
-    local_model_claim(cluster, NAMESPACE, CLAIM, {source.name: source})
+    adapters = {folder: build_tiny_adapter(seed) for seed, folder in enumerate(ADAPTERS, start=1)}
+    local_model_claim(cluster, NAMESPACE, CLAIM, {source.name: source, **adapters})
     return source.name
 
 
@@ -224,3 +229,59 @@ def test_a_model_that_cannot_load_is_reported_on_the_aimodel(
         timeout=180,
         interval=0.5,
     )
+
+
+def test_adapters_come_and_go_on_a_running_pod(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, model_claim: str
+) -> None:
+    c, name = cluster, "tiny-lora"
+    rollout = ModelRollout(c, kube, NAMESPACE, name)
+    first = {"name": "sql-v1", "source": f"pvc://{CLAIM}/{ADAPTERS[0]}"}
+    second = {"name": "sql-v2", "source": f"pvc://{CLAIM}/{ADAPTERS[1]}"}
+    kube.create_model(NAMESPACE, name, model_spec(model_claim, adapters=[first]))
+    rollout.wait_ready(READY_DEADLINE_SECONDS)
+    pod = rollout.pod
+    service = c.api("GET", f"/api/v1/namespaces/{NAMESPACE}/services/model-{name}")
+    base = f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}/v1"
+    wait_until(
+        f"GET {base}/models through the ClusterIP",
+        lambda: answers_200(f"{base}/models"),
+        timeout=60,
+        interval=0.5,
+        tolerate=lambda exc: isinstance(exc, OSError),
+    )
+    http = openai.DefaultHttpxClient(trust_env=False, timeout=120)
+    client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, http_client=http)
+
+    def served() -> set[str]:
+        return {m.id for m in client.models.list().data}
+
+    def answers(model: str) -> str:
+        reply = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Hello!"}], max_tokens=4, temperature=0
+        )
+        return reply.model
+
+    try:
+        assert served() == {name, "sql-v1"}, describe(c, name)  # loaded before the pod turned ready
+        assert answers("sql-v1") == "sql-v1"
+
+        kube.patch_model(NAMESPACE, name, {"spec": {"adapters": [first, second]}})
+        wait_until("sql-v2 served by the running pod", lambda: "sql-v2" in served(), ADAPTER_SYNC_SECONDS, 1.0)
+        assert answers("sql-v2") == "sql-v2"
+
+        kube.patch_model(NAMESPACE, name, {"spec": {"adapters": [second]}})
+        wait_until("sql-v1 gone", lambda: "sql-v1" not in served(), ADAPTER_SYNC_SECONDS, 1.0)
+        with pytest.raises(openai.NotFoundError):
+            answers("sql-v1")
+        assert answers(name) == name
+    finally:
+        client.close()
+
+    # The same pod and container all along: adapters changed, nothing restarted.
+    (now,) = pods(c, NAMESPACE, f"servlane.dev/model={name}")
+    assert now["metadata"]["name"] == pod["metadata"]["name"], describe(c, name)
+    assert [cs["restartCount"] for cs in now["status"]["containerStatuses"]] == [0], describe(c, name)
+    kube.delete_model(NAMESPACE, name)
+    pod_path = f"/api/v1/namespaces/{NAMESPACE}/pods/{pod['metadata']['name']}"
+    wait_until("the model's pod deleted", lambda: gone(c, pod_path), timeout=180, interval=0.5)

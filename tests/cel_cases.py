@@ -208,6 +208,47 @@ CEL_CASES: tuple[RuleCases, ...] = (
         ),
     ),
     RuleCases(
+        "adapter-source",
+        "adapter source must be hf://org/name[@revision], pvc://claim/path, or an absolute path",
+        good=(
+            ai_model(model_spec(adapters=[{"name": "sql", "source": "hf://org/sql-lora@v2"}])),
+            ai_model(model_spec(adapters=[{"name": "sql", "source": "pvc://loras/sql/v1"}])),
+            ai_model(model_spec(adapters=[{"name": "sql", "source": "/adapters/sql"}])),
+        ),
+        bad=(
+            ai_model(model_spec(adapters=[{"name": "sql", "source": "s3://bucket/sql"}])),
+            ai_model(model_spec(adapters=[{"name": "sql", "source": "adapters/sql"}])),
+            ai_model(model_spec(adapters=[{"name": "sql", "source": "hf://sql-lora"}])),
+        ),
+    ),
+    RuleCases(
+        "adapter-names-unique",
+        "adapters must have different names",
+        good=(
+            ai_model(model_spec(adapters=[{"name": "a", "source": "/a"}, {"name": "b", "source": "/a"}])),
+            ai_model(model_spec(adapters=[])),
+        ),
+        bad=(ai_model(model_spec(adapters=[{"name": "a", "source": "/a"}, {"name": "a", "source": "/b"}])),),
+    ),
+    RuleCases(
+        "adapter-not-the-served-name",
+        "an adapter must not be named like the model's servedModelName",
+        good=(
+            ai_model(model_spec(servedModelName="base", adapters=[{"name": "base-sql", "source": "/a"}])),
+            ai_model(model_spec(adapters=[{"name": "cel-model", "source": "/a"}])),  # no served name set
+        ),
+        bad=(ai_model(model_spec(servedModelName="base", adapters=[{"name": "base", "source": "/a"}])),),
+    ),
+    RuleCases(
+        "adapters-generate-only",
+        "adapters apply to task generate only",
+        good=(
+            ai_model(model_spec(task="generate", adapters=[{"name": "a", "source": "/a"}])),
+            ai_model(model_spec(task="embed")),
+        ),
+        bad=(ai_model(model_spec(task="embed", adapters=[{"name": "a", "source": "/a"}])),),
+    ),
+    RuleCases(
         "env-reserved-names",
         "env must not set SERVLANE_RUNTIME_CONFIG, HF_HOME or HOME: the operator sets them on every model pod",
         good=(

@@ -89,6 +89,41 @@ class ModelSource(CelValidated):
         return match.group(1), match.group(2)
 
 
+# An adapter's files: from the Hub, from a PVC, or a path in the image (s3:// is not served by the runtime).
+ADAPTER_SOURCE = r"^(hf://[^/@\s]+/[^/@\s]+(@[^\s]+)?|pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/[^\s]*)?|/[^\s]*)$"
+ADAPTER_SOURCE_MESSAGE = "adapter source must be hf://org/name[@revision], pvc://claim/path, or an absolute path"
+# The name clients send for an adapter, and the second half of an AIFeature target `<aimodel>:<adapter>`.
+ADAPTER_NAME = r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$"
+
+
+class Adapter(CelValidated):
+    """A LoRA adapter served on top of the AIModel's weights, under its own model name."""
+
+    cel_rules = (
+        CelRule(
+            f"self.source.matches(r'{ADAPTER_SOURCE}')",
+            ADAPTER_SOURCE_MESSAGE,
+            lambda adapter: re.fullmatch(ADAPTER_SOURCE, adapter.source) is not None,
+        ),
+    )
+
+    name: str = Field(
+        pattern=ADAPTER_NAME,
+        max_length=63,
+        description="The model name clients send to use this adapter; an AIFeature targets it as '<aimodel>:<name>'.",
+    )
+    source: str = Field(
+        max_length=1024,
+        description="Where the adapter's files (adapter_config.json, adapter_model.safetensors) are: "
+        "hf://org/name[@revision], pvc://claim/path, or an absolute path in the image.",
+    )
+
+    @property
+    def pvc_claim(self) -> str | None:
+        match = re.match(r"^pvc://([^/]+)", self.source)
+        return match.group(1) if match else None
+
+
 class EngineOptions(ApiModel):
     dtype: Literal["auto", "float16", "bfloat16", "float32"] = Field(
         default="auto", description="Weights and activations dtype."
@@ -110,6 +145,24 @@ class EngineOptions(ApiModel):
         "`--tool-call-parser` names (hermes, llama3_json, mistral, pythonic, ...), as the model card says; "
         "default hermes (`<tool_call>` JSON, Qwen and Hermes models). The runtime refuses to start with a "
         "name vLLM does not know. The transformers engine reads hermes only.",
+    )
+    enable_adapters: bool = Field(
+        default=False,
+        description="Reserve room for LoRA adapters even while spec.adapters is empty, so that the first adapter "
+        "added later loads live instead of restarting the pods (adapters are always enabled while any is listed).",
+    )
+    max_adapters: int = Field(
+        default=4,
+        ge=1,
+        le=256,
+        description="LoRA adapters the engine runs in one batch (vLLM --max-loras); more can be listed, they "
+        "take turns.",
+    )
+    max_adapter_rank: int = Field(
+        default=16,
+        ge=1,
+        le=512,
+        description="Highest LoRA rank an adapter may have (vLLM --max-lora-rank); a larger one fails to load.",
     )
     extra_args: list[Annotated[str, Field(max_length=512)]] = Field(
         default_factory=list,
@@ -266,6 +319,22 @@ class AIModelSpec(CelValidated):
             "(use e.g. 'org.model' or 'org-model')",
             lambda spec: spec.served_model_name is None or "/" not in spec.served_model_name,
         ),
+        # Adapters are served under their own names next to the base model's: a clash would hide one of them.
+        CelRule(
+            "self.adapters.all(a, self.adapters.exists_one(b, b.name == a.name))",
+            "adapters must have different names",
+            lambda spec: len({a.name for a in spec.adapters}) == len(spec.adapters),
+        ),
+        CelRule(
+            "!has(self.servedModelName) || self.adapters.all(a, a.name != self.servedModelName)",
+            "an adapter must not be named like the model's servedModelName",
+            lambda spec: spec.served_model_name is None or all(a.name != spec.served_model_name for a in spec.adapters),
+        ),
+        CelRule(
+            "self.adapters.size() == 0 || self.task == 'generate'",
+            "adapters apply to task generate only",
+            lambda spec: not spec.adapters or spec.task == Task.GENERATE,
+        ),
     )
 
     source: ModelSource
@@ -287,6 +356,17 @@ class AIModelSpec(CelValidated):
     env: list[EnvVar] = Field(default_factory=list, max_length=128)
     cache: CacheVolume | None = Field(default=None, description="Volume at the model cache for downloaded weights.")
     shm_size: Quantity = Field(default="1Gi", description="Size of the memory-backed /dev/shm.")
+    adapters: list[Adapter] = Field(
+        default_factory=list,
+        max_length=64,
+        description="LoRA adapters served next to the base model, each under its own name. Adding or removing "
+        "one reaches the running pods without a restart (set engineOptions.enableAdapters on a model that has "
+        "none yet); a pvc:// adapter on a claim no other adapter uses yet adds a volume, which restarts them.",
+    )
+
+    @property
+    def adapters_enabled(self) -> bool:
+        return bool(self.adapters) or self.engine_options.enable_adapters
 
 
 Phase = Literal["Pending", "Deploying", "Ready", "Degraded", "Failed"]

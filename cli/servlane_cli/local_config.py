@@ -40,7 +40,22 @@ def has_gpu() -> bool:
     return Path("/dev/nvidia0").exists() or bool(os.environ.get("SERVLANE_ASSUME_GPU"))
 
 
-def local_runtime(model: AIModel, port: int, cache_dir: Path, gpu: bool) -> LocalRuntime:
+def local_adapters(model: AIModel) -> tuple[list[dict[str, str]], list[str]]:
+    """The runtime's adapters file content (servlane_runtime.adapters) for a manifest, and warnings: a
+    pvc:// adapter exists only in a cluster. Not part of the fingerprint: adapters change without a restart."""
+    listed, warnings = [], []
+    for adapter in model.spec.adapters:
+        if adapter.pvc_claim is not None:
+            warnings.append(f"adapter {adapter.name}: pvc:// sources exist only in a cluster; use a local path")
+            continue
+        listed.append({"name": adapter.name, "source": adapter.source})
+    return listed, warnings
+
+
+def local_runtime(
+    model: AIModel, port: int, cache_dir: Path, gpu: bool, adapters_file: Path | None = None
+) -> LocalRuntime:
+    """`adapters_file`: where the supervisor keeps this model's adapters list (used when it serves adapters)."""
     if model.spec.source.kind is SourceKind.PVC:
         raise ValueError(f"{model.spec.source.uri}: pvc:// sources exist only in a cluster; use a local path")
     spec = model.spec
@@ -53,6 +68,8 @@ def local_runtime(model: AIModel, port: int, cache_dir: Path, gpu: bool) -> Loca
     if spec.source.credentials_secret:
         warnings.append("source.credentialsSecret is ignored: set HF_TOKEN (or AWS_*) in your environment")
     update: dict[str, object] = {"port": port, "host": "127.0.0.1", "cache_dir": str(cache_dir)}
+    if adapters_file is not None:
+        update["adapters_file"] = str(adapters_file)
     if spec.resources.gpus and not gpu:
         warnings.append(f"resources.gpus: {spec.resources.gpus} is ignored: no GPU found, the model runs on the CPU")
         update["tensor_parallel_size"] = 1

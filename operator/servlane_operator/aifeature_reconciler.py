@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from servlane_api.aifeature import AIFeature, AIFeatureStatus, FeaturePhase
 from servlane_api.aimodel import AIModelSpec
+from servlane_api.targets import parse_target
 from servlane_core.rollout import (
     MetricsOutage,
     MetricsReader,
@@ -52,6 +53,16 @@ def model_ready(body: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
+def target_ready(target: str, body: Mapping[str, Any]) -> bool:
+    """An AIModel target: its Ready condition. An adapter target (`model:adapter`): also listed in the model's
+    spec (the runtime answers 503 for the moments its pods still load it, which the gateway retries)."""
+    adapter = parse_target(target).adapter
+    if adapter is None:
+        return model_ready(body)
+    listed = ((body.get("spec") or {}).get("adapters")) or []
+    return model_ready(body) and any(a.get("name") == adapter for a in listed)
+
+
 def budget_of(model: Mapping[str, Any]) -> int:
     """The replica count an AIModel asks for itself: the budget a fixed-GPU canary is carved from.
     Only the spec is read: a status this operator version cannot parse must not hide the model's size."""
@@ -66,6 +77,8 @@ def own_replicas(models: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
     scale (its reconcile fails permanently), and plan() pins nothing for a model it does not know."""
     out: dict[str, int] = {}
     for name, model in models.items():
+        if parse_target(name).adapter is not None:
+            continue  # an adapter shares its model's pods: nothing to carve out of a budget
         try:
             out[name] = budget_of(model)
         except ValidationError:
@@ -107,7 +120,7 @@ async def reconcile_feature(
             log.warning("canary metrics for %s/%s unavailable: %s", feature.namespace, feature.name, exc)
             operator_metrics.CANARY_METRICS_UNAVAILABLE.labels(feature.namespace, feature.name).inc()
             metrics = MetricsOutage(str(exc))
-    ready = {name: model_ready(model) for name, model in models.items()}
+    ready = {name: target_ready(name, model) for name, model in models.items()}
     annotations = feature.metadata.get("annotations") or {}
     generation = int(feature.metadata.get("generation", 0))
     result = plan(

@@ -20,6 +20,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from servlane_api import GROUP, VERSION
+from servlane_api.targets import parse_target
 from servlane_core.rollout import MetricsReader
 from servlane_operator import aifeature_reconciler, aimodel_reconciler, operator_metrics, periodic
 from servlane_operator.kube import Kube, load_client
@@ -289,7 +290,9 @@ async def feature_pass(body: Any, ns: str, memo: Any, kwargs: dict[str, Any]) ->
     # Only the models this feature refers to: a pass costs the same with ten or a thousand models around.
     index = kwargs["aimodels_by_key"]
     wanted = aifeature_reconciler.referenced(body)
-    in_namespace = {name: next(iter(index[(ns, name)])) for name in sorted(wanted) if (ns, name) in index}
+    # A target may be an adapter (`model:adapter`): its AIModel is what exists, has pods and readiness.
+    models = {name: (ns, parse_target(name).model) for name in sorted(wanted)}
+    in_namespace = {name: next(iter(index[key])) for name, key in models.items() if key in index}
     new_status = await aifeature_reconciler.reconcile_feature(body, memo.kube, in_namespace, memo.reader)
     # Fixed-GPU-budget shares moved: re-apply those models now rather than at their next resync, with the
     # override merged over every feature of the namespace (another one may share the model).

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servlane_api.aimodel import AIModel
+from servlane_operator.builders.adapters import build_adapters_config_map
 from servlane_operator.builders.deployment import build_deployment
 from servlane_operator.builders.hpa import build_hpa
 from servlane_operator.builders.network_policy import build_network_policy
@@ -30,6 +31,11 @@ def plan_children(model: AIModel, settings: OperatorSettings, replicas_override:
         delete.append(("autoscaling/v2", "HorizontalPodAutoscaler"))
     else:
         apply.append(hpa)
+    # Before the Deployment would be better for a first start, but children apply concurrently: a pod that
+    # starts before its ConfigMap exists waits for it (the kubelet retries the mount).
+    adapters = build_adapters_config_map(model)
+    if adapters is not None:
+        apply.append(adapters)
     policy = build_network_policy(model, settings)
     if policy is None:
         delete.append(("networking.k8s.io/v1", "NetworkPolicy"))

@@ -8,6 +8,7 @@ from typing import Any
 from servlane_api.aimodel import AIModel, AIModelSpec, SourceKind
 from servlane_api.pod_env import FIXED_POD_ENV
 from servlane_api.runtime_config import (
+    ADAPTERS_FILE,
     DEFAULT_PORT,
     ENV_VAR,
     HEALTH_PATH,
@@ -16,6 +17,7 @@ from servlane_api.runtime_config import (
     READY_PATH,
     RuntimeConfig,
 )
+from servlane_operator.builders.adapters import adapter_volumes, serves_adapters
 from servlane_operator.builders.common import child_metadata
 from servlane_operator.builders.hpa import wants_hpa
 from servlane_operator.labels import model_labels, selector_labels
@@ -58,6 +60,10 @@ def build_runtime_config(model: AIModel) -> RuntimeConfig:
         tool_call_parser=options.tool_call_parser,
         tensor_parallel_size=max(1, spec.resources.gpus),
         extra_args=list(options.extra_args),
+        adapters_enabled=serves_adapters(model),
+        max_adapters=options.max_adapters,
+        max_adapter_rank=options.max_adapter_rank,
+        adapters_file=ADAPTERS_FILE if serves_adapters(model) else None,
         port=DEFAULT_PORT,
         cache_dir=MODEL_CACHE_DIR,
     )
@@ -124,7 +130,8 @@ def _volumes(model: AIModel) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
         claim, _ = spec.source.pvc_claim_and_path()
         volumes.append({"name": "model-source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
         mounts.append({"name": "model-source", "mountPath": PVC_MOUNT_DIR, "readOnly": True})
-    return volumes, mounts
+    adapter_vols, adapter_mounts = adapter_volumes(model)
+    return volumes + adapter_vols, mounts + adapter_mounts
 
 
 def _probes() -> dict[str, Any]:

@@ -1,0 +1,219 @@
+"""The Batch API's HTTP endpoints, shaped as OpenAI's (`client.files`, `client.batches` of the openai SDK).
+
+Every object belongs to the API key that created it (its name; one shared owner with access control off):
+another key gets the 404 a missing object gets. Without a database the endpoints answer an OpenAI-style
+404 saying the Batch API is not configured, after authentication (so nothing is ever served open).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, Field
+from sqlalchemy.exc import DBAPIError
+from starlette.datastructures import UploadFile as StarletteUpload
+
+from servlane_core.protocol.errors import OpenAIError
+from servlane_gateway.batch import rules
+from servlane_gateway.batch.store import BatchStore
+from servlane_gateway.forwarding import GatewayState
+
+log = logging.getLogger(__name__)
+P = ParamSpec("P")
+T = TypeVar("T")
+RETRY_AFTER = 5.0
+UPLOAD_CHUNK = 1 << 20
+FORM_OVERHEAD = 64 * 1024  # multipart boundaries and the purpose field, on top of the file itself
+UPLOAD_SCHEMA: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "purpose"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "purpose": {"type": "string", "enum": [rules.INPUT_PURPOSE]},
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+class BatchCreate(BaseModel):
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+
+
+def not_configured() -> OpenAIError:
+    return OpenAIError(
+        404,
+        "The Batch API is not configured on this gateway (it needs a database: --batch-database-url).",
+        code="batch_api_not_configured",
+    )
+
+
+def too_large(cap: int) -> OpenAIError:
+    return OpenAIError(413, f"The file is larger than {cap} bytes.", param="file", code="file_too_large")
+
+
+def not_found(kind: str, object_id: str) -> OpenAIError:
+    return OpenAIError(404, f"No such {kind}: '{object_id}'.", type="invalid_request_error", param="id")
+
+
+def unavailable() -> OpenAIError:
+    message = "The Batch API's database does not answer; try again shortly."
+    return OpenAIError(503, message, type="server_error", code="batch_api_unavailable", retry_after=RETRY_AFTER)
+
+
+async def in_db(call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """A store call in a thread; a database that does not answer is a 503 with Retry-After, not a 500."""
+    try:
+        return await asyncio.to_thread(call, *args, **kwargs)
+    except DBAPIError as exc:
+        log.warning("the Batch API's database failed: %s", type(exc.orig).__name__ if exc.orig else exc)
+        raise unavailable() from None
+
+
+def batch_router(
+    state: GatewayState,
+    store: BatchStore | None,
+    max_file_bytes: int,
+    wake: Callable[[], None],
+    ready: Callable[[], bool],
+) -> APIRouter:
+    router = APIRouter()
+
+    def owner_of(request: Request) -> tuple[BatchStore, str]:
+        key = state.keys.authenticate(request.headers.get("authorization"))
+        if store is None:
+            raise not_configured()
+        if not ready():
+            raise unavailable()  # its schema is not migrated yet (the database did not answer at start)
+        return store, key.name if key is not None else ""
+
+    @router.post("/v1/files", openapi_extra=UPLOAD_SCHEMA)
+    async def upload(request: Request) -> dict[str, Any]:
+        # The form is read here, not by FastAPI before the call: the key is checked first, and a body
+        # announced larger than the cap is refused before any of it is spooled to disk.
+        db, owner = owner_of(request)
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > max_file_bytes + FORM_OVERHEAD:
+            raise too_large(max_file_bytes)
+        form = await request.form(max_files=1, max_fields=8)
+        try:
+            file, purpose = form.get("file"), form.get("purpose")
+            if not isinstance(file, StarletteUpload):
+                raise OpenAIError(400, "Missing the file to upload (multipart field 'file').", param="file")
+            if purpose != rules.INPUT_PURPOSE:
+                raise OpenAIError(400, f"Only purpose '{rules.INPUT_PURPOSE}' is supported here.", param="purpose")
+            parts: list[bytes] = []
+            size = 0
+            while chunk := await file.read(UPLOAD_CHUNK):
+                size += len(chunk)
+                if size > max_file_bytes:
+                    raise too_large(max_file_bytes)
+                parts.append(chunk)
+            name = file.filename or "upload.jsonl"
+        finally:
+            await form.close()
+        content = b"".join(parts)
+        return await in_db(db.add_file, owner, rules.INPUT_PURPOSE, name, content, int(time.time()))
+
+    @router.get("/v1/files")
+    async def list_files(
+        request: Request, purpose: str | None = None, limit: int = 10000, after: str | None = None, order: str = "desc"
+    ) -> dict[str, Any]:
+        db, owner = owner_of(request)
+        limit = max(1, min(limit, 10000))
+        data, more = await in_db(db.list_files, owner, purpose, after, limit, order == "asc")
+        return _page(data, more)
+
+    @router.get("/v1/files/{file_id}")
+    async def retrieve_file(request: Request, file_id: str) -> dict[str, Any]:
+        db, owner = owner_of(request)
+        found = await in_db(db.get_file, owner, file_id)
+        if found is None:
+            raise not_found("file", file_id)
+        return found
+
+    @router.get("/v1/files/{file_id}/content")
+    async def file_content(request: Request, file_id: str) -> Response:
+        db, owner = owner_of(request)
+        content = await in_db(db.file_content, owner, file_id)
+        if content is None:
+            raise not_found("file", file_id)
+        return Response(content, media_type="application/octet-stream")
+
+    @router.delete("/v1/files/{file_id}")
+    async def delete_file(request: Request, file_id: str) -> dict[str, Any]:
+        db, owner = owner_of(request)
+        if not await in_db(db.delete_file, owner, file_id):
+            raise not_found("file", file_id)
+        return {"id": file_id, "object": "file", "deleted": True}
+
+    @router.post("/v1/batches")
+    async def create_batch(request: Request, body: BatchCreate) -> dict[str, Any]:
+        db, owner = owner_of(request)
+        if body.endpoint not in rules.ENDPOINTS:
+            message = f"The endpoint must be one of {', '.join(rules.ENDPOINTS)}."
+            raise OpenAIError(400, message, param="endpoint", code="invalid_endpoint")
+        if body.completion_window not in rules.COMPLETION_WINDOWS:
+            message = f"The completion_window must be one of {', '.join(rules.COMPLETION_WINDOWS)}."
+            raise OpenAIError(400, message, param="completion_window")
+        found = await in_db(db.get_file, owner, body.input_file_id)
+        if found is None:
+            raise not_found("file", body.input_file_id)
+        if found["purpose"] != rules.INPUT_PURPOSE:
+            raise OpenAIError(400, f"The input file must have purpose '{rules.INPUT_PURPOSE}'.", param="input_file_id")
+        created = await in_db(
+            db.create_batch, owner, body.input_file_id, body.endpoint, body.completion_window, body.metadata,
+            int(time.time()),
+        )  # fmt: skip
+        wake()
+        return created
+
+    @router.get("/v1/batches")
+    async def list_batches(request: Request, limit: int = 20, after: str | None = None) -> dict[str, Any]:
+        db, owner = owner_of(request)
+        data, more = await in_db(db.list_batches, owner, after, max(1, min(limit, 100)))
+        return _page(data, more)
+
+    @router.get("/v1/batches/{batch_id}")
+    async def retrieve_batch(request: Request, batch_id: str) -> dict[str, Any]:
+        db, owner = owner_of(request)
+        found = await in_db(db.get_batch, owner, batch_id)
+        if found is None:
+            raise not_found("batch", batch_id)
+        return found
+
+    @router.post("/v1/batches/{batch_id}/cancel")
+    async def cancel_batch(request: Request, batch_id: str) -> dict[str, Any]:
+        db, owner = owner_of(request)
+        try:
+            found = await in_db(db.cancel_batch, owner, batch_id, int(time.time()))
+        except rules.TransitionError as exc:
+            raise OpenAIError(409, f"{exc}.", code="invalid_batch_status") from None
+        if found is None:
+            raise not_found("batch", batch_id)
+        wake()
+        return found
+
+    return router
+
+
+def _page(data: list[dict[str, Any]], more: bool) -> dict[str, Any]:
+    first = data[0]["id"] if data else None
+    last = data[-1]["id"] if data else None
+    return {"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": more}

@@ -1,0 +1,224 @@
+"""The Batch API's pure rules: parsing and validating the input lines, the shape of result lines, which
+status follows which, and when a failed request is worth retrying. No I/O, no clock (callers pass `now`).
+
+Shapes follow OpenAI's: an input line is `{"custom_id", "method": "POST", "url", "body"}`; an output line
+`{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error": null}`; an error-file line
+the same with `response` null and `error: {"code", "message"}` for a line that was never sent, or with the
+backend's (or gateway's) non-2xx answer in `response`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+COMPLETION_WINDOWS = {"24h": 24 * 3600}
+INPUT_PURPOSE = "batch"
+OUTPUT_PURPOSE = "batch_output"
+
+VALIDATING = "validating"
+IN_PROGRESS = "in_progress"
+FINALIZING = "finalizing"
+COMPLETED = "completed"
+FAILED = "failed"
+CANCELLING = "cancelling"
+CANCELLED = "cancelled"
+EXPIRED = "expired"
+STATUSES = (VALIDATING, IN_PROGRESS, FINALIZING, COMPLETED, FAILED, CANCELLING, CANCELLED, EXPIRED)
+FINAL = frozenset({COMPLETED, FAILED, CANCELLED, EXPIRED})
+
+# Which status may follow which. `finalizing` is passed through inside the one transaction that writes the
+# result files (so it is never seen stuck); expiry and cancelling reach a final state through finalizing too.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    VALIDATING: frozenset({IN_PROGRESS, FAILED, CANCELLING, EXPIRED}),
+    IN_PROGRESS: frozenset({FINALIZING, CANCELLING, EXPIRED}),
+    FINALIZING: frozenset({COMPLETED, CANCELLED, EXPIRED}),
+    CANCELLING: frozenset({FINALIZING, CANCELLED}),
+    COMPLETED: frozenset(),
+    FAILED: frozenset(),
+    CANCELLED: frozenset(),
+    EXPIRED: frozenset(),
+}
+# The timestamp field of the batch object that each status sets when reached.
+STAMPS = {
+    IN_PROGRESS: "in_progress_at",
+    FINALIZING: "finalizing_at",
+    COMPLETED: "completed_at",
+    FAILED: "failed_at",
+    CANCELLING: "cancelling_at",
+    CANCELLED: "cancelled_at",
+    EXPIRED: "expired_at",
+}
+
+# Gateway or backend answers that say "later" (quotas, overload, no ready backend): retried until the batch
+# expires. Failures that may be transient: retried a few times. Anything else is the request's answer.
+WAIT_STATUSES = frozenset({429, 503})
+TRANSIENT_STATUSES = frozenset({500, 502, 504})
+MAX_TRANSIENT_ATTEMPTS = 3
+
+
+class TransitionError(ValueError):
+    pass
+
+
+def can_move(current: str, target: str) -> bool:
+    return target in TRANSITIONS.get(current, frozenset())
+
+
+def move(current: str, target: str) -> str:
+    """`target` when it may follow `current`; TransitionError otherwise (e.g. cancelling a completed batch)."""
+    if not can_move(current, target):
+        raise TransitionError(f"a batch that is {current} cannot become {target}")
+    return target
+
+
+def final_status_of_finalizing(current: str, expired: bool) -> str:
+    """The status a batch ends in once its results are written: cancelled when it was being cancelled,
+    expired when its window passed first, else completed."""
+    if current == CANCELLING:
+        return CANCELLED
+    return EXPIRED if expired else COMPLETED
+
+
+def should_retry(status: int, attempts: int) -> bool:
+    """Whether a request that got `status` on its `attempts`-th try goes back to the queue."""
+    if status in WAIT_STATUSES:
+        return True
+    return status in TRANSIENT_STATUSES and attempts < MAX_TRANSIENT_ATTEMPTS
+
+
+@dataclass(frozen=True)
+class LineError:
+    line: int  # 1-based, as OpenAI reports it
+    code: str
+    message: str
+    custom_id: str | None = None
+    param: str | None = None
+
+
+@dataclass(frozen=True)
+class RequestLine:
+    line: int
+    custom_id: str
+    body: dict[str, Any]
+
+    @property
+    def model(self) -> str:
+        return str(self.body["model"])
+
+
+@dataclass
+class Validated:
+    requests: list[RequestLine] = field(default_factory=list)
+    errors: list[LineError] = field(default_factory=list)
+    fatal: LineError | None = None  # the whole file is unusable: the batch fails
+
+    @property
+    def total(self) -> int:
+        return len(self.requests) + len(self.errors)
+
+
+def parse_line(text: str, number: int, endpoint: str) -> RequestLine | LineError:
+    """One input line, checked the way OpenAI checks it (minus the model, see `validate`)."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return LineError(number, "invalid_json_line", "This line is not parseable as valid JSON.")
+    if not isinstance(obj, dict):
+        return LineError(number, "invalid_json_line", "This line is not a JSON object.")
+    custom_id = obj.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        return LineError(number, "missing_required_parameter", "Missing custom_id.", param="custom_id")
+    if obj.get("method") != "POST":
+        message = "The method must be POST."
+        return LineError(number, "invalid_request", message, custom_id=custom_id, param="method")
+    if obj.get("url") != endpoint:
+        message = f"The url {obj.get('url')!r} does not match the batch's endpoint {endpoint!r}."
+        return LineError(number, "invalid_url", message, custom_id=custom_id, param="url")
+    body = obj.get("body")
+    if not isinstance(body, dict):
+        return LineError(number, "invalid_request", "The body must be a JSON object.", custom_id=custom_id)
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        return LineError(number, "missing_required_parameter", "Missing model.", custom_id=custom_id, param="model")
+    if body.get("stream") is True:
+        message = "Streaming is not supported in a batch."
+        return LineError(number, "invalid_request", message, custom_id=custom_id, param="body.stream")
+    return RequestLine(number, custom_id, body)
+
+
+def validate(content: bytes, endpoint: str, callable_model: Callable[[str], bool]) -> Validated:
+    """All lines of an input file. Bad lines become errors of their own; the batch fails only when the file
+    is not UTF-8 text, holds no line, or not a single line is usable. `callable_model` says whether the
+    batch's owner may call a model (the same answer a request would get: unknown and forbidden look alike)."""
+    result = Validated()
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError:
+        result.fatal = LineError(0, "invalid_file", "The input file is not UTF-8 encoded JSONL.")
+        return result
+    seen: set[str] = set()
+    number = 0
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        parsed = parse_line(raw, number, endpoint)
+        if isinstance(parsed, RequestLine):
+            if parsed.custom_id in seen:
+                message = f"The custom_id {parsed.custom_id!r} appears on an earlier line; each must be unique."
+                parsed = LineError(number, "duplicate_custom_id", message, custom_id=parsed.custom_id)
+            elif not callable_model(parsed.model):
+                message = f"The model '{parsed.model}' does not exist or you do not have access to it."
+                parsed = LineError(number, "model_not_found", message, custom_id=parsed.custom_id, param="model")
+            else:
+                seen.add(parsed.custom_id)
+        if isinstance(parsed, LineError):
+            result.errors.append(parsed)
+        else:
+            result.requests.append(parsed)
+    if not result.requests:
+        reason = "holds no request line" if not result.errors else "holds no valid request line"
+        result.fatal = LineError(max(number, 0), "invalid_file", f"The input file {reason}.")
+    return result
+
+
+def error_line(error: LineError, request_id: str) -> dict[str, Any]:
+    """An error-file line for a request line that was never sent."""
+    return {
+        "id": request_id,
+        "custom_id": error.custom_id,
+        "response": None,
+        "error": {"code": error.code, "message": f"Line {error.line}: {error.message}"},
+    }
+
+
+def response_line(request_id: str, custom_id: str, status: int, request_ref: str, body: object) -> dict[str, Any]:
+    """An output (2xx) or error-file (otherwise) line for a request that got an answer."""
+    return {
+        "id": request_id,
+        "custom_id": custom_id,
+        "response": {"status_code": status, "request_id": request_ref, "body": body},
+        "error": None,
+    }
+
+
+def expired_line(request_id: str, custom_id: str) -> dict[str, Any]:
+    message = "This request could not be executed before the completion window expired."
+    return {
+        "id": request_id,
+        "custom_id": custom_id,
+        "response": None,
+        "error": {"code": "batch_expired", "message": message},
+    }
+
+
+def jsonl(lines: Iterable[dict[str, Any]]) -> bytes:
+    return b"".join(json.dumps(line, separators=(",", ":")).encode() + b"\n" for line in lines)
+
+
+def batch_errors(fatal: LineError) -> dict[str, Any]:
+    """The batch object's `errors` when validation failed."""
+    data = {"code": fatal.code, "message": fatal.message, "param": fatal.param, "line": fatal.line or None}
+    return {"object": "list", "data": [data]}

@@ -1,0 +1,526 @@
+"""The Batch API's durable state in a SQL database (SQLAlchemy 2, synchronous: the async layer calls it in a
+thread). PostgreSQL for replicas sharing work, SQLite for one process.
+
+Exactly one result per request, whoever sends it: a request is claimed with a lease (owner + expiry) in one
+UPDATE ... RETURNING, so no two live workers hold it; a worker that dies leaves its lease to expire and
+another (or the restarted process) claims it again, so a request whose answer was never recorded is sent
+again (at least once to the backend). Its result is written by an UPDATE that matches only a request not
+yet done, so of two senders exactly one records it (and bumps the batch's counts in the same transaction),
+and a batch's output file is built from those rows, one per custom_id (a unique constraint).
+
+Every read and write names the owner: another API key's objects look exactly like missing ones.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Row,
+    and_,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.engine import make_url
+
+from servlane_gateway.batch import rules
+from servlane_gateway.batch.schema import batches, files, line_errors, requests
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+PG_MIGRATION_LOCK = 7_163_201_118  # pg_advisory_lock id: replicas starting together migrate one at a time
+BATCH_COLUMNS = ("output_file_id", "error_file_id", *rules.STAMPS.values())
+
+
+def new_id(prefix: str) -> str:
+    return prefix + secrets.token_hex(12)
+
+
+def engine_url(url: str) -> str:
+    """postgresql:// and postgres:// mean psycopg 3 (the driver installed); anything else as given."""
+    for scheme in ("postgresql://", "postgres://"):
+        if url.startswith(scheme):
+            return "postgresql+psycopg://" + url[len(scheme) :]
+    return url
+
+
+def redacted(url: str) -> str:
+    """The URL for logs: never its password."""
+    try:
+        return make_url(engine_url(url)).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparseable database URL>"
+
+
+@dataclass(frozen=True)
+class Claimed:
+    batch_id: str
+    line: int
+    custom_id: str
+    body: dict[str, Any]
+    attempts: int  # this try included
+
+
+@dataclass(frozen=True)
+class Active:
+    """A batch the workers have something to do for."""
+
+    id: str
+    owner: str
+    endpoint: str
+    status: str
+    expires_at: int
+
+
+def _sqlite_engine(url: str) -> Engine:
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # transactions are begun below, as BEGIN IMMEDIATE
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection: Connection) -> None:
+        # Take the write lock up front: a read-then-write transaction cannot then fail halfway with "locked".
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+class BatchStore:
+    def __init__(self, url: str) -> None:
+        self.url = engine_url(url)
+        self.dialect = make_url(self.url).get_backend_name()
+        if self.dialect == "sqlite":
+            self.engine = _sqlite_engine(self.url)
+        else:
+            self.engine = create_engine(
+                self.url, pool_pre_ping=True, pool_size=10, max_overflow=10, connect_args={"connect_timeout": 5}
+            )
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        with self.engine.begin() as conn:
+            yield conn
+
+    def migrate(self) -> None:
+        """Brings the schema to the newest migration; replicas starting together take turns (PostgreSQL)."""
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS))
+        with self.engine.connect() as conn:
+            if self.dialect == "postgresql":
+                conn.execute(text("SELECT pg_advisory_lock(:id)"), {"id": PG_MIGRATION_LOCK})
+                conn.commit()
+            try:
+                config.attributes["connection"] = conn
+                command.upgrade(config, "head")
+                conn.commit()
+            finally:
+                if self.dialect == "postgresql":
+                    conn.execute(text("SELECT pg_advisory_unlock(:id)"), {"id": PG_MIGRATION_LOCK})
+                    conn.commit()
+
+    # -- files --------------------------------------------------------------------------------------
+
+    def add_file(self, owner: str, purpose: str, filename: str, content: bytes, now: int) -> dict[str, Any]:
+        row = {
+            "id": new_id("file-"),
+            "owner": owner,
+            "purpose": purpose,
+            "filename": filename,
+            "bytes": len(content),
+            "created_at": now,
+            "content": content,
+        }
+        with self._tx() as conn:
+            conn.execute(insert(files).values(row))
+        return file_object(row)
+
+    def get_file(self, owner: str, file_id: str) -> dict[str, Any] | None:
+        columns = [c for c in files.c if c.name != "content"]
+        with self._tx() as conn:
+            row = conn.execute(select(*columns).where(files.c.id == file_id, files.c.owner == owner)).first()
+        return file_object(row._mapping) if row else None
+
+    def file_content(self, owner: str, file_id: str) -> bytes | None:
+        query = select(files.c.content).where(files.c.id == file_id, files.c.owner == owner)
+        with self._tx() as conn:
+            return conn.execute(query).scalar()
+
+    def delete_file(self, owner: str, file_id: str) -> bool:
+        with self._tx() as conn:
+            return conn.execute(delete(files).where(files.c.id == file_id, files.c.owner == owner)).rowcount == 1
+
+    def list_files(
+        self, owner: str, purpose: str | None, after: str | None, limit: int, ascending: bool
+    ) -> tuple[list[dict[str, Any]], bool]:
+        columns = [c for c in files.c if c.name != "content"]
+        query = select(*columns).where(files.c.owner == owner)
+        if purpose:
+            query = query.where(files.c.purpose == purpose)
+        with self._tx() as conn:
+            rows = _page(conn, query, files, owner, after, limit, ascending)
+        return [file_object(r._mapping) for r in rows[:limit]], len(rows) > limit
+
+    # -- batches ------------------------------------------------------------------------------------
+
+    def create_batch(
+        self, owner: str, input_file_id: str, endpoint: str, window: str, metadata: dict[str, str] | None, now: int
+    ) -> dict[str, Any]:
+        row: dict[str, Any] = {
+            "id": new_id("batch_"),
+            "owner": owner,
+            "endpoint": endpoint,
+            "input_file_id": input_file_id,
+            "completion_window": window,
+            "status": rules.VALIDATING,
+            "metadata_json": json.dumps(metadata) if metadata is not None else None,
+            "created_at": now,
+            "expires_at": now + rules.COMPLETION_WINDOWS[window],
+            "total": 0,
+            "completed": 0,
+            "failed": 0,
+        }
+        with self._tx() as conn:
+            conn.execute(insert(batches).values(row))
+            created = conn.execute(select(batches).where(batches.c.id == row["id"])).one()
+        return batch_object(created._mapping)
+
+    def get_batch(self, owner: str, batch_id: str) -> dict[str, Any] | None:
+        with self._tx() as conn:
+            row = conn.execute(select(batches).where(batches.c.id == batch_id, batches.c.owner == owner)).first()
+        return batch_object(row._mapping) if row else None
+
+    def list_batches(self, owner: str, after: str | None, limit: int) -> tuple[list[dict[str, Any]], bool]:
+        with self._tx() as conn:
+            rows = _page(conn, select(batches).where(batches.c.owner == owner), batches, owner, after, limit, False)
+        return [batch_object(r._mapping) for r in rows[:limit]], len(rows) > limit
+
+    def cancel_batch(self, owner: str, batch_id: str, now: int) -> dict[str, Any] | None:
+        """The batch, now cancelling (TransitionError when it is past that); None when it is not the owner's."""
+        with self._tx() as conn:
+            row = conn.execute(
+                select(batches.c.status).where(batches.c.id == batch_id, batches.c.owner == owner).with_for_update()
+            ).first()
+            if row is None:
+                return None
+            if row.status not in (rules.CANCELLING, rules.CANCELLED):
+                rules.move(row.status, rules.CANCELLING)
+                conn.execute(
+                    update(batches).where(batches.c.id == batch_id).values(status=rules.CANCELLING, cancelling_at=now)
+                )
+            found = conn.execute(select(batches).where(batches.c.id == batch_id)).one()
+        return batch_object(found._mapping)
+
+    # -- the workers' side --------------------------------------------------------------------------
+
+    def claim_validation(self, me: str, now: float, lease: float) -> dict[str, Any] | None:
+        """A batch to validate that no live worker holds, with its input file's content under `content`."""
+        with self._tx() as conn:
+            # Two statements, not UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED): PostgreSQL may
+            # run such a subquery again per row, each time skipping the rows this very UPDATE locked.
+            candidate = conn.execute(
+                select(batches.c.id)
+                .where(batches.c.status == rules.VALIDATING, _lease_free(batches, now))
+                .limit(1)
+                .with_for_update(skip_locked=True)
+            ).scalar()
+            if candidate is None:
+                return None
+            claimed = conn.execute(
+                update(batches)
+                .where(batches.c.id == candidate, batches.c.status == rules.VALIDATING, _lease_free(batches, now))
+                .values(lease_owner=me, lease_until=now + lease)
+                .returning(batches.c.id, batches.c.owner, batches.c.endpoint, batches.c.input_file_id)
+            ).first()
+            if claimed is None:
+                return None
+            content = conn.execute(
+                select(files.c.content).where(files.c.id == claimed.input_file_id, files.c.owner == claimed.owner)
+            ).scalar()
+        return {**claimed._mapping, "content": content}
+
+    def finish_validation(self, batch_id: str, me: str, validated: rules.Validated, now: int) -> str | None:
+        """Writes the validated lines and moves the batch on (in_progress, or failed), in one transaction: a
+        worker that dies halfway leaves nothing behind. None when this worker no longer holds the batch."""
+        with self._tx() as conn:
+            held = conn.execute(
+                select(batches.c.status).where(batches.c.id == batch_id, batches.c.lease_owner == me).with_for_update()
+            ).first()
+            if held is None or held.status != rules.VALIDATING:
+                return None
+            if validated.fatal is not None:
+                values: dict[str, Any] = {
+                    "status": rules.FAILED,
+                    "failed_at": now,
+                    "errors_json": json.dumps(rules.batch_errors(validated.fatal)),
+                }
+            else:
+                if validated.requests:
+                    conn.execute(
+                        insert(requests),
+                        [
+                            {
+                                "batch_id": batch_id,
+                                "line": r.line,
+                                "custom_id": r.custom_id,
+                                "body": json.dumps(r.body),
+                                "done": False,
+                                "attempts": 0,
+                            }
+                            for r in validated.requests
+                        ],
+                    )
+                if validated.errors:
+                    conn.execute(
+                        insert(line_errors),
+                        [
+                            {
+                                "batch_id": batch_id,
+                                "line": e.line,
+                                "result": json.dumps(rules.error_line(e, new_id("batch_req_"))),
+                            }
+                            for e in validated.errors
+                        ],
+                    )
+                values = {
+                    "status": rules.IN_PROGRESS,
+                    "in_progress_at": now,
+                    "total": validated.total,
+                    "failed": len(validated.errors),
+                }
+            conn.execute(
+                update(batches).where(batches.c.id == batch_id).values(lease_owner=None, lease_until=None, **values)
+            )
+        return str(values["status"])
+
+    def active_batches(self) -> list[Active]:
+        """The batches with requests to send or results to write (validation aside)."""
+        query = select(batches.c.id, batches.c.owner, batches.c.endpoint, batches.c.status, batches.c.expires_at)
+        query = query.where(batches.c.status.in_((rules.IN_PROGRESS, rules.CANCELLING, rules.FINALIZING)))
+        with self._tx() as conn:
+            return [Active(**r._mapping) for r in conn.execute(query.order_by(batches.c.created_at))]
+
+    def claim_requests(self, batch_id: str, me: str, now: float, lease: float, limit: int) -> list[Claimed]:
+        """Up to `limit` requests of an in-progress batch that are not done and whose lease (if any) ran out."""
+        pending = and_(requests.c.batch_id == batch_id, requests.c.done.is_(False), _lease_free(requests, now))
+        with self._tx() as conn:
+            status = conn.execute(select(batches.c.status).where(batches.c.id == batch_id)).scalar()
+            if status != rules.IN_PROGRESS:
+                return []
+            # Locked first, then leased (see claim_validation); the UPDATE checks again that each is free.
+            lines = (
+                conn.execute(
+                    select(requests.c.line)
+                    .where(pending)
+                    .order_by(requests.c.line)
+                    .limit(limit)
+                    .with_for_update(skip_locked=True)
+                )
+                .scalars()
+                .all()
+            )
+            if not lines:
+                return []
+            rows = conn.execute(
+                update(requests)
+                .where(pending, requests.c.line.in_(lines))
+                .values(lease_owner=me, lease_until=now + lease, attempts=requests.c.attempts + 1)
+                .returning(requests.c.line, requests.c.custom_id, requests.c.body, requests.c.attempts)
+            ).all()
+        claimed = [Claimed(batch_id, r.line, r.custom_id, json.loads(r.body), r.attempts) for r in rows]
+        return sorted(claimed, key=lambda c: c.line)
+
+    def renew(self, me: str, lines: list[tuple[str, int]], now: float, lease: float) -> None:
+        """Extends this worker's leases on the requests it is still sending."""
+        if not lines:
+            return
+        with self._tx() as conn:
+            for batch_id, line in lines:
+                conn.execute(
+                    update(requests)
+                    .where(
+                        requests.c.batch_id == batch_id,
+                        requests.c.line == line,
+                        requests.c.lease_owner == me,
+                        requests.c.done.is_(False),
+                    )
+                    .values(lease_until=now + lease)
+                )
+
+    def record(self, batch_id: str, line: int, result: dict[str, Any], ok: bool) -> bool:
+        """Writes a request's result unless one was written already or the batch has ended (a late answer to
+        a finished batch changes nothing); True when this call wrote it."""
+        with self._tx() as conn:
+            # The batch row first (as try_finalize locks it): its counts change with the request's row.
+            status = conn.execute(select(batches.c.status).where(batches.c.id == batch_id).with_for_update()).scalar()
+            if status not in (rules.IN_PROGRESS, rules.CANCELLING):
+                return False
+            written = conn.execute(
+                update(requests)
+                .where(requests.c.batch_id == batch_id, requests.c.line == line, requests.c.done.is_(False))
+                .values(done=True, ok=ok, result=json.dumps(result), lease_owner=None, lease_until=None)
+            ).rowcount
+            if written != 1:
+                return False
+            counter = batches.c.completed if ok else batches.c.failed
+            conn.execute(update(batches).where(batches.c.id == batch_id).values({counter: counter + 1}))
+        return True
+
+    def retry_later(self, batch_id: str, line: int, me: str, not_before: float) -> None:
+        """Gives a request back to the queue, not to be claimed before `not_before`."""
+        with self._tx() as conn:
+            conn.execute(
+                update(requests)
+                .where(
+                    requests.c.batch_id == batch_id,
+                    requests.c.line == line,
+                    requests.c.lease_owner == me,
+                    requests.c.done.is_(False),
+                )
+                .values(lease_owner=None, lease_until=not_before)
+            )
+
+    def try_finalize(self, batch_id: str, now: float) -> str | None:
+        """Writes the output and error files and ends the batch when it is done: every request answered
+        (completed), its window passed (expired: the unanswered go to the error file), or it is cancelling and
+        no live worker is sending any of its requests (cancelled). None while it is not done. One transaction:
+        of several workers trying at once exactly one finalizes (the row lock and the status check)."""
+        with self._tx() as conn:
+            batch = conn.execute(select(batches).where(batches.c.id == batch_id).with_for_update()).first()
+            if batch is None or batch.status not in (rules.IN_PROGRESS, rules.CANCELLING, rules.FINALIZING):
+                return None
+            expired = now >= batch.expires_at and batch.status != rules.CANCELLING
+            undone = and_(requests.c.batch_id == batch_id, requests.c.done.is_(False))
+            if batch.status == rules.CANCELLING:
+                busy = and_(undone, requests.c.lease_owner.is_not(None), requests.c.lease_until > now)
+                if conn.execute(select(func.count()).where(busy)).scalar():
+                    return None
+            elif not expired and conn.execute(select(func.count()).where(undone)).scalar():
+                return None
+            final = rules.final_status_of_finalizing(batch.status, expired)
+            answered = conn.execute(
+                select(requests.c.ok, requests.c.result)
+                .where(requests.c.batch_id == batch_id, requests.c.done.is_(True))
+                .order_by(requests.c.line)
+            ).all()
+            output = [json.loads(r.result) for r in answered if r.ok]
+            errors = [json.loads(r.result) for r in answered if not r.ok]
+            errors += [
+                json.loads(r.result)
+                for r in conn.execute(
+                    select(line_errors.c.result).where(line_errors.c.batch_id == batch_id).order_by(line_errors.c.line)
+                )
+            ]
+            failed_more = 0
+            if final == rules.EXPIRED:
+                left = conn.execute(
+                    select(requests.c.line, requests.c.custom_id).where(undone).order_by(requests.c.line)
+                ).all()
+                for r in left:  # recorded as answered, so nothing is sent or written for them any more
+                    expired = rules.expired_line(new_id("batch_req_"), r.custom_id)
+                    errors.append(expired)
+                    conn.execute(
+                        update(requests)
+                        .where(requests.c.batch_id == batch_id, requests.c.line == r.line)
+                        .values(done=True, ok=False, result=json.dumps(expired), lease_owner=None, lease_until=None)
+                    )
+                failed_more = len(left)
+            stamp = int(now)
+            values: dict[str, Any] = {"status": final, rules.STAMPS[final]: stamp, "finalizing_at": stamp}
+            values["failed"] = batches.c.failed + failed_more
+            for key, lines in (("output_file_id", output), ("error_file_id", errors)):
+                if lines:
+                    content = rules.jsonl(lines)
+                    file_id = new_id("file-")
+                    conn.execute(
+                        insert(files).values(
+                            id=file_id,
+                            owner=batch.owner,
+                            purpose=rules.OUTPUT_PURPOSE,
+                            filename=f"{batch_id}_{key.split('_')[0]}.jsonl",
+                            bytes=len(content),
+                            created_at=stamp,
+                            content=content,
+                        )
+                    )
+                    values[key] = file_id
+            conn.execute(update(batches).where(batches.c.id == batch_id).values(values))
+        return final
+
+
+def _lease_free(table: Any, now: float) -> Any:
+    return or_(table.c.lease_until.is_(None), table.c.lease_until <= now)
+
+
+def _page(
+    conn: Connection, query: Any, table: Any, owner: str, after: str | None, limit: int, ascending: bool
+) -> list[Row[Any]]:
+    """Newest first (or oldest first), `limit` + 1 rows (the extra one says whether more follow), starting
+    after the object `after` (ignored when it is not the owner's)."""
+    if after:
+        cursor = conn.execute(select(table.c.created_at).where(table.c.id == after, table.c.owner == owner)).first()
+        if cursor is not None:
+            at = cursor.created_at
+            if ascending:
+                query = query.where(or_(table.c.created_at > at, and_(table.c.created_at == at, table.c.id > after)))
+            else:
+                query = query.where(or_(table.c.created_at < at, and_(table.c.created_at == at, table.c.id < after)))
+    order = (table.c.created_at, table.c.id) if ascending else (table.c.created_at.desc(), table.c.id.desc())
+    return list(conn.execute(query.order_by(*order).limit(limit + 1)).all())
+
+
+def file_object(row: Any) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "object": "file",
+        "bytes": row["bytes"],
+        "created_at": row["created_at"],
+        "filename": row["filename"],
+        "purpose": row["purpose"],
+        "status": "processed",
+        "status_details": None,
+        "expires_at": None,
+    }
+
+
+def batch_object(row: Any) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "id": row["id"],
+        "object": "batch",
+        "endpoint": row["endpoint"],
+        "errors": json.loads(row["errors_json"]) if row["errors_json"] else None,
+        "input_file_id": row["input_file_id"],
+        "completion_window": row["completion_window"],
+        "status": row["status"],
+        "created_at": row["created_at"],
+        "expires_at": row["expires_at"],
+        "request_counts": {"total": row["total"], "completed": row["completed"], "failed": row["failed"]},
+        "metadata": json.loads(row["metadata_json"]) if row["metadata_json"] else None,
+    }
+    obj |= {name: row[name] for name in BATCH_COLUMNS}
+    return obj

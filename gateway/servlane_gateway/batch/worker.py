@@ -1,0 +1,197 @@
+"""The loop every gateway replica runs: validate new batches, claim requests, send them at low priority
+with at most `concurrency` in flight per feature, record each result once, finalize finished batches.
+
+The database is the only coordination: claims are leases (store.BatchStore), renewed while a request is in
+flight, so a replica that dies or is killed hands its work over once its leases run out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import suppress
+from typing import Any
+
+from servlane_gateway.batch import metrics as m
+from servlane_gateway.batch import rules
+from servlane_gateway.batch.metrics import BatchMetrics
+from servlane_gateway.batch.sender import send
+from servlane_gateway.batch.store import Active, BatchStore, Claimed, new_id
+from servlane_gateway.forwarding import GatewayState
+
+log = logging.getLogger(__name__)
+MAX_BACKOFF = 30.0
+
+
+class BatchWorker:
+    def __init__(
+        self,
+        store: BatchStore,
+        state: GatewayState,
+        metrics: BatchMetrics,
+        concurrency: int,
+        lease: float,
+        poll: float,
+    ) -> None:
+        self.store = store
+        self.state = state
+        self.metrics = metrics
+        self.concurrency = concurrency
+        self.lease = lease
+        self.poll = poll
+        self.me = new_id("worker-")
+        self.wake = asyncio.Event()
+        self.held: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self.slots: dict[tuple[str, str], asyncio.Semaphore] = {}
+        self.stopping: set[str] = set()  # batches being cancelled: claimed requests are given back unsent
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._run()), asyncio.create_task(self._renew())]
+
+    async def stop(self) -> None:
+        unanswered = list(self.held)  # taken first: a cancelled send takes itself out of `held`
+        tasks = [*self._tasks, *self.held.values()]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with suppress(asyncio.CancelledError, Exception):
+                await task
+        # What was claimed but not answered goes straight back to the queue (a kill leaves it to the lease).
+        for batch_id, line in unanswered:
+            with suppress(Exception):
+                await asyncio.to_thread(self.store.retry_later, batch_id, line, self.me, time.time())
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            self.wake.clear()
+            try:
+                busy = await self.step()
+                failures = 0
+            except Exception as exc:  # the database, mostly: keep going, more slowly, without a log flood
+                failures += 1
+                if failures == 1:
+                    log.exception("the batch worker failed a step; retrying with backoff")
+                else:
+                    log.warning("the batch worker failed %d steps in a row: %s", failures, type(exc).__name__)
+                await asyncio.sleep(min(MAX_BACKOFF, self.poll * 2**failures))
+                continue
+            if not busy:
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), self.poll)
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease / 3)
+            with suppress(Exception):
+                await asyncio.to_thread(self.store.renew, self.me, list(self.held), time.time(), self.lease)
+
+    async def step(self) -> bool:
+        """One round; True when it did something (so the next round starts at once)."""
+        busy = await self._validate_one()
+        active = await asyncio.to_thread(self.store.active_batches)
+        self.stopping = {b.id for b in active if b.status == rules.CANCELLING}
+        now = time.time()
+        for batch in active:
+            mine = any(batch_id == batch.id for batch_id, _ in self.held)
+            if batch.status == rules.IN_PROGRESS and now < batch.expires_at:
+                room = 2 * self.concurrency * max(1, len(self.slots)) - len(self.held)
+                if room > 0:
+                    claimed = await asyncio.to_thread(
+                        self.store.claim_requests, batch.id, self.me, now, self.lease, room
+                    )
+                    for request in claimed:
+                        self.held[(batch.id, request.line)] = asyncio.create_task(self._send(batch, request))
+                    if claimed:
+                        busy = True
+                        continue
+            if not mine:
+                final = await asyncio.to_thread(self.store.try_finalize, batch.id, time.time())
+                if final is not None:
+                    self.metrics.batches.labels(final).inc()
+                    log.info("batch %s is %s", batch.id, final)
+                    busy = True
+        return busy
+
+    async def _validate_one(self) -> bool:
+        if self.state.table is None:  # the models are not known yet: every line would look uncallable
+            return False
+        claimed = await asyncio.to_thread(self.store.claim_validation, self.me, time.time(), self.lease)
+        if claimed is None:
+            return False
+        content = claimed["content"] or b""
+        # In a thread: a large file must not hold up the event loop that serves interactive requests.
+        owner = claimed["owner"]
+        validated = await asyncio.to_thread(
+            rules.validate, content, claimed["endpoint"], lambda model: self._callable(owner, model)
+        )
+        status = await asyncio.to_thread(
+            self.store.finish_validation, claimed["id"], self.me, validated, int(time.time())
+        )
+        if status is not None:
+            self.metrics.batches.labels(status).inc()
+            self.metrics.invalid_lines.inc(len(validated.errors))
+        return True
+
+    def _callable(self, owner: str, model: str) -> bool:
+        """Whether a request of `owner` for `model` would be routed (the answer a request gets, decided now)."""
+        table = self.state.table
+        route = table.lookup(model) if table is not None else None
+        if table is None or route is None:
+            return False
+        if not self.state.keys.enabled:
+            return True
+        key = next((k for k in self.state.keys.keys if k.name == owner), None)
+        return key is not None and key.allows(route, table)
+
+    def _feature(self, model: str) -> tuple[str, str]:
+        table = self.state.table
+        route = table.lookup(model) if table is not None else None
+        return (route.namespace, route.name) if route is not None else ("", "")
+
+    async def _send(self, batch: Active, request: Claimed) -> None:
+        namespace, feature = self._feature(str(request.body.get("model")))
+        slot = self.slots.setdefault((namespace, feature), asyncio.Semaphore(self.concurrency))
+        try:
+            async with slot:
+                if batch.id in self.stopping:
+                    await asyncio.to_thread(self.store.retry_later, batch.id, request.line, self.me, time.time())
+                    return
+                request_id = new_id("batch_req_")
+                gauge = self.metrics.in_flight.labels(namespace, feature)
+                gauge.inc()
+                try:
+                    answer = await send(self.state, batch.owner, batch.endpoint.removeprefix("/v1/"), request.body,
+                                        request_id)  # fmt: skip
+                finally:
+                    gauge.dec()
+            await self._settle(batch, request, namespace, feature, answer.status, answer.body, request_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("batch %s line %d failed in the gateway; it will be retried", batch.id, request.line)
+        finally:
+            self.held.pop((batch.id, request.line), None)
+            self.wake.set()
+
+    async def _settle(
+        self, batch: Active, request: Claimed, namespace: str, feature: str, status: int, body: Any, request_id: str
+    ) -> None:
+        if rules.should_retry(status, request.attempts) and time.time() < batch.expires_at:
+            wait = _retry_after(body) or min(MAX_BACKOFF, 0.5 * 2**request.attempts)
+            await asyncio.to_thread(self.store.retry_later, batch.id, request.line, self.me, time.time() + wait)
+            self.metrics.requests.labels(namespace, feature, m.RETRIED).inc()
+            return
+        ok = 200 <= status < 300
+        line = rules.response_line(request_id, request.custom_id, status, request_id, body)
+        written = await asyncio.to_thread(self.store.record, batch.id, request.line, line, ok)
+        outcome = (m.SUCCEEDED if ok else m.FAILED) if written else m.DUPLICATE
+        self.metrics.requests.labels(namespace, feature, outcome).inc()
+
+
+def _retry_after(body: Any) -> float | None:
+    error = body.get("error") if isinstance(body, dict) else None
+    value = error.get("retry_after") if isinstance(error, dict) else None
+    return float(value) if isinstance(value, int | float) and value > 0 else None

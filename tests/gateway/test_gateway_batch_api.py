@@ -1,0 +1,286 @@
+"""The Batch API through the `openai` SDK against in-process gateways (SQLite): the whole round trip,
+the error file, low priority and the key's scope on each request, tenant isolation, cancelling, and the
+answer without a database."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import openai
+import pytest
+
+from localcluster.cluster import free_port
+from servlane_gateway.batch import metrics as m
+from tests.gateway.batch_databases import Postgres, postgres
+from tests.gateway.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
+from tests.polling import wait_until
+
+__all__ = ["postgres"]  # the session fixture of the replicas test
+KEYS = "team-a: sk-alpha\nteam-b: sk-bravo\nnarrow: sk-narrow chat\n"
+CHAT: Literal["/v1/chat/completions"] = "/v1/chat/completions"
+
+
+def objects(upstreams: dict[str, Upstream]) -> list[dict[str, Any]]:
+    return [
+        aimodel("chat-v1", upstreams["v1"].url),
+        aifeature("chat", [("chat-v1", 100)]),
+        aimodel("other-v2", upstreams["v2"].url),
+        aifeature("other", [("other-v2", 100)]),
+    ]
+
+
+def request_line(custom_id: str, text: str = "hi", model: str = "chat") -> str:
+    body = {"model": model, "messages": [{"role": "user", "content": text}]}
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": CHAT, "body": body})
+
+
+def gateway(start: StartGateway, upstreams: dict[str, Upstream], tmp_path: Path, **settings: Any) -> Gateway:
+    settings.setdefault("batch_database_url", f"sqlite:///{tmp_path / 'batch.db'}")
+    return start(objects(upstreams), keys=KEYS, batch_poll_seconds=0.05, **settings)
+
+
+def submit(client: openai.OpenAI, lines: list[str]) -> openai.types.Batch:
+    upload = client.files.create(file=("in.jsonl", io.BytesIO("\n".join(lines).encode())), purpose="batch")
+    return client.batches.create(input_file_id=upload.id, endpoint=CHAT, completion_window="24h")
+
+
+def finished(client: openai.OpenAI, batch_id: str, timeout: float = 30) -> openai.types.Batch:
+    def ended() -> openai.types.Batch | None:
+        batch = client.batches.retrieve(batch_id)
+        return batch if batch.status in ("completed", "failed", "cancelled", "expired") else None
+
+    return wait_until(f"batch {batch_id} to end", ended, timeout)
+
+
+def jsonl_of(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    assert file_id is not None
+    return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
+
+
+def test_a_batch_runs_through_the_gateway_at_low_priority_and_bad_lines_go_to_the_error_file(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    gw = gateway(start_gateway, upstreams, tmp_path)
+    client = gw.client("sk-alpha")
+    lines = [request_line(f"r{i}", f"hello {i}") for i in range(5)]
+    lines += ["not json", request_line("r0"), request_line("x", "status=400"), request_line("m", model="missing")]
+    seen_before = len(upstreams["v1"].state.headers)
+    batch = submit(client, lines)
+    assert batch.status == "validating"
+    assert batch.endpoint == CHAT
+    assert batch.completion_window == "24h"
+    done = finished(client, batch.id)
+    assert done.status == "completed", done
+    assert done.request_counts is not None
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (9, 5, 4)
+    assert done.completed_at is not None
+    assert done.in_progress_at is not None
+    output = jsonl_of(client, done.output_file_id)
+    assert [o["custom_id"] for o in output] == [f"r{i}" for i in range(5)]
+    assert all(o["response"]["status_code"] == 200 and o["error"] is None for o in output)
+    assert output[0]["response"]["body"]["choices"][0]["message"]["content"] == "v1"
+    errors = {
+        (e["custom_id"], (e["error"] or {}).get("code") or e["response"]["status_code"])
+        for e in jsonl_of(client, done.error_file_id)
+    }
+    assert errors == {(None, "invalid_json_line"), ("r0", "duplicate_custom_id"), ("x", 400), ("m", "model_not_found")}
+    sent = upstreams["v1"].state.headers[seen_before:]
+    assert len(sent) == 6
+    assert all(h.get("x-priority") == "low" for h in sent)
+    assert gw.sample(m.REQUESTS, feature="chat", outcome=m.SUCCEEDED) == 5
+    assert gw.sample(m.REQUESTS, feature="chat", outcome=m.FAILED) == 1
+    output_file = client.files.retrieve(done.output_file_id or "")
+    assert output_file.purpose == "batch_output"
+    listed = client.batches.list()
+    assert [b.id for b in listed.data] == [batch.id]
+
+
+def test_the_keys_scope_applies_to_each_line(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    gw = gateway(start_gateway, upstreams, tmp_path)
+    client = gw.client("sk-narrow")  # may call `chat` only
+    done = finished(client, submit(client, [request_line("a"), request_line("b", model="other")]).id)
+    assert done.status == "completed"
+    assert [o["custom_id"] for o in jsonl_of(client, done.output_file_id)] == ["a"]
+    [error] = jsonl_of(client, done.error_file_id)
+    assert (error["custom_id"], error["error"]["code"]) == ("b", "model_not_found")
+
+
+def test_another_key_sees_nothing_of_the_first_keys_files_and_batches(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    gw = gateway(start_gateway, upstreams, tmp_path)
+    alpha, bravo = gw.client("sk-alpha"), gw.client("sk-bravo")
+    batch = submit(alpha, [request_line("a")])
+    done = finished(alpha, batch.id)
+    for file_id in (batch.input_file_id, done.output_file_id or ""):
+        with pytest.raises(openai.NotFoundError):
+            bravo.files.retrieve(file_id)
+        with pytest.raises(openai.NotFoundError):
+            bravo.files.content(file_id)
+        with pytest.raises(openai.NotFoundError):
+            bravo.files.delete(file_id)
+        with pytest.raises(openai.NotFoundError):
+            bravo.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h")
+    with pytest.raises(openai.NotFoundError):
+        bravo.batches.retrieve(batch.id)
+    with pytest.raises(openai.NotFoundError):
+        bravo.batches.cancel(batch.id)
+    assert bravo.files.list().data == []
+    assert bravo.batches.list().data == []
+    assert alpha.files.retrieve(batch.input_file_id).id == batch.input_file_id  # still there for its owner
+    with pytest.raises(openai.AuthenticationError):
+        gw.client("sk-nobody").batches.list()
+
+
+def test_a_cancelled_batch_stops_sending_and_keeps_what_was_answered(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    gw = gateway(start_gateway, upstreams, tmp_path, batch_concurrency_per_feature=2)
+    client = gw.client("sk-alpha")
+    batch = submit(client, [request_line(f"r{i}", "delay=0.2") for i in range(40)])
+    wait_until(
+        "some answers",
+        lambda: (
+            (
+                client.batches.retrieve(batch.id).request_counts
+                or openai.types.batch_request_counts.BatchRequestCounts(total=0, completed=0, failed=0)
+            ).completed
+            >= 2
+        ),
+        20,
+    )
+    assert client.batches.cancel(batch.id).status in ("cancelling", "cancelled")
+    done = finished(client, batch.id)
+    assert done.status == "cancelled"
+    assert done.cancelled_at is not None
+    assert done.request_counts is not None
+    assert 2 <= done.request_counts.completed < 40
+    assert len(jsonl_of(client, done.output_file_id)) == done.request_counts.completed
+    with pytest.raises(openai.ConflictError):
+        client.batches.cancel(submit_and_finish(client).id)
+
+
+def submit_and_finish(client: openai.OpenAI) -> openai.types.Batch:
+    done = finished(client, submit(client, [request_line("z")]).id)
+    assert done.status == "completed"
+    return done
+
+
+def test_uploads_and_batches_are_checked(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    gw = gateway(start_gateway, upstreams, tmp_path, batch_max_file_bytes=1000)
+    client = gw.client("sk-alpha")
+    upload = client.files.create(file=("in.jsonl", io.BytesIO(b"x")), purpose="batch")
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.files.create(file=("big.jsonl", io.BytesIO(b"x" * 1001)), purpose="batch")
+    assert caught.value.status_code == 413
+    with pytest.raises(openai.AuthenticationError):
+        gw.client("sk-nobody").files.create(file=("in.jsonl", io.BytesIO(b"x")), purpose="batch")
+    missing = httpx.post(f"{gw.url}/v1/files", data={"purpose": "batch"}, headers={"authorization": "Bearer sk-alpha"})
+    assert missing.status_code == 400
+    assert missing.json()["error"]["param"] == "file"
+    with pytest.raises(openai.BadRequestError, match="endpoint"):
+        client.batches.create(input_file_id=upload.id, endpoint="/v1/moderations", completion_window="24h")
+    with pytest.raises(openai.BadRequestError, match="completion_window"):
+        client.batches.create(input_file_id=upload.id, endpoint=CHAT, completion_window="1h")  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError, match="purpose"):
+        client.files.create(file=("in.jsonl", io.BytesIO(b"x")), purpose="assistants")
+    failed = finished(client, client.batches.create(input_file_id=upload.id, endpoint=CHAT, completion_window="24h").id)
+    assert failed.status == "failed"
+    assert failed.errors is not None
+    assert failed.errors.data
+    assert client.files.delete(upload.id).deleted
+
+
+def test_without_a_database_the_batch_api_says_it_is_not_configured(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway
+) -> None:
+    gw = start_gateway(objects(upstreams), keys=KEYS)
+    with pytest.raises(openai.AuthenticationError):
+        gw.client("sk-wrong").files.list()  # authentication first: nothing is served open
+    calls: list[Callable[[openai.OpenAI], object]] = [
+        lambda c: c.files.list(),
+        lambda c: c.batches.retrieve("batch_x"),
+        lambda c: c.batches.list(),
+    ]
+    for call in calls:
+        with pytest.raises(openai.NotFoundError) as caught:
+            call(gw.client("sk-alpha"))
+        assert caught.value.code == "batch_api_not_configured"
+
+
+def test_two_replicas_on_one_postgresql_share_a_batch_and_record_each_result_once(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, postgres: Postgres, tmp_path: Path
+) -> None:
+    url = postgres.new_database(f"replicas_{tmp_path.name[-20:].replace('-', '_').lower()}")
+    replicas = [gateway(start_gateway, upstreams, tmp_path, batch_database_url=url, batch_concurrency_per_feature=2)
+                for _ in range(2)]  # fmt: skip
+    client = replicas[0].client("sk-alpha")
+    batch = submit(client, [request_line(f"r{i}", "delay=0.01") for i in range(200)])
+    done = finished(replicas[1].client("sk-alpha"), batch.id, timeout=60)  # either replica answers for it
+    assert done.status == "completed"
+    assert done.request_counts is not None
+    assert done.request_counts.completed == 200
+    output = jsonl_of(client, done.output_file_id)
+    assert sorted(o["custom_id"] for o in output) == sorted(f"r{i}" for i in range(200))
+    sent = [gw.sample(m.REQUESTS, feature="chat", outcome=m.SUCCEEDED) for gw in replicas]
+    assert sum(sent) == 200, sent  # neither sent a request the other answered
+    assert all(n > 0 for n in sent), sent  # both worked on it
+
+
+def test_servlane_serve_gives_its_gateway_a_sqlite_database_in_the_state_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from servlane_cli.supervisor import BATCH_DATABASE, ServeOptions, Supervisor
+
+    monkeypatch.delenv("SERVLANE_GATEWAY_BATCH_DATABASE_URL", raising=False)
+    supervisor = Supervisor(ServeOptions(inputs=[], state_dir=tmp_path, port=free_port()))
+    expected = f"sqlite:///{tmp_path.resolve() / BATCH_DATABASE}"
+    assert supervisor.gateway.env["SERVLANE_GATEWAY_BATCH_DATABASE_URL"] == expected
+    monkeypatch.setenv("SERVLANE_GATEWAY_BATCH_DATABASE_URL", "postgresql://db/batch")  # the user's own wins
+    supervisor = Supervisor(ServeOptions(inputs=[], state_dir=tmp_path, port=free_port()))
+    assert supervisor.gateway.env["SERVLANE_GATEWAY_BATCH_DATABASE_URL"] == "postgresql://db/batch"
+
+
+def test_without_api_keys_the_batch_api_is_open_like_the_other_endpoints(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    gw = start_gateway(objects(upstreams), batch_database_url=f"sqlite:///{tmp_path / 'b.db'}", batch_poll_seconds=0.05)
+    done = finished(gw.client("anything"), submit(gw.client("anything"), [request_line("a")]).id)
+    assert done.status == "completed"
+    assert [b.id for b in gw.client("something-else").batches.list().data] == [done.id]  # one shared owner
+
+
+def test_the_keys_quota_holds_for_batch_requests_which_wait_their_turn_instead_of_failing(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    gw = gateway(start_gateway, upstreams, tmp_path, key_max_in_flight=1, batch_concurrency_per_feature=3)
+    client = gw.client("sk-alpha")
+    done = finished(client, submit(client, [request_line(f"r{i}", "delay=0.1") for i in range(6)]).id)
+    assert done.status == "completed"
+    assert done.request_counts is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (6, 0)
+    assert gw.sample(m.REQUESTS, feature="chat", outcome=m.RETRIED) > 0  # refused 429 by the in-flight cap
+    assert gw.sample("servlane_gateway_requests_total", feature="chat", model="", code="429") > 0
+
+
+def test_a_database_that_does_not_answer_leaves_the_gateway_serving_and_the_batch_api_saying_try_later(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway
+) -> None:
+    nowhere = f"postgresql://postgres@127.0.0.1:{free_port()}/batch"  # nothing listens there
+    gw = start_gateway(objects(upstreams), keys=KEYS, batch_database_url=nowhere)
+    client = gw.client("sk-alpha")
+    assert client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hi"}]).choices
+    with pytest.raises(openai.InternalServerError) as caught:
+        client.batches.list()
+    assert caught.value.status_code == 503
+    assert caught.value.code == "batch_api_unavailable"
+    assert caught.value.response.headers["retry-after"] == "5"

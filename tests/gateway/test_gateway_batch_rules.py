@@ -1,0 +1,148 @@
+"""The Batch API's pure rules: which input lines are requests and which become error-file lines (in
+OpenAI's shape), when the whole file fails the batch, which status may follow which, what is retried."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from servlane_gateway.batch import rules
+
+CHAT = "/v1/chat/completions"
+
+
+def line(custom_id: str | None = "r1", url: str = CHAT, model: str = "chat", **extra: Any) -> str:
+    obj: dict[str, Any] = {"method": "POST", "url": url, "body": {"model": model, "messages": []}} | extra
+    if custom_id is not None:
+        obj["custom_id"] = custom_id
+    return json.dumps(obj)
+
+
+def raw(body: object) -> str:
+    return json.dumps({"custom_id": "x", "method": "POST", "url": CHAT, "body": body})
+
+
+def everything(_model: str) -> bool:
+    return True
+
+
+def test_a_good_line_is_a_request_with_its_line_number_and_body() -> None:
+    parsed = rules.parse_line(line("a"), 7, CHAT)
+    assert parsed == rules.RequestLine(7, "a", {"model": "chat", "messages": []})
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "param"),
+    [
+        ("{not json", "invalid_json_line", None),
+        ("[1, 2]", "invalid_json_line", None),
+        (line(None), "missing_required_parameter", "custom_id"),
+        (line(""), "missing_required_parameter", "custom_id"),
+        (line(url="/v1/embeddings"), "invalid_url", "url"),
+        (line(method="GET"), "invalid_request", "method"),
+        (raw({"messages": []}), "missing_required_parameter", "model"),
+        (raw("hi"), "invalid_request", None),
+        (raw({"model": "m", "stream": True}), "invalid_request", "body.stream"),
+    ],
+)  # fmt: skip
+def test_bad_lines_are_errors_naming_why(text: str, code: str, param: str | None) -> None:
+    parsed = rules.parse_line(text, 3, CHAT)
+    assert isinstance(parsed, rules.LineError)
+    assert (parsed.line, parsed.code, parsed.param) == (3, code, param)
+
+
+def test_bad_lines_go_to_the_error_file_and_the_rest_still_run() -> None:
+    content = "\n".join(
+        [line("a"), "garbage", line("b", url="/v1/completions"), line("a"), line("c", model="secret"), "", line("d")]
+    ).encode()
+    validated = rules.validate(content, CHAT, lambda model: model != "secret")
+    assert [r.custom_id for r in validated.requests] == ["a", "d"]
+    assert [(e.line, e.code) for e in validated.errors] == [
+        (2, "invalid_json_line"),
+        (3, "invalid_url"),
+        (4, "duplicate_custom_id"),
+        (5, "model_not_found"),
+    ]
+    assert validated.fatal is None
+    assert validated.total == 6  # the blank line is no request
+
+
+def test_an_error_file_line_has_openais_shape() -> None:
+    error = rules.LineError(4, "duplicate_custom_id", "again", custom_id="a")
+    assert rules.error_line(error, "batch_req_1") == {
+        "id": "batch_req_1",
+        "custom_id": "a",
+        "response": None,
+        "error": {"code": "duplicate_custom_id", "message": "Line 4: again"},
+    }
+    answered = rules.response_line("batch_req_2", "b", 200, "req", {"ok": 1})
+    assert answered["response"] == {"status_code": 200, "request_id": "req", "body": {"ok": 1}}
+    assert answered["error"] is None
+    assert rules.jsonl([answered, answered]).count(b"\n") == 2
+
+
+@pytest.mark.parametrize(
+    "content", [b"", b"\n\n", b"garbage\n{}\n", b"\xff\xfe not utf-8", line("a", url="/v1/embeddings").encode()]
+)
+def test_a_file_without_a_single_usable_line_fails_the_batch(content: bytes) -> None:
+    validated = rules.validate(content, CHAT, everything)
+    assert validated.fatal is not None
+    assert validated.fatal.code == "invalid_file"
+    errors = rules.batch_errors(validated.fatal)
+    assert errors["object"] == "list"
+    assert errors["data"][0]["code"] == "invalid_file"
+
+
+def test_a_file_whose_models_are_all_uncallable_fails_too() -> None:
+    assert rules.validate(line("a").encode(), CHAT, lambda _m: False).fatal is not None
+
+
+@pytest.mark.parametrize(
+    ("current", "target", "allowed"),
+    [
+        (rules.VALIDATING, rules.IN_PROGRESS, True),
+        (rules.VALIDATING, rules.FAILED, True),
+        (rules.IN_PROGRESS, rules.CANCELLING, True),
+        (rules.VALIDATING, rules.CANCELLING, True),
+        (rules.CANCELLING, rules.CANCELLED, True),
+        (rules.IN_PROGRESS, rules.FINALIZING, True),
+        (rules.FINALIZING, rules.COMPLETED, True),
+        (rules.IN_PROGRESS, rules.COMPLETED, False),  # only through finalizing
+        (rules.COMPLETED, rules.CANCELLING, False),
+        (rules.FAILED, rules.IN_PROGRESS, False),
+        (rules.CANCELLED, rules.CANCELLING, False),
+        (rules.EXPIRED, rules.COMPLETED, False),
+    ],
+)
+def test_state_transitions(current: str, target: str, allowed: bool) -> None:
+    assert rules.can_move(current, target) is allowed
+    if allowed:
+        assert rules.move(current, target) == target
+    else:
+        with pytest.raises(rules.TransitionError, match=f"{current} cannot become {target}"):
+            rules.move(current, target)
+
+
+def test_final_states_have_no_way_out_and_every_status_is_known() -> None:
+    assert set(rules.TRANSITIONS) == set(rules.STATUSES)
+    for status in rules.FINAL:
+        assert not rules.TRANSITIONS[status]
+
+
+def test_the_status_a_finished_batch_ends_in() -> None:
+    assert rules.final_status_of_finalizing(rules.IN_PROGRESS, expired=False) == rules.COMPLETED
+    assert rules.final_status_of_finalizing(rules.IN_PROGRESS, expired=True) == rules.EXPIRED
+    assert rules.final_status_of_finalizing(rules.CANCELLING, expired=True) == rules.CANCELLED
+
+
+def test_quotas_and_overload_are_waited_out_transient_failures_retried_a_few_times_the_rest_recorded() -> None:
+    assert rules.should_retry(429, 50)
+    assert rules.should_retry(503, 50)
+    assert rules.should_retry(502, 1)
+    assert rules.should_retry(504, 2)
+    assert not rules.should_retry(502, rules.MAX_TRANSIENT_ATTEMPTS)
+    assert not rules.should_retry(400, 1)
+    assert not rules.should_retry(404, 1)
+    assert not rules.should_retry(200, 1)

@@ -1,0 +1,252 @@
+"""The Batch API's store against SQLite and a real PostgreSQL: migrations, owners, claims with leases,
+results recorded exactly once, finalization into output and error files."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import inspect
+
+from servlane_gateway.batch import rules
+from servlane_gateway.batch.store import BatchStore, engine_url, redacted
+from tests.gateway.batch_databases import Postgres, postgres
+
+__all__ = ["postgres"]  # the session fixture, used through `store`
+CHAT = "/v1/chat/completions"
+LEASE = 30.0
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BatchStore]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'batch.db'}"
+    else:
+        server: Postgres = request.getfixturevalue("postgres")
+        url = server.new_database(f"t_{uuid.uuid4().hex[:12]}")
+    db = BatchStore(url)
+    db.migrate()
+    yield db
+    db.close()
+
+
+def jsonl(*custom_ids: str, bad: int = 0) -> bytes:
+    lines = [
+        json.dumps({"custom_id": c, "method": "POST", "url": CHAT, "body": {"model": "chat", "messages": []}})
+        for c in custom_ids
+    ]
+    return "\n".join(lines + ["not json"] * bad).encode()
+
+
+def started(db: BatchStore, owner: str, content: bytes, now: int = 1000) -> str:
+    """A batch of `owner`, validated and in progress."""
+    file = db.add_file(owner, "batch", "in.jsonl", content, now)
+    batch = db.create_batch(owner, file["id"], CHAT, "24h", {"k": "v"}, now)
+    claimed = db.claim_validation("validator", now, LEASE)
+    assert claimed is not None
+    assert claimed["id"] == batch["id"]
+    assert claimed["content"] == content
+    validated = rules.validate(claimed["content"], CHAT, lambda _m: True)
+    assert db.finish_validation(batch["id"], "validator", validated, now) == rules.IN_PROGRESS
+    return str(batch["id"])
+
+
+def ok_line(custom_id: str) -> dict[str, object]:
+    return rules.response_line("batch_req_x", custom_id, 200, "r", {"choices": []})
+
+
+def test_migrations_create_the_tables_and_running_them_again_changes_nothing(store: BatchStore) -> None:
+    store.migrate()
+    tables = set(inspect(store.engine).get_table_names())
+    assert {"batch_files", "batches", "batch_requests", "batch_line_errors", "servlane_batch_alembic_version"} <= tables
+
+
+def test_files_and_batches_are_only_their_owners(store: BatchStore) -> None:
+    file = store.add_file("team-a", "batch", "in.jsonl", b"{}", 1)
+    batch = store.create_batch("team-a", file["id"], CHAT, "24h", None, 1)
+    assert store.get_file("team-a", file["id"]) == file
+    assert store.get_file("team-b", file["id"]) is None
+    assert store.file_content("team-b", file["id"]) is None
+    assert store.list_files("team-b", None, None, 10, False) == ([], False)
+    assert store.get_batch("team-b", batch["id"]) is None
+    assert store.list_batches("team-b", None, 10) == ([], False)
+    assert store.cancel_batch("team-b", batch["id"], 2) is None
+    assert store.delete_file("team-b", file["id"]) is False
+    assert store.file_content("team-a", file["id"]) == b"{}"
+    assert store.get_batch("team-a", batch["id"])["status"] == rules.VALIDATING  # type: ignore[index]
+    assert store.delete_file("team-a", file["id"]) is True
+    assert store.get_file("team-a", file["id"]) is None
+
+
+def test_lists_page_newest_first(store: BatchStore) -> None:
+    ids = [store.add_file("o", "batch", f"{i}.jsonl", b"x", 100 + i)["id"] for i in range(5)]
+    page, more = store.list_files("o", "batch", None, 2, False)
+    assert [f["id"] for f in page] == ids[::-1][:2]
+    assert more
+    page, more = store.list_files("o", None, page[-1]["id"], 10, False)
+    assert [f["id"] for f in page] == ids[::-1][2:]
+    assert not more
+    page, _ = store.list_files("o", None, None, 10, True)
+    assert [f["id"] for f in page] == ids
+
+
+def test_validation_records_the_requests_and_the_bad_lines(store: BatchStore) -> None:
+    batch_id = started(store, "o", jsonl("a", "b", "c", bad=2))
+    batch = store.get_batch("o", batch_id)
+    assert batch is not None
+    assert batch["status"] == rules.IN_PROGRESS
+    assert batch["in_progress_at"] == 1000
+    assert batch["request_counts"] == {"total": 5, "completed": 0, "failed": 2}
+    assert batch["metadata"] == {"k": "v"}
+    assert store.claim_validation("other", 1001, LEASE) is None  # nothing left to validate
+
+
+def test_an_unusable_file_fails_the_batch_with_errors(store: BatchStore) -> None:
+    file = store.add_file("o", "batch", "in.jsonl", b"nothing useful", 1)
+    batch = store.create_batch("o", file["id"], CHAT, "24h", None, 1)
+    claimed = store.claim_validation("w", 1, LEASE)
+    assert claimed is not None
+    assert store.finish_validation(batch["id"], "w", rules.validate(b"nothing useful", CHAT, lambda _m: True), 2)
+    failed = store.get_batch("o", batch["id"])
+    assert failed is not None
+    assert failed["status"] == rules.FAILED
+    assert failed["failed_at"] == 2
+    assert failed["errors"]["data"][0]["code"] == "invalid_file"
+
+
+def test_a_validation_whose_worker_died_is_taken_over_after_its_lease(store: BatchStore) -> None:
+    file = store.add_file("o", "batch", "in.jsonl", jsonl("a"), 1)
+    batch = store.create_batch("o", file["id"], CHAT, "24h", None, 1)
+    assert store.claim_validation("dead", 10, LEASE) is not None
+    assert store.claim_validation("alive", 10 + LEASE / 2, LEASE) is None
+    assert store.claim_validation("alive", 10 + LEASE, LEASE) is not None
+    validated = rules.validate(jsonl("a"), CHAT, lambda _m: True)
+    assert store.finish_validation(batch["id"], "dead", validated, 50) is None  # too late: no longer its
+    assert store.finish_validation(batch["id"], "alive", validated, 50) == rules.IN_PROGRESS
+
+
+def test_claims_are_exclusive_until_their_lease_runs_out(store: BatchStore) -> None:
+    batch_id = started(store, "o", jsonl(*"abcde"))
+    first = store.claim_requests(batch_id, "w1", 2000, LEASE, 3)
+    second = store.claim_requests(batch_id, "w2", 2000, LEASE, 10)
+    assert [c.custom_id for c in first] == ["a", "b", "c"]
+    assert [c.custom_id for c in second] == ["d", "e"]
+    assert store.claim_requests(batch_id, "w3", 2000 + LEASE / 2, LEASE, 10) == []
+    store.renew("w1", [(batch_id, first[0].line)], 2000 + LEASE / 2, LEASE)  # w1 is still sending "a"
+    retaken = store.claim_requests(batch_id, "w3", 2000 + LEASE, LEASE, 10)
+    assert sorted(c.custom_id for c in retaken) == ["b", "c", "d", "e"]
+    assert all(c.attempts == 2 for c in retaken)
+
+
+def test_a_result_is_recorded_once_whoever_answers_last(store: BatchStore) -> None:
+    batch_id = started(store, "o", jsonl("a", "b"))
+    dead = store.claim_requests(batch_id, "dead", 2000, LEASE, 10)
+    again = store.claim_requests(batch_id, "alive", 2000 + LEASE, LEASE, 10)
+    assert [c.line for c in dead] == [c.line for c in again]
+    assert store.record(batch_id, again[0].line, ok_line("a"), ok=True)
+    assert not store.record(batch_id, dead[0].line, ok_line("a"), ok=True)  # the late duplicate is dropped
+    assert store.get_batch("o", batch_id)["request_counts"]["completed"] == 1  # type: ignore[index]
+    assert store.try_finalize(batch_id, 2100) is None  # "b" is not answered yet
+
+
+def test_a_finished_batch_gets_one_output_line_per_custom_id_and_an_error_file(store: BatchStore) -> None:
+    batch_id = started(store, "o", jsonl("a", "b", "c", bad=1))
+    claimed = store.claim_requests(batch_id, "w", 2000, LEASE, 10)
+    for c in claimed[:2]:
+        assert store.record(batch_id, c.line, ok_line(c.custom_id), ok=True)
+    failed = rules.response_line("batch_req_y", "c", 400, "r", {"error": {"message": "bad"}})
+    assert store.record(batch_id, claimed[2].line, failed, ok=False)
+    assert store.try_finalize(batch_id, 2001) == rules.COMPLETED
+    assert store.try_finalize(batch_id, 2002) is None  # once only
+    batch = store.get_batch("o", batch_id)
+    assert batch is not None
+    assert batch["status"] == rules.COMPLETED
+    assert batch["completed_at"] == 2001
+    assert batch["request_counts"] == {"total": 4, "completed": 2, "failed": 2}
+    output = store.file_content("o", batch["output_file_id"])
+    errors = store.file_content("o", batch["error_file_id"])
+    assert output is not None
+    assert errors is not None
+    assert [json.loads(x)["custom_id"] for x in output.splitlines()] == ["a", "b"]
+    error_lines = [json.loads(x) for x in errors.splitlines()]
+    assert error_lines[0]["response"]["status_code"] == 400
+    assert error_lines[1]["custom_id"] is None
+    assert error_lines[1]["error"]["code"] == "invalid_json_line"
+    assert store.get_file("o", batch["output_file_id"])["purpose"] == "batch_output"  # type: ignore[index]
+
+
+def test_an_expired_batch_puts_its_unanswered_requests_in_the_error_file(store: BatchStore) -> None:
+    batch_id = started(store, "o", jsonl("a", "b"))
+    claimed = store.claim_requests(batch_id, "w", 2000, LEASE, 1)
+    assert store.record(batch_id, claimed[0].line, ok_line("a"), ok=True)
+    expires = store.get_batch("o", batch_id)["expires_at"]  # type: ignore[index]
+    assert store.try_finalize(batch_id, expires - 1) is None
+    assert store.try_finalize(batch_id, expires) == rules.EXPIRED
+    batch = store.get_batch("o", batch_id)
+    assert batch is not None
+    assert batch["request_counts"] == {"total": 2, "completed": 1, "failed": 1}
+    errors = store.file_content("o", batch["error_file_id"])
+    assert errors is not None
+    assert json.loads(errors)["error"]["code"] == "batch_expired"
+    assert store.claim_requests(batch_id, "w", expires + 1, LEASE, 10) == []
+    assert not store.record(batch_id, claimed[0].line + 1, ok_line("b"), ok=True)  # a late answer for "b"
+    assert store.get_batch("o", batch_id)["request_counts"]["completed"] == 1  # type: ignore[index]
+
+
+def test_cancelling_waits_for_requests_in_flight_then_keeps_what_was_answered(store: BatchStore) -> None:
+    batch_id = started(store, "o", jsonl("a", "b", "c"))
+    claimed = store.claim_requests(batch_id, "w", 2000, LEASE, 2)
+    cancelling = store.cancel_batch("o", batch_id, 2001)
+    assert cancelling is not None
+    assert cancelling["status"] == rules.CANCELLING
+    assert store.claim_requests(batch_id, "w2", 2002, LEASE, 10) == []  # nothing more is sent
+    assert store.try_finalize(batch_id, 2002) is None  # "a" and "b" are still in flight
+    assert store.record(batch_id, claimed[0].line, ok_line("a"), ok=True)
+    store.retry_later(batch_id, claimed[1].line, "w", 2002)  # given back unsent
+    assert store.try_finalize(batch_id, 2003) == rules.CANCELLED
+    batch = store.get_batch("o", batch_id)
+    assert batch is not None
+    assert batch["cancelled_at"] == 2003
+    assert batch["error_file_id"] is None
+    assert store.file_content("o", batch["output_file_id"]).count(b"\n") == 1  # type: ignore[union-attr]
+    assert store.cancel_batch("o", batch_id, 2004)["status"] == rules.CANCELLED  # type: ignore[index]
+    assert not store.record(batch_id, claimed[1].line, ok_line("b"), ok=True)  # a late answer changes nothing
+    assert store.get_batch("o", batch_id)["request_counts"]["completed"] == 1  # type: ignore[index]
+
+
+def test_a_finished_batch_cannot_be_cancelled(store: BatchStore) -> None:
+    batch_id = started(store, "o", jsonl("a"))
+    claimed = store.claim_requests(batch_id, "w", 2000, LEASE, 1)
+    assert store.record(batch_id, claimed[0].line, ok_line("a"), ok=True)
+    assert store.try_finalize(batch_id, 2001) == rules.COMPLETED
+    with pytest.raises(rules.TransitionError, match="completed cannot become cancelling"):
+        store.cancel_batch("o", batch_id, 2002)
+
+
+def test_concurrent_claimers_never_share_a_request(store: BatchStore) -> None:
+    batch_id = started(store, "o", jsonl(*(f"r{i}" for i in range(200))))
+    got: dict[str, list[int]] = {}
+
+    def claim(me: str) -> None:
+        mine = got.setdefault(me, [])
+        while batch := store.claim_requests(batch_id, me, 2000, LEASE, 7):
+            mine += [c.line for c in batch]
+
+    threads = [threading.Thread(target=claim, args=(f"w{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    every = [line for lines in got.values() for line in lines]
+    assert sorted(every) == list(range(1, 201))
+
+
+def test_database_urls() -> None:
+    assert engine_url("postgresql://u:p@h/db") == "postgresql+psycopg://u:p@h/db"
+    assert engine_url("postgres://h/db") == "postgresql+psycopg://h/db"
+    assert engine_url("sqlite:///x.db") == "sqlite:///x.db"
+    assert "s3cret" not in redacted("postgresql://u:s3cret@h/db")

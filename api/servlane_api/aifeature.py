@@ -8,16 +8,19 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from servlane_api._base import ApiModel, ApiObject
-from servlane_api.aimodel import DNS_LABEL
 from servlane_api.cel import CelRule, CelValidated, max_name_length
 from servlane_api.conditions import Condition
+from servlane_api.targets import TARGET
 
-ModelName = Annotated[str, Field(pattern=DNS_LABEL, max_length=253)]
+# An AIModel of the namespace, or one of its adapters as `<aimodel>:<adapter>` (servlane_api.targets).
+ModelName = Annotated[str, Field(pattern=TARGET, max_length=253)]
 DURATION = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
 
 
 class WeightedModel(ApiModel):
-    model: ModelName = Field(description="An AIModel in the same namespace.")
+    model: ModelName = Field(
+        description="An AIModel in the same namespace, or one of its adapters as '<aimodel>:<adapter>'."
+    )
     weight: int = Field(ge=0, le=100, description="Percent of the feature's traffic.")
 
 
@@ -116,6 +119,10 @@ class ResponseCache(ApiModel):
     )
 
 
+# How the gateway picks a pod (an endpoint of the AIModel's Service) once it has picked the AIModel by weight.
+RoutingPolicy = Literal["least-load", "prefix-affinity", "round-robin"]
+
+
 class AIFeatureSpec(CelValidated):
     cel_rules = (
         CelRule(
@@ -130,7 +137,10 @@ class AIFeatureSpec(CelValidated):
         ),
     )
 
-    model: ModelName | None = Field(default=None, description="The AIModel that should serve this feature.")
+    model: ModelName | None = Field(
+        default=None,
+        description="The AIModel that should serve this feature, or one of its adapters as '<aimodel>:<adapter>'.",
+    )
     split: list[WeightedModel] | None = Field(default=None, min_length=1, max_length=16)
     rollout: Rollout = Field(default_factory=Rollout)
     defaults: FeatureDefaults = Field(default_factory=FeatureDefaults)
@@ -138,6 +148,13 @@ class AIFeatureSpec(CelValidated):
         default_factory=ResponseCache,
         description="The gateway answers a repeated deterministic request (temperature 0, or a seed) to the "
         "same model version again, without the backend.",
+    )
+    routing: RoutingPolicy = Field(
+        default="least-load",
+        description="How the gateway picks a pod of the chosen AIModel: least-load (the less busy of two "
+        "random ready pods, by the gateway's requests in flight), prefix-affinity (the same prompt prefix, "
+        "hence the same conversation, goes to the same pod while that pod is not overloaded: its KV cache "
+        "is reused), or round-robin.",
     )
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 from servlane_cli.canary import FeatureController
-from servlane_cli.local_config import has_gpu, local_runtime
+from servlane_cli.local_config import has_gpu, local_adapters, local_runtime
 from servlane_cli.manifests import ManifestError, Manifests, files_signature, load_manifests
 from servlane_cli.ports import free_port, port_free
 from servlane_cli.processes import ManagedProcess
@@ -43,6 +43,7 @@ from servlane_operator.metric_readers.scrape_reader import ScrapeReader
 
 log = logging.getLogger(__name__)
 TICK_SECONDS = 0.25
+BATCH_DATABASE = "batch.db"  # the Batch API's SQLite database, in the state directory
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,10 @@ class Supervisor:
             sys.executable, "-m", "servlane_gateway", "--routes-file", str(self.state_dir / ROUTES_FILE),
             "--host", options.host, "--port", str(self.gateway_port), "--log-level", "warning",
         ]  # fmt: skip
-        self.gateway = ManagedProcess("gateway", gateway_argv, dict(os.environ), self.state_dir / "logs/gateway.log")
+        # The Batch API keeps its files and batches in SQLite under the state directory (survives restarts).
+        env = {"SERVLANE_GATEWAY_BATCH_DATABASE_URL": f"sqlite:///{self.state_dir.resolve() / BATCH_DATABASE}"}
+        env |= os.environ  # a database URL set by the user wins
+        self.gateway = ManagedProcess("gateway", gateway_argv, env, self.state_dir / "logs/gateway.log")
         self.reader = ScrapeReader([self.gateway_url + "/metrics"])
         self._signature: object = None
         self._manifest_error: str | None = None
@@ -99,11 +103,18 @@ class Supervisor:
         for name, entry in manifests.models.items():
             old = self.slots.get(name)
             port = free_port()
+            adapters_file = self.state_dir / "adapters" / f"{name}.json"
             try:
-                runtime = local_runtime(entry.model, port, self.options.model_cache, self._gpu)
+                runtime = local_runtime(entry.model, port, self.options.model_cache, self._gpu, adapters_file)
             except ValueError as exc:
                 log.error("model %s: not served: %s", name, exc)
                 continue
+            # Before a (re)start, so the runtime loads them with the model; a running one follows the file.
+            adapters, adapter_warnings = local_adapters(entry.model)
+            for warning in adapter_warnings:
+                log.warning("model %s: %s", name, warning)
+            adapters_file.parent.mkdir(parents=True, exist_ok=True)
+            self._write_if_changed(f"adapters/{name}.json", json.dumps(adapters, indent=1))
             if old is not None and old.runtime.fingerprint() == runtime.fingerprint():
                 old.model = entry.model  # metadata-only edits need no restart
                 continue
@@ -157,6 +168,10 @@ class Supervisor:
             self.gateway.restart()
         await asyncio.gather(*(slot.probe(client) for slot in self.slots.values()))
         ready = {name: slot.ready for name, slot in self.slots.items()}
+        # Adapter targets (`model:adapter`): ready with their model while its manifest lists them.
+        ready.update(
+            {f"{name}:{a.name}": slot.ready for name, slot in self.slots.items() for a in slot.model.spec.adapters}
+        )
         wall = datetime.now(UTC)
         for controller in self.features.values():
             await controller.step(ready, self.reader, wall)

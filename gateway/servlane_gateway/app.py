@@ -20,8 +20,11 @@ from servlane_core.protocol.errors import install_error_handlers
 from servlane_core.protocol.limits import RequestLimits
 from servlane_core.routing.overrides import apply_overrides
 from servlane_core.routing.routes import RouteTable, describe_refused, describe_shadowing, resolve_plain_names
+from servlane_core.tracing import TracingMiddleware, start_tracing, stop_tracing
 from servlane_gateway.access import ApiKey, KeyRing, parse_keys
+from servlane_gateway.batch.service import BatchService
 from servlane_gateway.cache_store import AnswerStore, MemoryStore, RedisStore, ResponseCacher
+from servlane_gateway.endpoints import EndpointRouter, EndpointSliceSource
 from servlane_gateway.forwarding import GatewayState, handle
 from servlane_gateway.gateway_metrics import GatewayMetrics
 from servlane_gateway.kube_watch import KubeRouteSource, own_namespace
@@ -123,6 +126,18 @@ def answer_store_for(settings: GatewaySettings) -> AnswerStore:
     )
 
 
+def batch_service_for(settings: GatewaySettings, state: GatewayState) -> BatchService:
+    url = settings.batch_database_url
+    return BatchService(
+        state,
+        url.get_secret_value() if url is not None else None,
+        concurrency=settings.batch_concurrency_per_feature,
+        lease=settings.batch_lease_seconds,
+        poll=settings.batch_poll_seconds,
+        max_file_bytes=settings.batch_max_file_bytes,
+    )
+
+
 PROXIED = {f"/v1/{e}": e for e in ("chat/completions", "completions", "embeddings")}
 
 
@@ -131,7 +146,18 @@ class GatewayApp(FastAPI):
     FastAPI's and Starlette's middleware and routing layers costing more per request than the gateway's
     own work, and the handler needs none of them: it answers every outcome itself, errors included."""
 
+    traced: TracingMiddleware | None = None  # set when tracing is on: a server span around each OpenAI request
+
+    def trace_with(self, tracer: Any) -> None:
+        self.traced = TracingMiddleware(self._serve, tracer)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.traced is not None:
+            await self.traced(scope, receive, send)  # type: ignore[arg-type]
+            return
+        await self._serve(scope, receive, send)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in PROXIED:
             response = await handle(self.state.gateway, Request(scope, receive, send), PROXIED[scope["path"]])
             await response(scope, receive, send)
@@ -176,7 +202,12 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
     state.metrics.limits_store.labels(state.limiter.mode).set(1)
     if settings.keys_file is not None:
         log_key_ring(state.keys, settings.keys_file)
+    batch = batch_service_for(settings, state)
+    tracer = start_tracing("servlane-gateway")
     routes = source or route_source_for(settings)
+    state.endpoints = EndpointRouter(state.metrics)
+    # The pods behind each AIModel's Service, when watching the cluster; else its Service URL is called.
+    slices = EndpointSliceSource(settings.namespaces) if isinstance(routes, KubeRouteSource) else None
     serving = plain_name_namespaces(settings, own_namespace)
     log.info(
         "plain model names resolve in namespace(s) %s, in that order; elsewhere call '<namespace>/<name>'",
@@ -197,13 +228,18 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        state.pool = UpstreamPool(timeouts.connect)
+        state.pool = UpstreamPool(
+            timeouts.connect, settings.upstream_max_idle_seconds, settings.upstream_max_lifetime_seconds
+        )
         limiter: Limiter = state.limiter  # the one started is the one closed
         cache = state.cache
         assert cache is not None
         await limiter.start()
         await cache.start()
+        if slices is not None:
+            await slices.start(state.endpoints.update)
         await routes.start(on_table)
+        await batch.start()
         keys_task = None
         if settings.keys_file is not None:
             keys_task = asyncio.create_task(_watch_keys(state, settings.keys_file, settings.reload_poll_seconds))
@@ -214,16 +250,24 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
                 keys_task.cancel()
                 with suppress(asyncio.CancelledError):
                     await keys_task
+            await batch.stop()
             await routes.stop()
+            if slices is not None:
+                await slices.stop()
             await limiter.aclose()
             await cache.aclose()
             await state.pool.aclose()
+            if tracer is not None:
+                stop_tracing()
 
     app = GatewayApp(title="Servlane gateway", lifespan=lifespan)
+    if tracer is not None:
+        app.trace_with(tracer)
     app.state.gateway = state
     install_error_handlers(app)
 
     _document_proxied(app, state)
+    batch.install(app)
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:

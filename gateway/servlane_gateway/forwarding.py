@@ -1,9 +1,11 @@
 """One OpenAI request through the gateway: cap, authenticate, route, authorise, limit, forward, count.
 
 The body is parsed once into a dict; the feature's defaults and the backend's served model name are
-written into it and it is serialised once per attempt. A backend that refuses the connection is
-retried once on another ready backend; nothing has reached the client at that point, and nothing is
-retried after the upstream accepted the request.
+written into it and it is serialised once per attempt. The pod of the picked backend is picked by the
+feature's routing policy (servlane_gateway.endpoints). A pod that refuses the connection is retried on
+another pod of the same backend, and a backend with no pod left to try once on another ready backend;
+nothing has reached the client at that point, and nothing is retried after the upstream accepted the
+request.
 
 Every stream is charged: the backend is always asked for its usage chunk (`stream_options.include_usage`),
 and when the client did not ask for it, the relay cuts that one chunk out of what the client gets.
@@ -30,11 +32,15 @@ from starlette.responses import Response
 from servlane_core.protocol.errors import OpenAIError, model_not_found, overloaded
 from servlane_core.protocol.limits import RequestLimits, body_too_large, parse_json_object
 from servlane_core.routing.defaults import apply_defaults
+from servlane_core.routing.endpoint_pick import PREFIX_AFFINITY
 from servlane_core.routing.picking import pick_backend
-from servlane_core.routing.routes import Route, RouteTable
+from servlane_core.routing.prompt_prefix import prompt_prefix
+from servlane_core.routing.routes import Backend, Route, RouteTable
 from servlane_core.routing.sticky_share import StickyShareGuard
+from servlane_core.tracing import NO_SPANS, Phase, RequestSpans, spans_of
 from servlane_gateway.access import KeyRing, authorize
 from servlane_gateway.cache_store import ResponseCacher
+from servlane_gateway.endpoints import EndpointRouter, Lease
 from servlane_gateway.gateway_metrics import NONE, GatewayMetrics
 from servlane_gateway.proxy import (
     CLIENT_GONE,
@@ -49,7 +55,13 @@ from servlane_gateway.proxy import (
 from servlane_gateway.ratelimit import DEFAULT_RESERVED_COMPLETION_TOKENS, Hold, RateLimiter, estimate_tokens
 from servlane_gateway.redis_limits import RedisLimiter
 from servlane_gateway.response_cache import CACHE_HEADER, MISS, Caching, lookup_key
-from servlane_gateway.upstream import UpstreamConnectError, UpstreamError, UpstreamPool, UpstreamResponse
+from servlane_gateway.upstream import (
+    UpstreamConnectError,
+    UpstreamConnectTimeout,
+    UpstreamError,
+    UpstreamPool,
+    UpstreamResponse,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +70,10 @@ CLIENT_CLOSED = 499  # the `code` label of a request the client abandoned (nginx
 # these values and answers others with a 400); checked here too so a bad value never reaches a backend.
 PRIORITIES = ("high", "normal", "low")
 STREAMING_ENDPOINTS = ("chat/completions", "completions")
+# Pods of one backend tried for a request whose connections they refuse, before another backend (once).
+# Two: a second refusal in a row says more about the version than the pod, and ejection keeps dead pods
+# out of later picks.
+MAX_POD_ATTEMPTS = 2
 T = TypeVar("T")
 
 
@@ -81,6 +97,8 @@ class GatewayState:
     # Reserved at admission for a completion without max_tokens (see ratelimit.estimate_tokens).
     reserved_completion_tokens: int = DEFAULT_RESERVED_COMPLETION_TOKENS
     cache: ResponseCacher | None = None  # deterministic answers, for the features that opt in
+    # Picks the pod of each attempt; without EndpointSlices it hands back the backend's Service URL.
+    endpoints: EndpointRouter = field(default_factory=EndpointRouter)
 
 
 @dataclass
@@ -96,10 +114,15 @@ class Call:
     admission: Hold | None = None  # set once the limiter admitted the request; settled when it ends
     strip_usage: bool = False  # the gateway asked for the stream's usage chunk, the client did not
     caching: Caching | None = None  # the response cache missed: keep the answer under this key
+    lease: Lease | None = None  # the pod relaying a stream: in flight until the stream ends
 
     def settle(self, tokens: int | None) -> None:
         if self.admission is not None:
             self.admission.settle(tokens)
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
 
 
 async def read_capped(request: Request, cap: int) -> bytes:
@@ -178,7 +201,11 @@ async def handle(state: GatewayState, request: Request, endpoint: str) -> Respon
     """The whole pipeline; every outcome is counted exactly once."""
     call = Call(started=time.perf_counter())
     try:
-        return await _handle(state, request, endpoint, call)
+        try:
+            return await _handle(state, request, endpoint, call)
+        except BaseException:
+            call.release()  # a stream's pod is released when its relay ends; no relay follows an error
+            raise
     except (ClientGone, ClientDisconnect):
         call.settle(None)  # the backend may have generated before the call was cancelled
         state.metrics.record(
@@ -188,7 +215,7 @@ async def handle(state: GatewayState, request: Request, endpoint: str) -> Respon
     except OpenAIError as exc:
         error = exc
     except Exception:  # a bug: still one error shape, and still counted
-        log.exception("unexpected error while proxying")
+        log.exception("unexpected error while proxying%s", _trace_note(spans_of(request.scope)))
         error = OpenAIError(500, "The gateway had an error while processing your request.", type="server_error")
     # A timed-out backend may have generated; every other error here means no backend answer to charge.
     call.settle(None if error.status == 504 else 0)
@@ -220,21 +247,27 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _handle(state: GatewayState, request: Request, endpoint: str, call: Call) -> Response:
-    raw = await read_capped(request, state.limits.max_body_bytes)
-    key = state.keys.authenticate(request.headers.get("authorization"))
+    spans = spans_of(request.scope)
+    with spans.phase("auth"):
+        raw = await read_capped(request, state.limits.max_body_bytes)
+        key = state.keys.authenticate(request.headers.get("authorization"))
     call.key_name = key.name if key else None
     priority = priority_of(request)
-    body = parse_body(raw, state.limits)
-    table = state.table
-    route = table.lookup(body["model"]) if table else None
-    if table is None or route is None:
-        raise model_not_found(body["model"])
-    call.feature = route.name
-    call.namespace = route.namespace
-    authorize(key, route, table, body["model"])
-    apply_defaults(body, route.defaults, endpoint)  # first: the feature's max_tokens cap sizes the reservation
-    reserve = estimate_tokens(body, len(raw), endpoint, state.reserved_completion_tokens)
-    call.admission = await state.limiter.acquire(call.key_name, route.namespace, route.name, reserve)
+    with spans.phase("route") as routing:
+        body = parse_body(raw, state.limits)
+        table = state.table
+        route = table.lookup(body["model"]) if table else None
+        if table is None or route is None:
+            raise model_not_found(body["model"])
+        call.feature = route.name
+        call.namespace = route.namespace
+        spans.set(**{"gen_ai.request.model": body["model"], "servlane.namespace": route.namespace})
+        spans.set(**{"servlane.feature": route.name, "servlane.key": call.key_name})
+        authorize(key, route, table, body["model"])
+        apply_defaults(body, route.defaults, endpoint)  # first: the feature's max_tokens cap sizes the reservation
+        reserve = estimate_tokens(body, len(raw), endpoint, state.reserved_completion_tokens)
+        call.admission = await state.limiter.acquire(call.key_name, route.namespace, route.name, reserve)
+        routing.event("admitted")
     call.strip_usage = ask_for_usage(body, endpoint)
     return await _forward(state, request, endpoint, call, route, body, priority)
 
@@ -248,6 +281,7 @@ async def _forward(
     body: dict[str, Any],
     priority: str | None,
 ) -> Response:
+    spans = spans_of(request.scope)
     sticky = sticky_id(request, body)
     # A client (its key, else its sticky id) stays pinned to a version only up to its fair share of it.
     pick = state.sticky_guard.pick(route, sticky, call.key_name or sticky)
@@ -258,6 +292,7 @@ async def _forward(
     key = lookup_key(body, endpoint, route, backend) if state.cache is not None else None
     if state.cache is not None and key is not None and (entry := await state.cache.get(key)) is not None:
         call.settle(0)
+        spans.set(**{"servlane.cache": "hit"})
         state.metrics.record(call.namespace, call.feature, NONE, 200, time.perf_counter() - call.started)
         return state.cache.replay(entry, call.strip_usage, request.headers.get("x-request-id"))
     headers = {"content-type": "application/json", "accept": request.headers.get("accept", "*/*")}
@@ -265,33 +300,71 @@ async def _forward(
         headers["x-request-id"] = request_id
     if priority is not None:
         headers["x-priority"] = priority
-    tried: list[str] = []
+    tried: list[str] = []  # backends
+    tried_targets: list[str] = []  # pods (or Service URLs) whose connection was refused
+    on_backend = 0  # of those, on the current backend
     stream = bool(body.get("stream"))
+    prefix = prompt_prefix(body) if route.routing == PREFIX_AFFINITY else None
     while True:
         if backend is None:
             raise unavailable(state, f"No backend of '{route.name}' is ready; try again shortly.")
+        with spans.phase("pick", {"servlane.model": backend.model, "servlane.routing": route.routing}) as picking:
+            lease = state.endpoints.choose(backend, route.routing, prefix, exclude=tried_targets)
+            picking.set(**{"server.address": lease.base_url if lease is not None else None})
+        if lease is None:  # a pod of this backend was tried, and no other pod is left to try
+            backend = _another_backend(state, call, route, backend, sticky, tried)
+            on_backend = 0
+            continue
         call.model = backend.model
         body["model"] = backend.served_model_name
         payload = json.dumps(body).encode()
-        if not tried:
+        if not tried_targets:
             call.gateway_seconds = time.perf_counter() - call.started
+        url = lease.base_url + _PATHS[endpoint]
+        attempt = spans.phase(
+            "upstream", {"server.address": lease.base_url, "servlane.model": backend.model}, client=True
+        )
         try:
-            url = backend.base_url + _PATHS[endpoint]
-            upstream, content = await _unless_client_leaves(request, _exchange(state, url, payload, headers, stream))
+            with attempt:
+                exchange = _exchange(state, url, payload, headers | attempt.headers(), stream, lease, attempt)
+                upstream, content = await _unless_client_leaves(request, exchange)
+                attempt.set(**{"http.response.status_code": upstream.status_code})
             break
         except UpstreamConnectError:
-            log.warning("backend %s/%s refused the connection", backend.namespace, backend.model)
-            tried.append(backend.model)
-            refused, backend = backend, pick_backend(route, sticky, exclude=tried) if len(tried) == 1 else None
-            if backend is not None:
-                # A refused attempt that gets retried counts against the refused model, so a dead canary
-                # shows as failing to the canary analysis even when the retry saves the client's request.
-                # (When no retry follows, the request's own 503 is counted against it below.)
-                elapsed = time.perf_counter() - call.started
-                state.metrics.record(call.namespace, call.feature, refused.model, 502, elapsed, "upstream_unavailable")
+            log.warning(
+                "backend %s/%s refused the connection (%s)%s",
+                backend.namespace, backend.model, lease.base_url, _trace_note(spans),
+            )  # fmt: skip
+            tried_targets.append(lease.key)
+            on_backend += 1
+            if lease.endpoint is None or on_backend >= MAX_POD_ATTEMPTS:  # a Service URL has no other pod
+                backend = _another_backend(state, call, route, backend, sticky, tried)
+                on_backend = 0
+    if content is None:
+        call.lease = lease  # a stream: its pod is in flight until the relay ends
     if key is not None and (key := lookup_key(body, endpoint, route, backend)) is not None:
         call.caching = Caching(key, route.response_cache)  # of the backend that answered (after a retry)
     return _respond(state, call, upstream, content)
+
+
+def _trace_note(spans: RequestSpans) -> str:
+    return f" (trace {spans.trace_id})" if spans.trace_id else ""
+
+
+def _another_backend(
+    state: GatewayState, call: Call, route: Route, refused: Backend, sticky: str | None, tried: list[str]
+) -> Backend | None:
+    """After `refused` refused every connection: once, another ready backend of the route."""
+    tried.append(refused.model)
+    backend = pick_backend(route, sticky, exclude=tried) if len(tried) == 1 else None
+    if backend is not None:
+        # A refused attempt that gets retried counts against the refused model, so a dead canary shows as
+        # failing to the canary analysis even when the retry saves the client's request. (When no retry
+        # follows, the request's own 503 is counted against it.) A pod refusing while another pod of the
+        # same model answers is not counted here: the model answered; the pod's ejection shows it.
+        elapsed = time.perf_counter() - call.started
+        state.metrics.record(call.namespace, call.feature, refused.model, 502, elapsed, "upstream_unavailable")
+    return backend
 
 
 _PATHS = {endpoint: f"/v1/{endpoint}" for endpoint in ("chat/completions", "completions", "embeddings")}
@@ -302,23 +375,59 @@ def _is_event_stream(upstream: UpstreamResponse) -> bool:
 
 
 async def _exchange(
-    state: GatewayState, url: str, payload: bytes, headers: dict[str, str], stream: bool
+    state: GatewayState,
+    url: str,
+    payload: bytes,
+    headers: dict[str, str],
+    stream: bool,
+    lease: Lease,
+    attempt: Phase = NO_SPANS,
 ) -> tuple[UpstreamResponse, bytes | None]:
     """Open the upstream call and, unless it answers with a stream to relay, read the whole answer: one
-    awaitable, so one client-disconnect watch covers both. UpstreamConnectError propagates (retry)."""
+    awaitable, so one client-disconnect watch covers both. UpstreamConnectError propagates (retry).
+    The lease (the pod in flight) is released here unless a stream follows (the caller then owns it)."""
+    try:
+        upstream = await _open(state, url, payload, headers, lease)
+        attempt.event("first_byte")
+        if stream and _is_event_stream(upstream):
+            return upstream, None
+    except BaseException:
+        lease.release()
+        raise
+    try:
+        return upstream, await _read(state, upstream)
+    finally:
+        lease.release()
+
+
+async def _open(
+    state: GatewayState, url: str, payload: bytes, headers: dict[str, str], lease: Lease
+) -> UpstreamResponse:
+    """The answer's head; the pod's outcome is judged here (outlier detection)."""
     assert state.pool is not None
     try:
         upstream = await open_upstream(state.pool, url, payload, headers, state.timeouts.first_byte)
     except UpstreamTimeout as exc:
+        if isinstance(exc.__cause__, UpstreamConnectTimeout) and lease.endpoint is not None:
+            # A pod that does not even accept connections (its node gone, a network partition): nothing was
+            # sent, so it counts as a failure and another pod is tried, as for a refused connection.
+            lease.answered(None)
+            raise UpstreamConnectError(str(exc)) from exc
+        # Slow, not dead (or a Service URL, where kube-proxy picks): no verdict on the pod, no retry.
         raise OpenAIError(504, f"{exc}.", type="server_error", code="upstream_timeout") from exc
     except UpstreamConnectError:
+        lease.answered(None)
         raise
     except UpstreamError as exc:
+        lease.answered(None)  # reset before any answer
         raise OpenAIError(502, "The backend failed before answering.", type="server_error") from exc
-    if stream and _is_event_stream(upstream):
-        return upstream, None
+    lease.answered(upstream.status_code)
+    return upstream
+
+
+async def _read(state: GatewayState, upstream: UpstreamResponse) -> bytes:
     try:
-        return upstream, await read_body(upstream, state.timeouts)
+        return await read_body(upstream, state.timeouts)
     except UpstreamTimeout as exc:
         raise OpenAIError(504, f"{exc}.", type="server_error", code="upstream_timeout") from exc
     except UpstreamError as exc:
@@ -387,6 +496,7 @@ def _stream_done(state: GatewayState, call: Call, status: int, result: StreamRes
     call.settle(_count_usage(state, call, result.usage))
     if state.cache is not None and call.caching is not None and status == 200 and result.outcome == COMPLETED:
         state.cache.keep_stream(call.caching)
+    call.release()
     if result.outcome == CLIENT_GONE:
         state.metrics.record(call.namespace, call.feature, call.model, CLIENT_CLOSED, elapsed)
     else:

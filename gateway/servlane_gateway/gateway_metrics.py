@@ -19,6 +19,10 @@ CACHE_HITS = "servlane_gateway_response_cache_hits_total"
 CACHE_MISSES = "servlane_gateway_response_cache_misses_total"
 CACHE_STORES = "servlane_gateway_response_cache_stores_total"
 CACHE_EVICTIONS = "servlane_gateway_response_cache_evictions_total"
+# Per pod of a model version (endpoint-aware routing: servlane_gateway.endpoints).
+ENDPOINT_IN_FLIGHT = "servlane_gateway_endpoint_in_flight"
+ENDPOINT_PICKS = "servlane_gateway_endpoint_picks_total"
+ENDPOINT_EJECTIONS = "servlane_gateway_endpoint_ejections_total"
 # Label value when a request never reached a known route or backend (bounded, unlike client input).
 NONE = ""
 # Request series started at 0 for every route: success, and the backend 4xx a canary analysis compares
@@ -86,6 +90,18 @@ class GatewayMetrics:
         )
         self.cache_evictions = Counter(
             _base(CACHE_EVICTIONS, "_total"), "Answers dropped from the response cache to make room.", cache,
+            registry=r,
+        )  # fmt: skip
+
+        pod = ["namespace", "model", "pod"]
+        self.endpoint_in_flight = Gauge(
+            ENDPOINT_IN_FLIGHT, "Requests this gateway has in flight to each pod.", pod, registry=r
+        )
+        self.endpoint_picks = Counter(
+            _base(ENDPOINT_PICKS, "_total"), "Requests sent to each pod (retries included).", pod, registry=r
+        )
+        self.endpoint_ejections = Counter(
+            _base(ENDPOINT_EJECTIONS, "_total"), "Times a pod was ejected for failing (outlier detection).", pod,
             registry=r,
         )  # fmt: skip
 

@@ -6,6 +6,7 @@ watch traffic is a handful of small objects, and a blocking thread per stream ke
 free of it; each event is applied under a lock and one rebuild is scheduled on the event loop with
 call_soon_threadsafe, so a change reaches routing within milliseconds of the API server sending it.
 The table is published only once every stream has listed, so routing never sees half the objects.
+The list-then-watch loop (watch_forever) also serves the EndpointSlice watch (servlane_gateway.endpoints).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +65,12 @@ class ObjectStore:
         with self._lock:
             return self._synced == set(self._objects)
 
-    def table(self) -> RouteTable:
+    def objects(self) -> list[dict[str, Any]]:
         with self._lock:
-            raw = [o for objects in self._objects.values() for o in objects.values()]
-        return build_route_table(*parse_objects(raw))
+            return [o for objects in self._objects.values() for o in objects.values()]
+
+    def table(self) -> RouteTable:
+        return build_route_table(*parse_objects(self.objects()))
 
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -90,6 +94,17 @@ def own_namespace() -> str:
         return "default"
 
 
+def custom_objects_api() -> Any:
+    """The API with the in-cluster config, else the kubeconfig's."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.CustomObjectsApi()
+
+
 def _with_kind(obj: dict[str, Any], plural: str) -> dict[str, Any]:
     # List responses may omit each item's kind; parse_objects dispatches on it.
     return {**obj, "kind": "AIFeature" if plural == "aifeatures" else "AIModel"}
@@ -108,15 +123,9 @@ class KubeRouteSource:
         self._publish_lock = threading.Lock()
 
     async def start(self, on_table: OnTable) -> None:
-        from kubernetes import client, config
-
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
+        api = custom_objects_api()
         self._loop = asyncio.get_running_loop()
         self._on_table = on_table
-        api = client.CustomObjectsApi()
         for stream in self.streams:
             thread = threading.Thread(target=self._run, args=(api, stream), name=f"watch-{stream[0]}", daemon=True)
             thread.start()
@@ -141,42 +150,69 @@ class KubeRouteSource:
         if self._on_table is not None:
             self._on_table(self.store.table())
 
-    def _list(self, api: Any, stream: StreamKey) -> str:
-        plural, namespace = stream
-        if namespace:
-            result = api.list_namespaced_custom_object(GROUP, VERSION, namespace, plural)
-        else:
-            result = api.list_cluster_custom_object(GROUP, VERSION, plural)
-        self.store.replace(stream, [_with_kind(o, plural) for o in result.get("items", [])])
-        self._schedule_publish()
-        return str(result.get("metadata", {}).get("resourceVersion", ""))
-
     def _run(self, api: Any, stream: StreamKey) -> None:
-        from kubernetes import watch
-
         plural, namespace = stream
-        resource_version = ""
-        while not self._stop.is_set():
-            try:
-                if not resource_version:
-                    resource_version = self._list(api, stream)
-                w = watch.Watch()
-                args: tuple[Any, ...] = (GROUP, VERSION, namespace, plural) if namespace else (GROUP, VERSION, plural)
-                func = api.list_namespaced_custom_object if namespace else api.list_cluster_custom_object
-                for event in w.stream(
-                    func, *args, resource_version=resource_version,
-                    timeout_seconds=self.watch_timeout_seconds, allow_watch_bookmarks=True,
-                ):  # fmt: skip
-                    if self._stop.is_set():
-                        w.stop()
-                        break
-                    obj = event.get("object") or {}
-                    if event.get("type") == "ERROR":
-                        raise RuntimeError(f"watch error: {obj.get('message', obj)}")
-                    resource_version = str(obj.get("metadata", {}).get("resourceVersion", resource_version))
-                    if self.store.apply(stream, str(event.get("type")), _with_kind(obj, plural)):
-                        self._schedule_publish()
-            except Exception as exc:  # any failure: relist after a short pause (410 Gone included)
-                log.warning("watch of %s in %s failed, relisting: %s", plural, namespace or "all namespaces", exc)
-                resource_version = ""
-                self._stop.wait(1.0)
+
+        def listed(items: list[dict[str, Any]]) -> None:
+            self.store.replace(stream, [_with_kind(o, plural) for o in items])
+            self._schedule_publish()
+
+        def changed(event_type: str, obj: dict[str, Any]) -> None:
+            if self.store.apply(stream, event_type, _with_kind(obj, plural)):
+                self._schedule_publish()
+
+        resource = Resource(GROUP, VERSION, plural)
+        watch_forever(api, resource, namespace, self._stop, listed, changed, self.watch_timeout_seconds)
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str
+    version: str
+    plural: str
+    label_selector: str = ""  # only the objects with these labels
+
+
+def watch_forever(
+    api: Any,
+    resource: Resource,
+    namespace: str,
+    stop: threading.Event,
+    listed: Callable[[list[dict[str, Any]]], None],
+    changed: Callable[[str, dict[str, Any]], None],
+    timeout_seconds: int,
+) -> None:
+    """One (resource, namespace or "" for all) stream until `stop`: list (`listed` gets the items), then
+    watch from the list's resourceVersion (`changed` gets each event), relist on any error (410 Gone
+    included). Through CustomObjectsApi, which builds the same paths for built-in groups (EndpointSlices)."""
+    from kubernetes import watch
+
+    what = resource.plural
+    args: tuple[Any, ...] = (resource.group, resource.version)
+    args += (namespace, what) if namespace else (what,)
+    func = api.list_namespaced_custom_object if namespace else api.list_cluster_custom_object
+    selector = {"label_selector": resource.label_selector} if resource.label_selector else {}
+    resource_version = ""
+    while not stop.is_set():
+        try:
+            if not resource_version:
+                result = func(*args, **selector)
+                listed(list(result.get("items", [])))
+                resource_version = str(result.get("metadata", {}).get("resourceVersion", ""))
+            w = watch.Watch()
+            for event in w.stream(
+                func, *args, resource_version=resource_version,
+                timeout_seconds=timeout_seconds, allow_watch_bookmarks=True, **selector,
+            ):  # fmt: skip
+                if stop.is_set():
+                    w.stop()
+                    break
+                obj = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    raise RuntimeError(f"watch error: {obj.get('message', obj)}")
+                resource_version = str(obj.get("metadata", {}).get("resourceVersion", resource_version))
+                changed(str(event.get("type")), obj)
+        except Exception as exc:  # any failure: relist after a short pause (410 Gone included)
+            log.warning("watch of %s in %s failed, relisting: %s", what, namespace or "all namespaces", exc)
+            resource_version = ""
+            stop.wait(1.0)

@@ -21,8 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from servlane_api.runtime_config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_LIST_ITEMS
 from servlane_core.routing.overrides import parse_override_env, parse_override_items
 from servlane_gateway.ratelimit import DEFAULT_RESERVED_COMPLETION_TOKENS
+from servlane_gateway.upstream import DEFAULT_MAX_IDLE_SECONDS, DEFAULT_MAX_LIFETIME_SECONDS
 
 ENV_PREFIX = "SERVLANE_GATEWAY_"
+BATCH_DATABASE_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg", "sqlite")
 NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
@@ -88,9 +90,33 @@ class GatewaySettings(BaseModel):
     connect_timeout: float = Field(default=5.0, gt=0)
     first_byte_timeout: float = Field(default=300.0, gt=0)
     idle_timeout: float = Field(default=60.0, gt=0)
+    upstream_max_idle_seconds: float = Field(
+        default=DEFAULT_MAX_IDLE_SECONDS, gt=0, description="A pooled backend connection idle longer is closed."
+    )
+    upstream_max_lifetime_seconds: float = Field(
+        default=DEFAULT_MAX_LIFETIME_SECONDS,
+        gt=0,
+        description="A pooled backend connection open longer is closed, not reused (so one never pins a pod).",
+    )
     unavailable_retry_after: float = Field(default=5.0, gt=0, description="Retry-After when no backend is ready.")
     reload_poll_seconds: float = Field(default=0.2, gt=0, description="How often the files are checked.")
     log_level: str = "info"
+    batch_database_url: SecretStr | None = Field(
+        default=None,
+        description="The Batch API's database: postgresql://user:password@host/db (shared by the replicas) or "
+        "sqlite:///path (one process); unset: /v1/files and /v1/batches answer that the Batch API is off.",
+    )
+    batch_concurrency_per_feature: int = Field(
+        default=4, ge=1, description="Most batch requests in flight per feature on each replica."
+    )
+    batch_lease_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds a replica's claim on batch work lasts without renewal: the work of a replica that "
+        "dies is taken over after this.",
+    )
+    batch_poll_seconds: float = Field(default=1.0, gt=0, description="How often idle workers look for batch work.")
+    batch_max_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1, description="Largest batch input file.")
     endpoint_overrides: dict[str, str] = Field(
         default_factory=dict,
         description="FROM=TO (repeatable): rewrite backend base URLs starting with FROM, e.g. "
@@ -109,7 +135,7 @@ class GatewaySettings(BaseModel):
             return parse_override_items(str(item) for item in value)
         return value
 
-    @field_validator("redis_url", "redis_password", mode="before")
+    @field_validator("redis_url", "redis_password", "batch_database_url", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value
@@ -127,6 +153,14 @@ class GatewaySettings(BaseModel):
             raise ValueError("the Redis URL does not parse (its port?)") from None
         if parts.scheme not in ("redis", "rediss", "unix"):
             raise ValueError("the Redis URL must start with redis://, rediss:// or unix://")
+        return value
+
+    @field_validator("batch_database_url")
+    @classmethod
+    def _database_scheme(cls, value: SecretStr | None) -> SecretStr | None:
+        # The message never repeats the URL: it may hold a password.
+        if value is not None and value.get_secret_value().partition("://")[0] not in BATCH_DATABASE_SCHEMES:
+            raise ValueError("the Batch API's database URL must start with postgresql:// or sqlite:///")
         return value
 
     @field_validator("serving_namespaces")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections import deque
 from typing import cast
 from urllib.parse import urlsplit
@@ -22,6 +23,12 @@ import httptools
 
 PAUSE_AT = 32  # buffered body chunks before reading from the backend pauses (back-pressure)
 MAX_IDLE_PER_HOST = 1024
+# Below uvicorn's keep-alive (5 s, the runtime's server): a connection idle longer may be closing at the
+# backend's end just as a request goes out on it.
+DEFAULT_MAX_IDLE_SECONDS = 4.0
+# A pooled connection is not reused after this: through a Service URL (kube-proxy picks the pod once per
+# connection), a long-lived connection would otherwise pin its share of the traffic to one pod forever.
+DEFAULT_MAX_LIFETIME_SECONDS = 60.0
 
 
 class UpstreamError(Exception):
@@ -57,6 +64,8 @@ class _Connection(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.opened_at = time.monotonic()
+        self.idle_since = self.opened_at
         self._reset()
 
     def _reset(self) -> None:
@@ -192,26 +201,49 @@ class UpstreamResponse:
 
 
 class UpstreamPool:
-    """Idle keep-alive connections per (host, port). Connections are opened on demand (no upper limit:
-    a backend's own admission control answers overload with 429/503)."""
+    """Idle keep-alive connections per (host, port): per pod when the gateway picks pods, per Service
+    otherwise. Connections are opened on demand (no upper limit: a backend's own admission control answers
+    overload with 429/503). An idle connection is reused most recent first, and only while it has been
+    idle at most `max_idle` seconds and open at most `max_lifetime`; older ones are closed."""
 
-    def __init__(self, connect_timeout: float) -> None:
+    def __init__(
+        self,
+        connect_timeout: float,
+        max_idle: float = DEFAULT_MAX_IDLE_SECONDS,
+        max_lifetime: float = DEFAULT_MAX_LIFETIME_SECONDS,
+    ) -> None:
         self.connect_timeout = connect_timeout
+        self.max_idle = max_idle
+        self.max_lifetime = max_lifetime
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
 
+    def _expired(self, connection: _Connection, now: float) -> bool:
+        return now - connection.idle_since > self.max_idle or now - connection.opened_at > self.max_lifetime
+
     def release(self, key: tuple[str, int], connection: _Connection) -> None:
+        now = time.monotonic()
+        connection.idle_since = now
         idle = self._idle.setdefault(key, [])
-        if len(idle) < MAX_IDLE_PER_HOST:
+        # The least recently used sit at the bottom and are never reached while traffic keeps the top
+        # busy: closed here once too old, so they do not hold sockets (and pods) forever.
+        while idle and (idle[0].closed or self._expired(idle[0], now)):
+            idle.pop(0).close()
+        if len(idle) < MAX_IDLE_PER_HOST and not self._expired(connection, now):
             idle.append(connection)
         else:
             connection.close()
 
     def _take_idle(self, key: tuple[str, int]) -> _Connection | None:
         idle = self._idle.get(key)
+        now = time.monotonic()
         while idle:
             connection = idle.pop()
-            if not connection.closed:
-                return connection
+            if connection.closed:
+                continue
+            if self._expired(connection, now):
+                connection.close()
+                continue
+            return connection
         return None
 
     async def _connect(self, host: str, port: int) -> _Connection:

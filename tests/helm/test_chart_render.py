@@ -184,7 +184,7 @@ def test_gateway_rbac_is_read_only(helm: Helm) -> None:
         for role in roles:
             assert rule_set(role["rules"]) == {
                 ("servlane.dev", res, verb) for res in ("aifeatures", "aimodels") for verb in ("get", "list", "watch")
-            }
+            } | {("discovery.k8s.io", "endpointslices", verb) for verb in ("list", "watch")}
 
 
 @pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)

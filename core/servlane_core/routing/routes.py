@@ -3,7 +3,8 @@
 A feature's weights come from AIFeature.status.weights (what the operator's rollout currently applies);
 before the operator has written a status, the spec (split, or model at 100) stands in so a fresh
 gateway still routes. An AIModel gets traffic only when its Ready condition is True and its status
-has an endpoint. Every AIModel can also be called directly by its served model name.
+has an endpoint. Every AIModel can also be called directly by its served model name, and each of its LoRA
+adapters by the adapter's name; a feature targets an adapter as `model:adapter` (servlane_api.targets).
 
 Names: `namespace/name` always addresses exactly one feature (or, failing that, one AIModel by its
 served name) in that namespace. A plain `name` resolves only within the serving namespaces, an ordered
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 
 from servlane_api import AIFeature, AIModel
 from servlane_api.aifeature import FeatureDefaults, ResponseCache, WeightedModel
+from servlane_api.targets import Target, parse_target
 from servlane_core.routing.model_version import answer_version
 
 
@@ -44,6 +46,7 @@ class Route:
     defaults: FeatureDefaults = field(default_factory=FeatureDefaults)
     is_feature: bool = True
     response_cache: ResponseCache = field(default_factory=ResponseCache)  # off unless the feature opts in
+    routing: str = "least-load"  # how a pod of the picked backend is chosen (endpoint_pick)
 
 
 @dataclass(frozen=True)
@@ -80,16 +83,19 @@ def _served_name(model: AIModel) -> str:
     return model.status.served_model_name or model.served_model_name
 
 
-def _backend(model: AIModel, weight: int) -> Backend:
+def _backend(model: AIModel, weight: int, adapter: str | None = None) -> Backend:
+    """The model's pods; with `adapter`, the same pods answering as that LoRA adapter (the target
+    `model:adapter` is its metrics label, so a canary between adapters is measured per adapter)."""
+    listed = adapter is None or any(a.name == adapter for a in model.spec.adapters)
     return Backend(
-        model=model.name,
+        model=str(Target(model.name, adapter)),
         namespace=model.namespace,
         # status.endpoint is the OpenAI base URL (…:8000/v1); the proxy appends /v1/<endpoint> itself.
         base_url=(model.status.endpoint or "").rstrip("/").removesuffix("/v1"),
-        served_model_name=_served_name(model),
-        ready=is_ready(model),
+        served_model_name=_served_name(model) if adapter is None else adapter,
+        ready=is_ready(model) and listed,
         weight=weight,
-        version=answer_version(model.spec),
+        version=answer_version(model.spec) + ("" if adapter is None else f":{adapter}"),
     )
 
 
@@ -106,14 +112,17 @@ def feature_weights(feature: AIFeature) -> list[WeightedModel]:
 def _feature_route(feature: AIFeature, models: dict[tuple[str, str], AIModel]) -> Route:
     backends: list[Backend] = []
     for weighted in feature_weights(feature):
-        model = models.get((feature.namespace, weighted.model))
+        target = parse_target(weighted.model)
+        model = models.get((feature.namespace, target.model))
         if model is None:
             # A weight on a missing AIModel still shows up (not ready) so the weights gauge tells the truth.
             backends.append(Backend(weighted.model, feature.namespace, "", weighted.model, False, weighted.weight))
         else:
-            backends.append(_backend(model, weighted.weight))
+            backends.append(_backend(model, weighted.weight, target.adapter))
     spec = feature.spec
-    return Route(feature.name, feature.namespace, tuple(backends), spec.defaults, True, spec.response_cache)
+    return Route(
+        feature.name, feature.namespace, tuple(backends), spec.defaults, True, spec.response_cache, spec.routing
+    )
 
 
 def build_route_table(
@@ -131,6 +140,11 @@ def build_route_table(
             continue
         route = Route(served, model.namespace, (_backend(model, 100),), is_feature=False)
         routes.setdefault(f"{model.namespace}/{served}", route)
+    # Adapters by their own names, after every served name of the namespace (which wins a clash).
+    for model in sorted(by_key.values(), key=lambda m: (m.namespace, m.name)):
+        for adapter in model.spec.adapters:
+            route = Route(adapter.name, model.namespace, (_backend(model, 100, adapter.name),), is_feature=False)
+            routes.setdefault(f"{model.namespace}/{adapter.name}", route)
     for feature in features:
         routes[f"{feature.namespace}/{feature.name}"] = _feature_route(feature, by_key)
     return resolve_plain_names(RouteTable(routes, refused=tuple(refused)), serving_namespaces)

@@ -1,0 +1,290 @@
+"""Endpoint-aware routing: the gateway picks the pod itself instead of leaving it to kube-proxy.
+
+The weights pick a model version (an AIModel); its Service's EndpointSlices list its pods. Through a
+Service, kube-proxy picks a pod blind to its load and to what its KV cache holds; here the feature's
+policy (spec.routing: servlane_core.routing.endpoint_pick) picks among the ready pods by the requests
+this gateway has in flight to each, or by prompt prefix, and pods that keep failing are ejected for a
+while (servlane_core.routing.outliers). The decisions are pure and live in servlane_core.routing; this
+module holds the watch, the in-flight counts and the metrics.
+
+The watch: EndpointSlices labelled with `kubernetes.io/service-name` and the operator's
+`servlane.dev/model` (the EndpointSlice controller copies a Service's labels onto its slices, so only the
+AIModels' slices come, never the whole cluster's), one thread per namespace stream with the same list
+and watch loop as the route source (kube_watch.watch_forever). A backend's Service is read from its
+cluster-DNS URL (`http://<service>.<namespace>.svc...`, AIModel.status.endpoint). A backend with no
+slice known (routes-file mode, an endpoint override, a Service not seen yet) or with no ready pod is
+called at its URL, as before: kube-proxy then picks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+from servlane_core.routing.bounded_hashing import pick_bounded, ring_of
+from servlane_core.routing.endpoint_pick import (
+    PREFIX_AFFINITY,
+    ROUND_ROBIN,
+    Endpoint,
+    RoundRobin,
+    candidates,
+    least_loaded,
+    service_of,
+)
+from servlane_core.routing.outliers import OutlierDetector, OutlierRules
+from servlane_core.routing.routes import Backend
+from servlane_gateway.gateway_metrics import GatewayMetrics
+from servlane_gateway.kube_watch import ObjectStore, Resource, custom_objects_api, watch_forever
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+MODEL_LABEL = "servlane.dev/model"  # on the operator's Services, hence on their slices
+SLICES = Resource("discovery.k8s.io", "v1", "endpointslices", f"{SERVICE_NAME_LABEL},{MODEL_LABEL}")
+PORT_NAME = "http"  # the operator's Service port
+ServiceKey = tuple[str, str]  # (namespace, service)
+Services = dict[ServiceKey, tuple[Endpoint, ...]]
+
+
+def slice_endpoints(obj: dict[str, Any]) -> list[Endpoint]:
+    """The endpoints of one EndpointSlice at its `http` port (else its only port). Conditions as the API
+    documents them: `ready` unset means ready, `terminating` unset means not terminating."""
+    if obj.get("addressType") not in ("IPv4", "IPv6"):
+        return []
+    ports = [p for p in obj.get("ports") or [] if isinstance(p, dict)]
+    named = [p for p in ports if p.get("name") == PORT_NAME]
+    port = (named or ports)[0].get("port") if (named or len(ports) == 1) else None
+    if not isinstance(port, int):
+        return []
+    found: list[Endpoint] = []
+    for entry in obj.get("endpoints") or []:
+        addresses = entry.get("addresses") or []
+        if not addresses:
+            continue
+        ip = str(addresses[0])
+        address = f"[{ip}]:{port}" if obj.get("addressType") == "IPv6" else f"{ip}:{port}"
+        conditions = entry.get("conditions") or {}
+        ref = entry.get("targetRef") or {}
+        pod = str(ref.get("name")) if ref.get("kind", "Pod") == "Pod" and ref.get("name") else address
+        ready = conditions.get("ready") is not False
+        found.append(Endpoint(address, pod, ready, conditions.get("terminating") is True))
+    return found
+
+
+def services_of(slices: Sequence[dict[str, Any]]) -> Services:
+    """Every Service's endpoints from its slices; an address in two slices (mid-update) counts once, as
+    eligible if either says so."""
+    merged: dict[ServiceKey, dict[str, Endpoint]] = {}
+    for obj in slices:
+        meta = obj.get("metadata") or {}
+        service = (meta.get("labels") or {}).get(SERVICE_NAME_LABEL)
+        if not service:
+            continue
+        into = merged.setdefault((str(meta.get("namespace", "default")), str(service)), {})
+        for endpoint in slice_endpoints(obj):
+            known = into.get(endpoint.address)
+            if known is None or (endpoint.eligible and not known.eligible):
+                into[endpoint.address] = endpoint
+    return {key: tuple(sorted(found.values(), key=lambda e: e.address)) for key, found in merged.items()}
+
+
+OnServices = Callable[[Services], None]
+
+
+class EndpointSliceSource:
+    """Watches the AIModels' EndpointSlices and hands every change, coalesced, to the event loop."""
+
+    def __init__(self, namespaces: Sequence[str] = (), watch_timeout_seconds: int = 240) -> None:
+        self.streams = [("endpointslices", ns) for ns in (namespaces or [""])]
+        self.store = ObjectStore(self.streams)
+        self.watch_timeout_seconds = watch_timeout_seconds
+        self._stop = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_services: OnServices | None = None
+        self._pending = False
+        self._lock = threading.Lock()
+
+    async def start(self, on_services: OnServices) -> None:
+        api = custom_objects_api()
+        self._loop = asyncio.get_running_loop()
+        self._on_services = on_services
+        for stream in self.streams:
+            threading.Thread(target=self._run, args=(api, stream), name="watch-endpointslices", daemon=True).start()
+
+    async def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self, api: Any, stream: tuple[str, str]) -> None:
+        def listed(items: list[dict[str, Any]]) -> None:
+            self.store.replace(stream, items)
+            self._schedule()
+
+        def changed(event_type: str, obj: dict[str, Any]) -> None:
+            if self.store.apply(stream, event_type, obj):
+                self._schedule()
+
+        watch_forever(api, SLICES, stream[1], self._stop, listed, changed, self.watch_timeout_seconds)
+
+    def _schedule(self) -> None:
+        if self._loop is None:
+            return
+        with self._lock:
+            if self._pending:
+                return
+            self._pending = True
+        self._loop.call_soon_threadsafe(self._publish)
+
+    def _publish(self) -> None:
+        with self._lock:
+            self._pending = False
+        if self._on_services is not None:
+            self._on_services(services_of(self.store.objects()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _service_key(base_url: str) -> ServiceKey | None:
+    return service_of(base_url)
+
+
+class Lease:
+    """One attempt on one target (a pod, or the Service URL): counted in flight until released."""
+
+    def __init__(self, router: EndpointRouter, backend: Backend, endpoint: Endpoint | None) -> None:
+        self.router = router
+        self.backend = backend
+        self.endpoint = endpoint
+        self.base_url = endpoint.base_url if endpoint is not None else backend.base_url
+        self.key = endpoint.address if endpoint is not None else backend.base_url  # what `exclude` holds
+        self._released = False
+        self._judged = False
+
+    def answered(self, status: int | None) -> None:
+        """The attempt's outcome for outlier detection, once: the answer's status, or None when the pod
+        refused or reset the connection before answering."""
+        if not self._judged:
+            self._judged = True
+            self.router._judge(self, status)
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.router._release(self)
+
+
+class EndpointRouter:
+    """Picks the pod for each attempt; lives on the event loop (no locks)."""
+
+    def __init__(
+        self,
+        metrics: GatewayMetrics | None = None,
+        rules: OutlierRules | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.metrics = metrics
+        self.services: Services = {}
+        self._present: frozenset[str] = frozenset()  # every address in the slices
+        self.in_flight: Counter[str] = Counter()
+        self.outliers = OutlierDetector(rules)
+        self.round_robin = RoundRobin()
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self._series: dict[str, tuple[str, str, str]] = {}  # address -> metric labels in use
+
+    def update(self, services: Services) -> None:
+        """A new view of the slices: takes effect for the next pick."""
+        self.services = services
+        present = self._present = frozenset(e.address for endpoints in services.values() for e in endpoints)
+        self.outliers.forget(present)
+        for address in [a for a in self._series if a not in present and not self.in_flight[a]]:
+            self._drop_series(address)
+
+    def endpoints_of(self, backend: Backend) -> tuple[Endpoint, ...] | None:
+        key = _service_key(backend.base_url) if backend.base_url else None
+        return self.services.get(key) if key is not None else None
+
+    def choose(self, backend: Backend, policy: str, prefix: str | None, exclude: Collection[str] = ()) -> Lease | None:
+        """The target of the next attempt on `backend`, counted in flight; None when every target of it
+        was tried already (`exclude` holds the tried leases' keys)."""
+        endpoints = self.endpoints_of(backend)
+        eligible = [e for e in endpoints or () if e.eligible]
+        if not eligible:  # nothing known, or nothing ready: the Service URL, as without slices
+            return None if backend.base_url in exclude else self._start(Lease(self, backend, None))
+        now = self.clock()
+        ejected = self.outliers.ejected((e.address for e in eligible), now)
+        options = candidates(eligible, ejected, exclude)
+        if not options:
+            return None
+        if policy == PREFIX_AFFINITY and prefix:
+            ring = ring_of(tuple(e.address for e in endpoints or ()))
+            picked = pick_bounded(ring, prefix, options, self.in_flight, rng=self.rng)
+        elif policy == ROUND_ROBIN:
+            picked = self.round_robin.pick(backend.base_url, options)
+        else:
+            picked = least_loaded(options, self.in_flight, self.rng)
+        return self._start(Lease(self, backend, picked)) if picked is not None else None
+
+    def _labels(self, lease: Lease) -> tuple[str, str, str] | None:
+        if lease.endpoint is None:
+            return None
+        labels = (lease.backend.namespace, lease.backend.model, lease.endpoint.pod)
+        self._series[lease.endpoint.address] = labels
+        return labels
+
+    def _start(self, lease: Lease) -> Lease:
+        if lease.endpoint is not None:
+            self.in_flight[lease.endpoint.address] += 1
+            labels = self._labels(lease)
+            if self.metrics is not None and labels is not None:
+                self.metrics.endpoint_picks.labels(*labels).inc()
+                self.metrics.endpoint_in_flight.labels(*labels).inc()
+        return lease
+
+    def _release(self, lease: Lease) -> None:
+        endpoint = lease.endpoint
+        if endpoint is None:
+            return
+        address = endpoint.address
+        self.in_flight[address] -= 1
+        if self.in_flight[address] <= 0:
+            del self.in_flight[address]
+        labels = self._series.get(address)
+        if self.metrics is not None and labels is not None:
+            self.metrics.endpoint_in_flight.labels(*labels).dec()
+        if address not in self.in_flight and address not in self._present:
+            self._drop_series(address)  # the pod left while this request was on it
+
+    def _judge(self, lease: Lease, status: int | None) -> None:
+        endpoint = lease.endpoint
+        if endpoint is None:
+            return
+        now = self.clock()
+        if status is not None and status < 500:
+            self.outliers.record_success(endpoint.address, now)
+            return
+        group = [e.address for e in self.endpoints_of(lease.backend) or () if e.eligible]
+        if self.outliers.record_failure(endpoint.address, group, now):
+            log.warning(
+                "pod %s of %s/%s ejected after consecutive failures", endpoint.pod, lease.backend.namespace,
+                lease.backend.model,
+            )  # fmt: skip
+            labels = self._series.get(endpoint.address)
+            if self.metrics is not None and labels is not None:
+                self.metrics.endpoint_ejections.labels(*labels).inc()
+
+    def _drop_series(self, address: str) -> None:
+        labels = self._series.pop(address, None)
+        if self.metrics is None or labels is None:
+            return
+        metrics = self.metrics
+        for collector in (metrics.endpoint_in_flight, metrics.endpoint_picks, metrics.endpoint_ejections):
+            with contextlib.suppress(KeyError):  # a series never written
+                collector.remove(*labels)

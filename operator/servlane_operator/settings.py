@@ -64,6 +64,14 @@ class OperatorSettings(BaseModel):
         description="Namespace of whatever scrapes the model pods' /metrics (e.g. Prometheus), admitted by the "
         "AIModels' NetworkPolicies; None: no scraper is admitted (only the gateway).",
     )
+    tracing_otlp_endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^\s]+$",
+        description="OTLP/HTTP endpoint the model pods export their traces to; None: no tracing in model pods.",
+    )
+    tracing_sampling_ratio: float = Field(
+        default=1.0, ge=0, le=1, description="Share of new traces the model pods keep (a caller's decision wins)."
+    )
     metrics_scraper_labels: dict[str, str] = Field(
         default_factory=dict,
         description="Pod labels of the metrics scraper within metrics_scraper_namespace; empty: any pod there.",
@@ -98,6 +106,8 @@ class OperatorSettings(BaseModel):
             ("SERVLANE_GATEWAY_NAMESPACE", "gateway_namespace"),
             ("SERVLANE_MODEL_NETWORK_POLICY", "model_network_policy"),
             ("SERVLANE_METRICS_SCRAPER_NAMESPACE", "metrics_scraper_namespace"),
+            ("SERVLANE_TRACING_OTLP_ENDPOINT", "tracing_otlp_endpoint"),
+            ("SERVLANE_TRACING_SAMPLING_RATIO", "tracing_sampling_ratio"),
         ):
             if e.get(key):
                 values[field] = e[key]

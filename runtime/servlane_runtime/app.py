@@ -20,6 +20,7 @@ from servlane_api.runtime_config import HEALTH_PATH, METRICS_PATH, READY_PATH, R
 from servlane_core.protocol import openai as p
 from servlane_core.protocol.errors import OpenAIError, install_error_handlers
 from servlane_core.protocol.limits import RequestLimits
+from servlane_core.tracing import TracingMiddleware, spans_of, start_tracing, stop_tracing
 from servlane_runtime.runtime_metrics import MetricsMiddleware, RuntimeMetrics
 
 from .admission import AdmissionController, AdmissionGrant, parse_priority
@@ -75,6 +76,8 @@ def create_app(config: RuntimeConfig, engine_factory: EngineFactory = create_eng
     metrics = RuntimeMetrics(lambda: admission.in_flight, lambda: admission.queue_depth)
     serving = OpenAIServing(host, metrics)
 
+    tracer = start_tracing("servlane-runtime")
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         loading = asyncio.create_task(host.load(), name="model-load")
@@ -85,6 +88,8 @@ def create_app(config: RuntimeConfig, engine_factory: EngineFactory = create_eng
             with contextlib.suppress(asyncio.CancelledError):
                 await loading
             await host.close()
+            if tracer is not None:
+                stop_tracing()
 
     app = FastAPI(title="servlane runtime", lifespan=lifespan)
     app.state.host = host
@@ -104,11 +109,16 @@ def create_app(config: RuntimeConfig, engine_factory: EngineFactory = create_eng
     )
     app.add_middleware(RequestGuard, limits=limits)  # inside the metrics: its 413s and 400s are counted
     app.add_middleware(MetricsMiddleware, metrics=metrics)
+    if tracer is not None:  # outermost: the span covers the whole request, its trace id every answer
+        app.add_middleware(TracingMiddleware, tracer=tracer)
 
     async def admitted(request: Request, model: str, run: Any) -> Response:
         """Check the model, take a slot (by priority), run, and answer JSON or SSE."""
         serving.check_model(model)  # 404/503 before queueing
-        slot = await admission.acquire(parse_priority(request.headers.get("x-priority")))
+        spans = spans_of(request.scope)
+        spans.set(**{"gen_ai.request.model": model})
+        with spans.phase("admission"):
+            slot = await admission.acquire(parse_priority(request.headers.get("x-priority")))
         try:
             result = await _unless_disconnected(request, run())
         except BaseException:
@@ -141,11 +151,11 @@ def create_app(config: RuntimeConfig, engine_factory: EngineFactory = create_eng
 
     @app.post("/v1/chat/completions")
     async def chat(body: p.ChatCompletionRequest, request: Request) -> Response:
-        return await admitted(request, body.model, lambda: serving.chat(body))
+        return await admitted(request, body.model, lambda: serving.chat(body, spans_of(request.scope)))
 
     @app.post("/v1/completions")
     async def completions(body: p.CompletionRequest, request: Request) -> Response:
-        return await admitted(request, body.model, lambda: serving.completions(body))
+        return await admitted(request, body.model, lambda: serving.completions(body, spans_of(request.scope)))
 
     @app.post("/v1/embeddings")
     async def embeddings(body: p.EmbeddingRequest, request: Request) -> Response:

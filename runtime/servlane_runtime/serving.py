@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from servlane_core.protocol import openai as p
 from servlane_core.protocol.errors import OpenAIError, model_not_found
 from servlane_core.protocol.tools import OutputPlan, ParsedToolCall, plan_output, template_messages
+from servlane_core.tracing import NO_SPANS, Phase, RequestSpans
 from servlane_runtime.runtime_metrics import RuntimeMetrics
 
 from .engines.base import (
@@ -104,14 +105,23 @@ class OpenAIServing:
         )
 
     def _start(
-        self, engine: InferenceEngine, prompts: list[tuple[str, SamplingOptions]], n: int, request_id: str
+        self,
+        engine: InferenceEngine,
+        prompts: list[tuple[str, SamplingOptions]],
+        n: int,
+        request_id: str,
+        spans: RequestSpans = NO_SPANS,
     ) -> AsyncGenerator[tuple[int, GenerationDelta], None]:
+        generation = spans.phase("generate", {"gen_ai.request.id": request_id})
+        # The engine's own spans (vLLM's llm_request) join the trace under this one.
+        trace_headers = tuple(generation.headers().items())
         streams: list[AsyncGenerator[GenerationDelta, None]] = []
         for prompt, options in prompts:
             for i in range(n):
                 seeded = options if options.seed is None else _with_seed(options, options.seed + i)
+                seeded = replace(seeded, trace_headers=trace_headers) if trace_headers else seeded
                 streams.append(engine.generate(prompt, seeded, f"{request_id}-{len(streams)}"))
-        return merge_generations(streams)
+        return _traced(merge_generations(streams), generation)
 
     async def _collect(
         self, endpoint: str, merged: AsyncGenerator[tuple[int, GenerationDelta], None], count: int, n: int
@@ -147,7 +157,9 @@ class OpenAIServing:
             total_tokens=prompt_tokens + completion_tokens,
         )
 
-    async def chat(self, req: p.ChatCompletionRequest) -> p.ChatCompletionResponse | AsyncIterator[str]:
+    async def chat(
+        self, req: p.ChatCompletionRequest, spans: RequestSpans = NO_SPANS
+    ) -> p.ChatCompletionResponse | AsyncIterator[str]:
         engine = self.check_model(req.model)
         plan = plan_output(req)
         messages = template_messages(req.messages)
@@ -166,13 +178,14 @@ class OpenAIServing:
                 param = "tools" if plan.tool_mode == "forced" else "response_format"
                 raise OpenAIError(400, str(exc), param=param, code="invalid_schema") from exc
         top = (req.top_logprobs or 0) if req.logprobs else None
-        options = await self._options(engine, prompt, req, req.max_completion_tokens or req.max_tokens, top)
+        with spans.phase("tokenize"):
+            options = await self._options(engine, prompt, req, req.max_completion_tokens or req.max_tokens, top)
         # With tools the model may mark its calls with special tokens (`<tool_call>` is one in some models):
         # they must reach the parser (vLLM's hermes parser asks its server for the same).
         options = replace(options, json_schema=plan.json_schema, skip_special_tokens=plan.tool_mode != "auto")
         parser = engine.tool_parser() if plan.tool_mode == "auto" else None
         request_id = p.new_id("chatcmpl")
-        merged = self._start(engine, [(prompt, options)], req.n, request_id)
+        merged = self._start(engine, [(prompt, options)], req.n, request_id, spans)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             outputs = [ChoiceOutput(plan, parser) for _ in range(req.n)]
@@ -247,13 +260,16 @@ class OpenAIServing:
             self.metrics.count_tokens(prompt_tokens, sum(completion))
         yield SSE_DONE
 
-    async def completions(self, req: p.CompletionRequest) -> p.CompletionResponse | AsyncIterator[str]:
+    async def completions(
+        self, req: p.CompletionRequest, spans: RequestSpans = NO_SPANS
+    ) -> p.CompletionResponse | AsyncIterator[str]:
         engine = self.check_model(req.model)
-        prompts = [
-            (text, await self._options(engine, text, req, req.max_tokens, req.logprobs)) for text in req.prompts()
-        ]
+        with spans.phase("tokenize"):
+            prompts = [
+                (text, await self._options(engine, text, req, req.max_tokens, req.logprobs)) for text in req.prompts()
+            ]
         request_id = p.new_id("cmpl")
-        merged = self._start(engine, prompts, req.n, request_id)
+        merged = self._start(engine, prompts, req.n, request_id, spans)
         count = len(prompts) * req.n
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -338,6 +354,26 @@ class OpenAIServing:
             for i, v in enumerate(result.vectors)
         ]
         return p.EmbeddingResponse(data=data, model=self.name, usage=self._usage(result.prompt_tokens, 0))
+
+
+async def _traced(
+    merged: AsyncGenerator[tuple[int, GenerationDelta], None], generation: Phase
+) -> AsyncGenerator[tuple[int, GenerationDelta], None]:
+    """The generation as one span: its first token an event (time to first token), its end the span's."""
+    first = True
+    try:
+        async for index, delta in merged:
+            if first:
+                generation.event("first_token")
+                first = False
+            yield index, delta
+    except BaseException as exc:
+        if not isinstance(exc, GeneratorExit):
+            generation.fail(f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        await merged.aclose()
+        generation.end()
 
 
 def _with_seed(options: SamplingOptions, seed: int) -> SamplingOptions:

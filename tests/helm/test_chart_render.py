@@ -527,3 +527,32 @@ def test_gateway_redis_settings_reach_the_gateway_and_keep_the_password_in_secre
     )
     assert result.returncode != 0  # a password in values would sit in Helm's release history
     assert "at '/gateway/rateLimits/redis/url'" in result.stderr
+
+
+def test_tracing_is_off_by_default_and_one_setting_turns_it_on_everywhere(helm: Helm) -> None:
+    from servlane_operator.builders.deployment import tracing_env
+    from servlane_operator.settings import OperatorSettings
+
+    objects = helm.template()
+    assert not [k for k in env_of(one(objects, "Deployment", "mp-servlane-gateway")) if k.startswith("OTEL_")]
+    assert "SERVLANE_TRACING_OTLP_ENDPOINT" not in env_of(one(objects, "Deployment", "mp-servlane-operator"))
+
+    endpoint = "http://otel-collector.observability:4318"
+    objects = helm.template(
+        set_values=("tracing.enabled=true", f"tracing.otlpEndpoint={endpoint}", "tracing.samplingRatio=0.25")
+    )
+    gateway = env_of(one(objects, "Deployment", "mp-servlane-gateway"))
+    assert gateway["OTEL_EXPORTER_OTLP_ENDPOINT"] == endpoint
+    assert gateway["OTEL_TRACES_SAMPLER"] == "parentbased_traceidratio"
+    assert gateway["OTEL_TRACES_SAMPLER_ARG"] == "0.25"
+    # The operator passes the same to every model pod, as it parses its variables.
+    settings = OperatorSettings.from_env(env_of(one(objects, "Deployment", "mp-servlane-operator")))
+    pods = tracing_env(settings)
+    assert pods["OTEL_EXPORTER_OTLP_ENDPOINT"] == endpoint
+    assert pods["OTEL_TRACES_SAMPLER_ARG"] == "0.25"
+
+
+def test_tracing_without_an_endpoint_fails_the_render(helm: Helm) -> None:
+    result = helm.run("template", "mp", str(CHART), "--set", "tracing.enabled=true", check=False)
+    assert result.returncode != 0
+    assert "otlpEndpoint" in result.stderr

@@ -359,3 +359,15 @@ def test_the_index_copy_of_an_aimodel_plans_the_same_children_without_managed_fi
     assert "annotations" not in entry["metadata"]
     assert plan_children(parse_model(entry), settings) == plan_children(parse_model(body), settings)
     assert parse_model(entry).metadata["generation"] == 3
+
+
+def test_model_pods_trace_only_when_the_operator_is_told_where(settings: OperatorSettings) -> None:
+    plain = {e["name"] for e in container(build_deployment(make_model(CPU_SPEC), settings))["env"]}
+    assert not [name for name in plain if name.startswith("OTEL_")]
+    traced = settings.model_copy(
+        update={"tracing_otlp_endpoint": "http://collector:4318", "tracing_sampling_ratio": 0.1}
+    )
+    env = {e["name"]: e.get("value") for e in container(build_deployment(make_model(CPU_SPEC), traced))["env"]}
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://collector:4318"
+    assert env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"  # what vLLM's own exporter reads
+    assert env["OTEL_TRACES_SAMPLER_ARG"] == "0.1"

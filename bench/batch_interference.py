@@ -36,6 +36,9 @@ from typing import Any
 import httpx
 import openai
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `bench` is its folder
+from bench.gateway_bench import routes, wait_ready
+
 ROOT = Path(__file__).resolve().parent.parent
 NULL = subprocess.DEVNULL
 KEY = "sk-bench-batch-interference"
@@ -106,29 +109,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def wait_ready(url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
-
-
-def routes(stub_url: str) -> list[dict[str, Any]]:
-    model = {
-        "kind": "AIModel",
-        "metadata": {"name": "chat-v1", "namespace": "default"},
-        "spec": {"source": {"uri": "/models/x"}, "engine": "transformers", "servedModelName": "stub"},
-        "status": {"endpoint": stub_url, "conditions": [{"type": "Ready", "status": "True", "reason": "Up"}]},
-    }
-    feature = {"kind": "AIFeature", "metadata": {"name": "chat", "namespace": "default"}, "spec": {"model": "chat-v1"}}
-    return [model, feature]
 
 
 async def interactive(url: str, clients: int, seconds: float) -> list[float]:

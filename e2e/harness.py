@@ -3,12 +3,13 @@ as its least-privilege ServiceAccount, polling with deadlines, and dumps for fai
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -316,3 +317,30 @@ def dump_namespace(kube: Kube, namespace: str, out: Path) -> None:
         for e in dumps["events"]["items"]
     ]
     print(f"\n--- dump of namespace {namespace} in {out} ---\n" + "\n".join(events[-30:]))
+
+
+@contextlib.contextmanager
+def watching_gateway(kube: Kube, log_name: str, *args: str) -> Iterator[str]:
+    """`python -m servlane_gateway --watch` against the test cluster (admin kubeconfig), its output in
+    ARTIFACTS/<log_name>; yields its base URL once /ready answers 200, stops its process group after."""
+    port = free_port()
+    log = open(ARTIFACTS / log_name, "ab")  # noqa: SIM115 - handed to the process
+    env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig)}
+    command = [sys.executable, "-m", "servlane_gateway", "--watch", *args, "--port", str(port), "--host", "127.0.0.1"]
+    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(url + "/ready", timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    try:
+        wait_until("gateway ready", ready, timeout=30)
+        yield url
+    finally:
+        stop_process_groups([proc.pid], timeout=10)
+        proc.wait(timeout=5)
+        log.close()

@@ -10,10 +10,7 @@ through a pod the gateway picked. The operator is paused so that it leaves the s
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -24,8 +21,16 @@ import openai
 import pytest
 import uvicorn
 
-from e2e.harness import ARTIFACTS, GROUP, ROOT, VERSION, Kube, OperatorProcess, unavailable, wait_until
-from localcluster.cluster import free_port, stop_process_groups
+from e2e.harness import (
+    ARTIFACTS,
+    GROUP,
+    VERSION,
+    Kube,
+    OperatorProcess,
+    unavailable,
+    wait_until,
+    watching_gateway,
+)
 from tests.gateway.gateway_upstream import create_upstream
 
 pytestmark = pytest.mark.e2e
@@ -98,29 +103,8 @@ def pods() -> Iterator[dict[str, Pod]]:
 
 @pytest.fixture
 def gateway(kube: Kube, paused_operator: None, namespace: str) -> Iterator[str]:
-    port = free_port()
-    log = open(ARTIFACTS / "gateway-endpoints.log", "ab")  # noqa: SIM115 - handed to the process
-    env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig)}
-    command = [sys.executable, "-m", "servlane_gateway", "--watch", "--namespaces", namespace]
-    proc = subprocess.Popen(
-        [*command, "--port", str(port), "--host", "127.0.0.1", "--connect-timeout", "2"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        try:
-            with urllib.request.urlopen(url + "/ready", timeout=2) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
-
-    try:
-        wait_until("gateway ready", ready, timeout=30)
+    with watching_gateway(kube, "gateway-endpoints.log", "--namespaces", namespace, "--connect-timeout", "2") as url:
         yield url
-    finally:
-        stop_process_groups([proc.pid], timeout=10)
-        proc.wait(timeout=5)
 
 
 def endpoint_slice(pod: str, host: str, port: int, ready: bool = True, terminating: bool = False) -> dict[str, Any]:

@@ -11,19 +11,14 @@ other namespace can take.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
 
-from e2e.harness import ARTIFACTS, GROUP, ROOT, VERSION, Kube, OperatorProcess, wait_until
-from localcluster.cluster import free_port, stop_process_groups
+from e2e.harness import ARTIFACTS, GROUP, VERSION, Kube, OperatorProcess, wait_until, watching_gateway
 from tests.gateway.gateway_harness import ServedApp
 from tests.gateway.gateway_upstream import create_upstream
 
@@ -47,28 +42,8 @@ def upstreams() -> Iterator[dict[str, str]]:
 
 @pytest.fixture
 def gateway(kube: Kube, paused_operator: None) -> Iterator[str]:
-    port = free_port()
-    log = open(ARTIFACTS / "gateway-watch.log", "ab")  # noqa: SIM115 - handed to the process
-    env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "servlane_gateway", "--watch", "--port", str(port), "--host", "127.0.0.1"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        try:
-            with urllib.request.urlopen(url + "/ready", timeout=2) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
-
-    try:
-        wait_until("gateway ready", ready, timeout=30)
+    with watching_gateway(kube, "gateway-watch.log") as url:
         yield url
-    finally:
-        stop_process_groups([proc.pid], timeout=10)
-        proc.wait(timeout=5)
 
 
 def set_model_status(kube: Kube, ns: str, name: str, endpoint: str, ready: bool) -> None:

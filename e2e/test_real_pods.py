@@ -99,6 +99,20 @@ def model_spec(model_dir: str, **extra: Any) -> dict[str, Any]:
     return model_on_the_real_node(CLAIM, model_dir, resources, **{"replicas": 1, **extra})
 
 
+def service_base_url(c: LocalCluster, model: str) -> str:
+    """The model's OpenAI base URL at its Service's ClusterIP (through kube-proxy), once /models answers."""
+    service = c.api("GET", f"/api/v1/namespaces/{NAMESPACE}/services/model-{model}")
+    base = f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}/v1"
+    wait_until(
+        f"GET {base}/models through the ClusterIP",
+        lambda: answers_200(f"{base}/models"),
+        timeout=60,
+        interval=0.5,
+        tolerate=lambda exc: isinstance(exc, OSError),
+    )
+    return base
+
+
 def describe(c: LocalCluster, model: str) -> str:
     return describe_model(c, NAMESPACE, model)
 
@@ -124,16 +138,7 @@ def test_runtime_image_serves_an_aimodel_on_a_real_pod(
     assert {x["type"]: x["status"] for x in status["conditions"]}["Ready"] == "True", status
 
     # The model's Service, from the host: its ClusterIP through kube-proxy's rules.
-    service = c.api("GET", f"/api/v1/namespaces/{NAMESPACE}/services/model-{name}")
-    cluster_ip, port = service["spec"]["clusterIP"], service["spec"]["ports"][0]["port"]
-    base = f"http://{cluster_ip}:{port}/v1"
-    wait_until(
-        f"GET {base}/models through the ClusterIP",
-        lambda: answers_200(f"{base}/models"),
-        timeout=60,
-        interval=0.5,
-        tolerate=lambda exc: isinstance(exc, OSError),
-    )
+    base = service_base_url(c, name)
     http = openai.DefaultHttpxClient(trust_env=False, timeout=120)  # a ClusterIP: never through a proxy
     client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, http_client=http)
     try:
@@ -241,15 +246,7 @@ def test_adapters_come_and_go_on_a_running_pod(
     kube.create_model(NAMESPACE, name, model_spec(model_claim, adapters=[first]))
     rollout.wait_ready(READY_DEADLINE_SECONDS)
     pod = rollout.pod
-    service = c.api("GET", f"/api/v1/namespaces/{NAMESPACE}/services/model-{name}")
-    base = f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}/v1"
-    wait_until(
-        f"GET {base}/models through the ClusterIP",
-        lambda: answers_200(f"{base}/models"),
-        timeout=60,
-        interval=0.5,
-        tolerate=lambda exc: isinstance(exc, OSError),
-    )
+    base = service_base_url(c, name)
     http = openai.DefaultHttpxClient(trust_env=False, timeout=120)
     client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, http_client=http)
 

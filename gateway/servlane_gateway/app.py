@@ -12,6 +12,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -293,7 +295,12 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
         return JSONResponse({"status": "ready"})
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        # OpenMetrics when the scraper asks for it (Prometheus does): only that format carries the exemplars
+        # that link a latency bucket to a trace.
+        if "application/openmetrics-text" in request.headers.get("accept", ""):
+            text = openmetrics_latest(state.metrics.registry)  # type: ignore[no-untyped-call]
+            return Response(text, media_type=OPENMETRICS_CONTENT_TYPE)
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

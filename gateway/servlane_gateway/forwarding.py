@@ -41,7 +41,7 @@ from servlane_core.tracing import NO_SPANS, Phase, RequestSpans, spans_of
 from servlane_gateway.access import KeyRing, authorize
 from servlane_gateway.cache_store import ResponseCacher
 from servlane_gateway.endpoints import EndpointRouter, Lease
-from servlane_gateway.gateway_metrics import NONE, GatewayMetrics
+from servlane_gateway.gateway_metrics import NONE, GatewayMetrics, exemplar
 from servlane_gateway.proxy import (
     CLIENT_GONE,
     COMPLETED,
@@ -115,6 +115,7 @@ class Call:
     strip_usage: bool = False  # the gateway asked for the stream's usage chunk, the client did not
     caching: Caching | None = None  # the response cache missed: keep the answer under this key
     lease: Lease | None = None  # the pod relaying a stream: in flight until the stream ends
+    trace_id: str | None = None  # with tracing on: the exemplar of its latency observations
 
     def settle(self, tokens: int | None) -> None:
         if self.admission is not None:
@@ -248,6 +249,7 @@ async def _disconnected(request: Request) -> None:
 
 async def _handle(state: GatewayState, request: Request, endpoint: str, call: Call) -> Response:
     spans = spans_of(request.scope)
+    call.trace_id = spans.trace_id
     with spans.phase("auth"):
         raw = await read_capped(request, state.limits.max_body_bytes)
         key = state.keys.authenticate(request.headers.get("authorization"))
@@ -459,14 +461,17 @@ def _respond(state: GatewayState, call: Call, upstream: UpstreamResponse, conten
         return RelayResponse(upstream, state.timeouts, headers, done, strip_usage=call.strip_usage, tap=tap)
     elapsed = after_upstream - call.started
     if upstream.status_code < 400:
-        state.metrics.latency_histograms(call.namespace, call.feature, call.model)[1].observe(elapsed)
+        ttft = state.metrics.latency_histograms(call.namespace, call.feature, call.model)[1]
+        ttft.observe(elapsed, exemplar(call.trace_id))
         # Parsing the answer only when there is something to count; an answer without usage keeps its reservation.
         call.settle(_count_usage(state, call, _usage_of(content)) if b'"usage"' in content else None)
         if state.cache is not None and call.caching is not None and upstream.status_code == 200:
             state.cache.keep_answer(call.caching, content)
     else:
         call.settle(0)  # the backend refused or failed: nothing generated
-    state.metrics.record(call.namespace, call.feature, call.model, upstream.status_code, elapsed)
+    state.metrics.record(
+        call.namespace, call.feature, call.model, upstream.status_code, elapsed, trace_id=call.trace_id
+    )
     response = Response(content, status_code=upstream.status_code, headers=headers)
     state.metrics.added_latency.observe(call.gateway_seconds + time.perf_counter() - after_upstream)
     return response
@@ -491,7 +496,8 @@ def _stream_done(state: GatewayState, call: Call, status: int, result: StreamRes
     if result.first_chunk_at is not None and result.outcome == COMPLETED:
         # Successes only: a stream that opens with an error event must not look quick.
         first_chunk = result.first_chunk_at - call.started
-        state.metrics.latency_histograms(call.namespace, call.feature, call.model)[1].observe(first_chunk)
+        ttft = state.metrics.latency_histograms(call.namespace, call.feature, call.model)[1]
+        ttft.observe(first_chunk, exemplar(call.trace_id))
     # Without a usage chunk (the client left, the stream was cut or failed) the reservation stands.
     call.settle(_count_usage(state, call, result.usage))
     if state.cache is not None and call.caching is not None and status == 200 and result.outcome == COMPLETED:
@@ -501,4 +507,4 @@ def _stream_done(state: GatewayState, call: Call, status: int, result: StreamRes
         state.metrics.record(call.namespace, call.feature, call.model, CLIENT_CLOSED, elapsed)
     else:
         error = None if result.outcome == COMPLETED else result.outcome
-        state.metrics.record(call.namespace, call.feature, call.model, status, elapsed, error)
+        state.metrics.record(call.namespace, call.feature, call.model, status, elapsed, error, trace_id=call.trace_id)

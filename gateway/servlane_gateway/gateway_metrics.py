@@ -30,6 +30,11 @@ NONE = ""
 DECLARED_CODES = (200, 400, 413, 429)
 
 
+def exemplar(trace_id: str | None) -> dict[str, str] | None:
+    """An observation's link to its trace (OpenMetrics exemplar), when the request was traced."""
+    return {"trace_id": trace_id} if trace_id else None
+
+
 def _base(name: str, suffix: str) -> str:
     """prometheus_client appends _total to counters itself, so pass it the name without it."""
     return name[: -len(suffix)] if name.endswith(suffix) else name
@@ -127,7 +132,15 @@ class GatewayMetrics:
         return children
 
     def record(
-        self, namespace: str, feature: str, model: str, code: int, seconds: float, error: str | None = None
+        self,
+        namespace: str,
+        feature: str,
+        model: str,
+        code: int,
+        seconds: float,
+        error: str | None = None,
+        *,
+        trace_id: str | None = None,
     ) -> None:
         self.request_counter(namespace, feature, model, code).inc()
         if error is None and code >= 500:
@@ -136,7 +149,7 @@ class GatewayMetrics:
             self.errors.labels(namespace, feature, model, error).inc()
         elif model != NONE and code < 400:
             # Successes only: a version that fails fast must not look fast (4xx and 499 included).
-            self.latency_histograms(namespace, feature, model)[0].observe(seconds)
+            self.latency_histograms(namespace, feature, model)[0].observe(seconds, exemplar(trace_id))
 
     def record_usage(self, namespace: str, feature: str, model: str, usage: object) -> int:
         """Counts prompt/completion tokens from an OpenAI `usage` object; returns the total."""

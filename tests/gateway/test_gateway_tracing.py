@@ -125,6 +125,14 @@ def test_a_chat_through_the_gateway_is_one_trace(gateway: str, jaeger: Jaeger) -
         assert one(spans, RUNTIME, name).parent_id == served.span_id, name
     assert "first_token" in one(spans, RUNTIME, "generate").events
 
+    # The metrics link to the trace: the request's latency bucket carries it as an OpenMetrics exemplar.
+    scraped = httpx.get(f"{gateway}/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    assert scraped.headers["content-type"].startswith("application/openmetrics-text")
+    linked = [line for line in scraped.text.splitlines() if f'trace_id="{trace_id}"' in line]
+    assert linked, "no exemplar names the trace"
+    assert all('feature="chat"' in line and "_bucket{" in line for line in linked), linked
+    assert f'trace_id="{trace_id}"' not in httpx.get(f"{gateway}/metrics").text  # the classic format has none
+
 
 def test_an_error_names_its_trace(gateway: str, jaeger: Jaeger) -> None:
     response = httpx.post(f"{gateway}/v1/chat/completions", json={"model": "no-such-model", "messages": HI})

@@ -193,3 +193,42 @@ def test_adapters_are_routed_by_name_and_as_feature_targets() -> None:
     assert routed is not None
     assert [b.ready for b in routed.backends] == [True, False]
     assert table.lookup("v2") is None
+
+
+def test_loading_an_adapter_waits_for_the_running_steps_and_holds_new_ones() -> None:
+    pytest.importorskip("torch")
+    from servlane_runtime.engines.transformers_engine import _AdapterSwitch
+
+    switch = _AdapterSwitch(lambda _name: None)
+    in_step, release, exclusive_done, later_step_ran = (threading.Event() for _ in range(4))
+    order: list[str] = []
+
+    def long_step() -> None:
+        with switch.step("a"):
+            in_step.set()
+            release.wait(10)
+            order.append("step")
+
+    def load() -> None:
+        with switch.exclusive():
+            order.append("exclusive")
+        exclusive_done.set()
+
+    def later_step() -> None:
+        with switch.step(None):
+            order.append("later")
+        later_step_ran.set()
+
+    first = threading.Thread(target=long_step)
+    first.start()
+    assert in_step.wait(10)
+    loader = threading.Thread(target=load)
+    loader.start()
+    assert not exclusive_done.wait(0.2)  # the model must not change under a running step
+    release.set()
+    assert exclusive_done.wait(10)
+    threading.Thread(target=later_step).start()
+    assert later_step_ran.wait(10)
+    first.join(10)
+    loader.join(10)
+    assert order == ["step", "exclusive", "later"]

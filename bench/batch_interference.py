@@ -111,9 +111,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def interactive(url: str, clients: int, seconds: float) -> list[float]:
-    """Latencies (ms) of closed-loop clients over `seconds`."""
+async def interactive(url: str, clients: int, seconds: float) -> tuple[list[float], dict[int, int]]:
+    """Latencies (ms) of closed-loop clients' 200s over `seconds`, and the count of every other status."""
     latencies: list[float] = []
+    failures: dict[int, int] = {}
     deadline = time.monotonic() + seconds
     headers = {"authorization": f"Bearer {KEY}"}
     async with httpx.AsyncClient(base_url=url, timeout=60, headers=headers) as client:
@@ -124,9 +125,11 @@ async def interactive(url: str, clients: int, seconds: float) -> list[float]:
                 response = await client.post("/v1/chat/completions", json=CHAT)
                 if response.status_code == 200:
                     latencies.append((time.perf_counter() - started) * 1000)
+                else:
+                    failures[response.status_code] = failures.get(response.status_code, 0) + 1
 
         await asyncio.gather(*(one_client() for _ in range(clients)))
-    return latencies
+    return latencies, failures
 
 
 def batch_input(size: int) -> bytes:
@@ -173,9 +176,10 @@ def phase(
         done_before = until("the batch to be worked on", lambda: (n := completed(client, batch_id)[1]) > 0 and n)
     load_before = os.getloadavg()
     started = time.monotonic()
-    latencies = asyncio.run(interactive(url, args.clients, args.seconds))
+    latencies, failures = asyncio.run(interactive(url, args.clients, args.seconds))
     elapsed = time.monotonic() - started
     record: dict[str, Any] = {"batch": with_batch, **summary(latencies), "loadavg": [round(x, 2) for x in load_before]}
+    record["non_200"] = {str(code): n for code, n in sorted(failures.items())}  # both sides must have none
     if batch_id is not None:
         status, done_after = completed(client, batch_id)
         record["batch_requests_per_second"] = round((done_after - done_before) / elapsed, 1)

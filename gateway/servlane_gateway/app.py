@@ -26,6 +26,8 @@ from servlane_core.tracing import TracingMiddleware, start_tracing, stop_tracing
 from servlane_gateway.access import ApiKey, KeyRing, parse_keys
 from servlane_gateway.batch.service import BatchService
 from servlane_gateway.cache_store import AnswerStore, MemoryStore, RedisStore, ResponseCacher
+from servlane_gateway.console.recent import RequestLog
+from servlane_gateway.console.router import install_console
 from servlane_gateway.endpoints import EndpointRouter, EndpointSliceSource
 from servlane_gateway.forwarding import GatewayState, handle
 from servlane_gateway.gateway_metrics import GatewayMetrics
@@ -270,6 +272,10 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
 
     _document_proxied(app, state)
     batch.install(app)
+    if settings.console_enabled:
+        state.recent = RequestLog(settings.console_slow_seconds)
+        objects = routes.latest_objects if isinstance(routes, FileRouteSource | KubeRouteSource) else lambda: ([], [])
+        install_console(app, state, objects, state.recent, settings.trace_url_template)
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:

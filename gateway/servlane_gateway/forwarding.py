@@ -40,6 +40,7 @@ from servlane_core.routing.sticky_share import StickyShareGuard
 from servlane_core.tracing import NO_SPANS, Phase, RequestSpans, spans_of
 from servlane_gateway.access import KeyRing, authorize
 from servlane_gateway.cache_store import ResponseCacher
+from servlane_gateway.console.recent import RequestLog
 from servlane_gateway.endpoints import EndpointRouter, Lease
 from servlane_gateway.gateway_metrics import NONE, GatewayMetrics, exemplar
 from servlane_gateway.proxy import (
@@ -99,6 +100,7 @@ class GatewayState:
     cache: ResponseCacher | None = None  # deterministic answers, for the features that opt in
     # Picks the pod of each attempt; without EndpointSlices it hands back the backend's Service URL.
     endpoints: EndpointRouter = field(default_factory=EndpointRouter)
+    recent: RequestLog | None = None  # with the console on: its slow/failed requests and per-model rates
 
 
 @dataclass
@@ -212,6 +214,7 @@ async def handle(state: GatewayState, request: Request, endpoint: str) -> Respon
         state.metrics.record(
             call.namespace, call.feature, call.model, CLIENT_CLOSED, time.perf_counter() - call.started
         )
+        _note(state, call, CLIENT_CLOSED, time.perf_counter() - call.started)
         return Response(status_code=CLIENT_CLOSED)  # nobody reads it; the connection is gone
     except OpenAIError as exc:
         error = exc
@@ -223,7 +226,16 @@ async def handle(state: GatewayState, request: Request, endpoint: str) -> Respon
     reason = {503: "upstream_unavailable", 502: "upstream_unavailable", 504: "upstream_timeout"}.get(error.status)
     elapsed = time.perf_counter() - call.started
     state.metrics.record(call.namespace, call.feature, call.model, error.status, elapsed, reason)
+    _note(state, call, error.status, elapsed, reason)
     return error_response(error)
+
+
+def _note(
+    state: GatewayState, call: Call, status: int, seconds: float, error: str | None = None, ttft: float | None = None
+) -> None:
+    """The console's record of a finished request (next to each final metrics record)."""
+    if state.recent is not None:
+        state.recent.add(call.namespace, call.feature, call.model, status, seconds, error, call.trace_id, ttft)
 
 
 async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
@@ -472,6 +484,7 @@ def _respond(state: GatewayState, call: Call, upstream: UpstreamResponse, conten
     state.metrics.record(
         call.namespace, call.feature, call.model, upstream.status_code, elapsed, trace_id=call.trace_id
     )
+    _note(state, call, upstream.status_code, elapsed, ttft=elapsed if upstream.status_code < 400 else None)
     response = Response(content, status_code=upstream.status_code, headers=headers)
     state.metrics.added_latency.observe(call.gateway_seconds + time.perf_counter() - after_upstream)
     return response
@@ -493,6 +506,7 @@ def _count_usage(state: GatewayState, call: Call, usage: object) -> int | None:
 
 def _stream_done(state: GatewayState, call: Call, status: int, result: StreamResult) -> None:
     elapsed = time.perf_counter() - call.started
+    first_chunk: float | None = None
     if result.first_chunk_at is not None and result.outcome == COMPLETED:
         # Successes only: a stream that opens with an error event must not look quick.
         first_chunk = result.first_chunk_at - call.started
@@ -505,6 +519,8 @@ def _stream_done(state: GatewayState, call: Call, status: int, result: StreamRes
     call.release()
     if result.outcome == CLIENT_GONE:
         state.metrics.record(call.namespace, call.feature, call.model, CLIENT_CLOSED, elapsed)
+        _note(state, call, CLIENT_CLOSED, elapsed)
     else:
         error = None if result.outcome == COMPLETED else result.outcome
         state.metrics.record(call.namespace, call.feature, call.model, status, elapsed, error, trace_id=call.trace_id)
+        _note(state, call, status, elapsed, error, first_chunk)

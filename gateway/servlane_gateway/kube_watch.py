@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servlane_api import GROUP, VERSION
+from servlane_api import GROUP, VERSION, AIFeature, AIModel
 from servlane_core.routing.routes import RouteTable, build_route_table
 from servlane_gateway.sources import OnTable, parse_objects
 
@@ -121,6 +121,11 @@ class KubeRouteSource:
         self._on_table: OnTable | None = None
         self._publish_pending = False
         self._publish_lock = threading.Lock()
+        # The objects of the table last published, status included (the console shows them).
+        self.latest: tuple[list[AIFeature], list[AIModel]] = ([], [])
+
+    def latest_objects(self) -> tuple[list[AIFeature], list[AIModel]]:
+        return self.latest
 
     async def start(self, on_table: OnTable) -> None:
         api = custom_objects_api()
@@ -148,7 +153,9 @@ class KubeRouteSource:
         with self._publish_lock:
             self._publish_pending = False
         if self._on_table is not None:
-            self._on_table(self.store.table())
+            features, models = parse_objects(self.store.objects())
+            self._on_table(build_route_table(features, models))
+            self.latest = (features, models)
 
     def _run(self, api: Any, stream: StreamKey) -> None:
         plural, namespace = stream

@@ -117,6 +117,16 @@ class GatewaySettings(BaseModel):
     )
     batch_poll_seconds: float = Field(default=1.0, gt=0, description="How often idle workers look for batch work.")
     batch_max_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1, description="Largest batch input file.")
+    console_enabled: bool = Field(
+        default=True, description="Serve the read-only console at /console (behind the same keys as /v1/models)."
+    )
+    console_slow_seconds: float = Field(
+        default=10.0, gt=0, description="The console lists requests that took at least this many seconds."
+    )
+    trace_url_template: str | None = Field(
+        default=None,
+        description="Link from the console to a request's trace, e.g. http://jaeger:16686/trace/{trace_id}.",
+    )
     endpoint_overrides: dict[str, str] = Field(
         default_factory=dict,
         description="FROM=TO (repeatable): rewrite backend base URLs starting with FROM, e.g. "
@@ -133,6 +143,19 @@ class GatewaySettings(BaseModel):
             return parse_override_items(f"{k}={v}" for k, v in value.items())
         if isinstance(value, list):
             return parse_override_items(str(item) for item in value)
+        return value
+
+    @field_validator("trace_url_template", mode="before")
+    @classmethod
+    def _empty_template_is_unset(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @field_validator("trace_url_template")
+    @classmethod
+    def _trace_template(cls, value: str | None) -> str | None:
+        # Only http(s) links, so a setting can never turn the console's links into javascript: URLs.
+        if value is not None and (not value.startswith(("http://", "https://")) or "{trace_id}" not in value):
+            raise ValueError("the trace URL template must be an http(s) URL containing {trace_id}")
         return value
 
     @field_validator("redis_url", "redis_password", "batch_database_url", mode="before")

@@ -61,10 +61,14 @@ def parse_objects(raw: Iterable[dict[str, Any]]) -> tuple[list[AIFeature], list[
     return features, models
 
 
-def load_routes_file(path: Path) -> RouteTable:
+def load_objects(path: Path) -> tuple[list[AIFeature], list[AIModel]]:
     text = path.read_text()
     documents: list[Any] = [json.loads(text)] if path.suffix == ".json" else list(yaml.safe_load_all(text))
-    return build_route_table(*parse_objects(flatten_documents(documents)))
+    return parse_objects(flatten_documents(documents))
+
+
+def load_routes_file(path: Path) -> RouteTable:
+    return build_route_table(*load_objects(path))
 
 
 def file_signature(path: Path) -> tuple[int, int, int] | None:
@@ -84,10 +88,20 @@ class FileRouteSource:
         self.path = path
         self.poll_seconds = poll_seconds
         self._task: asyncio.Task[None] | None = None
+        # The objects of the table last delivered, status included (the console shows them).
+        self.latest: tuple[list[AIFeature], list[AIModel]] = ([], [])
+
+    def latest_objects(self) -> tuple[list[AIFeature], list[AIModel]]:
+        return self.latest
+
+    def _load(self, on_table: OnTable) -> None:
+        features, models = load_objects(self.path)
+        on_table(build_route_table(features, models))
+        self.latest = (features, models)
 
     async def start(self, on_table: OnTable) -> None:
         signature = file_signature(self.path)
-        on_table(load_routes_file(self.path))
+        self._load(on_table)
         self._task = asyncio.create_task(self._watch(on_table, signature))
 
     async def _watch(self, on_table: OnTable, signature: tuple[int, int, int] | None) -> None:
@@ -98,7 +112,7 @@ class FileRouteSource:
                 continue
             signature = current
             try:
-                on_table(load_routes_file(self.path))
+                self._load(on_table)
                 log.info("reloaded routes from %s", self.path)
             except (OSError, ValueError, yaml.YAMLError) as exc:
                 log.error("keeping the previous routes: %s does not load: %s", self.path, exc)

@@ -1,0 +1,138 @@
+"""What this gateway replica saw of its requests, for the console: the latest slow or failed ones (a bounded
+ring) and, per model, a sliding window of outcomes for request rate, error rate and TTFT p95.
+
+In this process's memory only: every replica sees its own share of the traffic, and the console says so.
+Pure (no framework); the forwarding code calls add() once per finished request.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from servlane_api.targets import parse_target
+
+DEFAULT_SLOW_SECONDS = 10.0
+DEFAULT_RING_SIZE = 100
+DEFAULT_WINDOW_SECONDS = 300.0
+# Per model, at most this many outcomes are kept in the window: a busy replica's memory stays bounded (the
+# rates then cover a shorter span, which window_seconds() reports).
+MAX_OUTCOMES_PER_MODEL = 20_000
+CLIENT_CLOSED = 499
+
+
+@dataclass(frozen=True)
+class RecentRequest:
+    time: float  # Unix seconds when it ended
+    namespace: str
+    feature: str
+    model: str  # "" when no backend was reached
+    status: int
+    seconds: float
+    error: str | None  # a stream's failure (cut, errored) or the gateway's reason, else None
+    trace_id: str | None
+    failed: bool
+    slow: bool
+
+
+@dataclass(frozen=True)
+class Outcome:
+    time: float
+    failed: bool
+    ttft: float | None  # successes only, like the TTFT histogram
+
+
+@dataclass(frozen=True)
+class ModelStats:
+    requests: int
+    requests_per_second: float
+    error_rate: float | None  # None without requests
+    ttft_p95_seconds: float | None
+    window_seconds: float
+
+
+def is_failure(status: int, error: str | None) -> bool:
+    """Server-side failures: 5xx, and streams that were cut or errored. A client leaving (499) or a refused
+    request (4xx) is not the backend failing."""
+    return status != CLIENT_CLOSED and (status >= 500 or error is not None)
+
+
+def p95(values: list[float]) -> float | None:
+    """Nearest-rank 95th percentile."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+class RequestLog:
+    def __init__(
+        self,
+        slow_seconds: float = DEFAULT_SLOW_SECONDS,
+        size: int = DEFAULT_RING_SIZE,
+        window: float = DEFAULT_WINDOW_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.slow_seconds = slow_seconds
+        self.window = window
+        self.clock = clock
+        self.started = clock()
+        self._ring: deque[RecentRequest] = deque(maxlen=size)
+        self._outcomes: dict[tuple[str, str], deque[Outcome]] = {}
+
+    def add(
+        self,
+        namespace: str,
+        feature: str,
+        model: str,
+        status: int,
+        seconds: float,
+        error: str | None = None,
+        trace_id: str | None = None,
+        ttft: float | None = None,
+    ) -> None:
+        now = self.clock()
+        failed = is_failure(status, error)
+        slow = seconds >= self.slow_seconds
+        if failed or slow:
+            self._ring.append(
+                RecentRequest(now, namespace, feature, model, status, seconds, error, trace_id, failed, slow)
+            )
+        if model:
+            # An adapter's traffic (`model:adapter`) is its AIModel's: the console lists AIModels.
+            key = (namespace, parse_target(model).model)
+            outcomes = self._outcomes.get(key)
+            if outcomes is None:
+                outcomes = self._outcomes[key] = deque(maxlen=MAX_OUTCOMES_PER_MODEL)
+            outcomes.append(Outcome(now, failed, ttft if not failed else None))
+            self._expire(outcomes, now)
+
+    def _expire(self, outcomes: deque[Outcome], now: float) -> None:
+        while outcomes and outcomes[0].time < now - self.window:
+            outcomes.popleft()
+
+    def recent(self) -> list[RecentRequest]:
+        """Newest first."""
+        return list(reversed(self._ring))
+
+    def stats(self, namespace: str, model: str) -> ModelStats:
+        now = self.clock()
+        outcomes = self._outcomes.get((namespace, model), deque())
+        self._expire(outcomes, now)
+        # A replica up for less than the window has seen less than the window: rates over what it saw.
+        span = max(1e-9, min(self.window, now - self.started))
+        if outcomes and len(outcomes) == outcomes.maxlen:
+            span = max(1e-9, now - outcomes[0].time)
+        count = len(outcomes)
+        failed = sum(1 for o in outcomes if o.failed)
+        ttfts = [o.ttft for o in outcomes if o.ttft is not None]
+        return ModelStats(
+            requests=count,
+            requests_per_second=count / span,
+            error_rate=failed / count if count else None,
+            ttft_p95_seconds=p95(ttfts),
+            window_seconds=span,
+        )

@@ -1,0 +1,147 @@
+"""The console's pure parts: the request log (slow/failed ring, per-model window) and the JSON view, whose
+visibility follows /v1/models (no keys: everything; an unscoped key: everything; a scoped key: its scopes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servlane_api import AIFeature, AIModel
+from servlane_core.routing.routes import build_route_table, resolve_plain_names
+from servlane_gateway.access import parse_keys
+from servlane_gateway.console.recent import RequestLog, is_failure, p95
+from servlane_gateway.console.view import build_view, time_to_ready, trace_url
+
+
+class Clock:
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def model(name: str, namespace: str = "default", created: str | None = None, ready_at: str | None = None) -> AIModel:
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if created:
+        meta["creationTimestamp"] = created
+    ready = {"type": "Ready", "status": "True", "reason": "Ready", "lastTransitionTime": ready_at}
+    status = {"phase": "Ready", "replicas": 2, "readyReplicas": 1, "desiredReplicas": 2, "conditions": [ready]}
+    spec = {"source": {"uri": "/models/x"}, "engine": "transformers"}
+    return AIModel.model_validate({"kind": "AIModel", "metadata": meta, "spec": spec, "status": status})
+
+
+def feature(name: str, weights: dict[str, int], namespace: str = "default") -> AIFeature:
+    split = [{"model": m, "weight": w} for m, w in weights.items()]
+    analyses = [
+        {"time": "2026-01-01T00:00:00Z", "step": 0, "canaryModel": "v2", "canaryWeight": 10, "verdict": "advance"},
+        {"time": "2026-01-01T00:05:00Z", "step": 1, "canaryModel": "v2", "canaryWeight": 50, "verdict": "rollback",
+         "outcome": "fail", "canaryErrorRate": 0.2},
+    ]  # fmt: skip
+    status = {"phase": "Progressing", "weights": split, "analyses": analyses}
+    meta = {"name": name, "namespace": namespace}
+    return AIFeature.model_validate({"kind": "AIFeature", "metadata": meta, "spec": {"split": split}, "status": status})
+
+
+FEATURES = [feature("chat", {"v1": 50, "v2": 50}), feature("secret", {"s1": 100}, namespace="other")]
+MODELS = [model("v1"), model("v2"), model("s1", namespace="other"), model("lonely")]
+TABLE = resolve_plain_names(build_route_table(FEATURES, MODELS), ["default"])
+
+
+def test_failures_are_server_side_errors_and_broken_streams_not_client_answers() -> None:
+    assert is_failure(500, None)
+    assert is_failure(200, "stream_cut")
+    assert is_failure(504, "upstream_timeout")
+    assert not is_failure(200, None)
+    assert not is_failure(404, None)
+    assert not is_failure(499, None)
+
+
+def test_p95_is_the_nearest_rank() -> None:
+    assert p95([]) is None
+    assert p95([float(i) for i in range(1, 101)]) == 95.0
+    assert p95([3.0]) == 3.0
+
+
+def test_the_ring_keeps_the_latest_slow_or_failed_requests_newest_first() -> None:
+    clock = Clock()
+    log = RequestLog(slow_seconds=2.0, size=2, clock=clock)
+    log.add("default", "chat", "v1", 200, 0.1, trace_id="a")  # neither slow nor failed
+    log.add("default", "chat", "v1", 500, 0.1, trace_id="b")
+    log.add("default", "chat", "v2", 200, 3.0, trace_id="c")
+    log.add("default", "chat", "v2", 200, 0.2, "stream_cut", trace_id="d")
+    assert [r.trace_id for r in log.recent()] == ["d", "c"]  # bounded: "b" fell out
+    assert log.recent()[1].slow
+    assert not log.recent()[1].failed
+
+
+def test_model_stats_cover_the_window_only() -> None:
+    clock = Clock()
+    log = RequestLog(window=60.0, clock=clock)
+    clock.now += 120  # up for longer than the window
+    log.add("default", "chat", "v1", 500, 0.1)
+    clock.now += 61
+    for ttft in (0.1, 0.2, 0.3, 0.4):
+        log.add("default", "chat", "v1:adapter", 200, 0.5, ttft=ttft)  # an adapter counts for its AIModel
+    log.add("default", "chat", "v1", 503, 0.1)
+    stats = log.stats("default", "v1")
+    assert stats.requests == 5  # the first 500 is outside the window
+    assert stats.error_rate == 1 / 5
+    assert stats.requests_per_second == 5 / 60
+    assert stats.ttft_p95_seconds == 0.4
+    assert log.stats("default", "nothing").error_rate is None
+
+
+def test_time_to_ready_is_ready_transition_minus_creation() -> None:
+    assert time_to_ready(model("m", created="2026-01-01T00:00:00Z", ready_at="2026-01-01T00:01:30Z")) == 90.0
+    assert time_to_ready(model("m", ready_at="2026-01-01T00:01:30Z")) is None
+
+
+def test_trace_urls_fill_the_template_only_with_a_trace_id() -> None:
+    assert trace_url("http://j/trace/{trace_id}", "ab12") == "http://j/trace/ab12"
+    assert trace_url(None, "ab12") is None
+    assert trace_url("http://j/trace/{trace_id}", None) is None
+    assert trace_url("http://j/trace/{trace_id}", "x/../y") is None
+
+
+def view_for(keys: str | None, log: RequestLog | None = None) -> dict[str, Any]:
+    key = parse_keys(keys)[0] if keys else None
+    log = log or RequestLog(clock=Clock())
+    return build_view(TABLE, FEATURES, MODELS, log, key, "http://jaeger/trace/{trace_id}")
+
+
+def names(items: list[dict[str, Any]]) -> set[str]:
+    return {f"{i['namespace']}/{i['name']}" for i in items}
+
+
+def test_without_keys_or_with_an_unscoped_key_everything_shows() -> None:
+    for keys in (None, "admin: k"):
+        view = view_for(keys)
+        assert names(view["features"]) == {"default/chat", "other/secret"}
+        assert names(view["models"]) == {"default/v1", "default/v2", "other/s1", "default/lonely"}
+        assert view["scope"] == "everything"
+
+
+def test_a_scoped_key_sees_only_its_features_their_models_and_their_requests() -> None:
+    log = RequestLog(slow_seconds=1.0, clock=Clock())
+    log.add("default", "chat", "v2", 500, 0.1, trace_id="aa")
+    log.add("other", "secret", "s1", 500, 0.1, trace_id="bb")
+    log.add("", "", "", 500, 0.1, trace_id="cc")  # never routed
+    view = view_for("team: k chat", log)
+    assert names(view["features"]) == {"default/chat"}
+    assert names(view["models"]) == {"default/v1", "default/v2"}  # behind chat; not `lonely`, not other/s1
+    assert [r["traceId"] for r in view["recent"]] == ["aa"]
+    assert view["recent"][0]["traceUrl"] == "http://jaeger/trace/aa"
+    assert "secret" not in str(view)
+    assert "other" not in str(view)
+    direct = view_for("team: k other/s1", log)
+    assert names(direct["features"]) == set()
+    assert names(direct["models"]) == {"other/s1"}
+    assert [r["traceId"] for r in direct["recent"]] == []  # its requests went through the feature
+
+
+def test_features_carry_weights_and_canary_history() -> None:
+    chat = next(f for f in view_for(None)["features"] if f["name"] == "chat")
+    assert chat["weights"] == [{"model": "v1", "weight": 50}, {"model": "v2", "weight": 50}]
+    assert [a["verdict"] for a in chat["analyses"]] == ["advance", "rollback"]
+    assert chat["analyses"][1]["canaryErrorRate"] == 0.2
+    assert chat["phase"] == "Progressing"

@@ -275,7 +275,7 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
     if settings.console_enabled:
         state.recent = RequestLog(settings.console_slow_seconds)
         objects = routes.latest_objects if isinstance(routes, FileRouteSource | KubeRouteSource) else lambda: ([], [])
-        install_console(app, state, objects, state.recent, settings.trace_url_template)
+        install_console(app, state, objects, state.recent, settings.trace_url_template, batch.latest)
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:

@@ -284,3 +284,27 @@ def test_a_database_that_does_not_answer_leaves_the_gateway_serving_and_the_batc
     assert caught.value.status_code == 503
     assert caught.value.code == "batch_api_unavailable"
     assert caught.value.response.headers["retry-after"] == "5"
+
+
+def test_the_console_shows_a_keys_own_batches_with_their_progress(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    gw = gateway(start_gateway, upstreams, tmp_path)
+    alpha = gw.client("sk-alpha")
+    done = finished(alpha, submit(alpha, [request_line(f"r{i}") for i in range(4)] + ["not json"]).id)
+    assert done.status == "completed"
+
+    def console_batches(key: str) -> Any:
+        response = httpx.get(f"{gw.url}/console/api/state", headers={"authorization": f"Bearer {key}"}, timeout=10)
+        assert response.status_code == 200
+        return response.json()["batches"]
+
+    (shown,) = console_batches("sk-alpha")
+    assert (shown["id"], shown["status"], shown["endpoint"]) == (done.id, "completed", CHAT)
+    assert (shown["total"], shown["completed"], shown["failed"]) == (5, 4, 1)
+    assert shown["requestsPerMinute"] > 0
+    assert console_batches("sk-bravo") == []  # another key's batches are not its business
+
+    plain = start_gateway(objects(upstreams), keys=KEYS)  # no database: the console says the Batch API is off
+    response = httpx.get(f"{plain.url}/console/api/state", headers={"authorization": "Bearer sk-alpha"}, timeout=10)
+    assert response.json()["batches"] is None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from contextlib import suppress
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -84,6 +85,17 @@ class BatchService:
         await self.worker.start()
         self.ready = True
         self._first_try.set()
+
+    async def latest(self, owner: str | None, limit: int = 20) -> list[dict[str, Any]] | None:
+        """The newest batches of `owner` (None: everyone's) for the console; None while the Batch API is off
+        or its database is not usable (the console says so rather than failing)."""
+        if self.store is None or not self.ready:
+            return None
+        try:
+            return await asyncio.to_thread(self.store.latest_batches, owner, limit)
+        except Exception as exc:
+            log.warning("the console could not read the batches: %s", type(exc).__name__)
+            return None
 
     async def stop(self) -> None:
         if self._bring_up is not None:

@@ -220,6 +220,15 @@ class BatchStore:
             rows = _page(conn, select(batches).where(batches.c.owner == owner), batches, owner, after, limit, False)
         return [batch_object(r._mapping) for r in rows[:limit]], len(rows) > limit
 
+    def latest_batches(self, owner: str | None, limit: int) -> list[dict[str, Any]]:
+        """The newest batches, of one owner (None: of everyone), for the console."""
+        query = select(batches).order_by(batches.c.created_at.desc(), batches.c.id.desc()).limit(limit)
+        if owner is not None:
+            query = query.where(batches.c.owner == owner)
+        with self._tx() as conn:
+            rows = conn.execute(query).all()
+        return [batch_object(r._mapping) | {"owner": r._mapping["owner"]} for r in rows]
+
     def cancel_batch(self, owner: str, batch_id: str, now: int) -> dict[str, Any] | None:
         """The batch, now cancelling (TransitionError when it is past that); None when it is not the owner's."""
         with self._tx() as conn:

@@ -3,7 +3,7 @@ JSON, authenticated exactly as /v1/models (the page sends the key it keeps in se
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +13,13 @@ from fastapi.staticfiles import StaticFiles
 
 from servlane_api import AIFeature, AIModel
 from servlane_gateway.console.recent import RequestLog
-from servlane_gateway.console.view import build_view
+from servlane_gateway.console.view import batches_owner, build_view
 from servlane_gateway.forwarding import GatewayState
 
 STATIC = Path(__file__).parent / "static"
 ObjectsGetter = Callable[[], tuple[list[AIFeature], list[AIModel]]]
+# The Batch API's newest batches of an owner (None: everyone's); None when it is off or unavailable.
+BatchesGetter = Callable[[str | None], Awaitable[list[dict[str, Any]] | None]]
 # Our own files only: no inline script or style, no other origin (the page renders names users chose).
 PAGE_HEADERS = {
     "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
@@ -29,7 +31,12 @@ PAGE_HEADERS = {
 
 
 def install_console(
-    app: FastAPI, state: GatewayState, objects: ObjectsGetter, log: RequestLog, trace_url_template: str | None
+    app: FastAPI,
+    state: GatewayState,
+    objects: ObjectsGetter,
+    log: RequestLog,
+    trace_url_template: str | None,
+    batches: BatchesGetter | None = None,
 ) -> None:
     router = APIRouter()
 
@@ -41,7 +48,8 @@ def install_console(
     async def console_state(request: Request) -> JSONResponse:
         key = state.keys.authenticate(request.headers.get("authorization"))
         features, models = objects()
-        view: dict[str, Any] = build_view(state.table, features, models, log, key, trace_url_template)
+        latest = await batches(batches_owner(key)) if batches is not None else None
+        view: dict[str, Any] = build_view(state.table, features, models, log, key, trace_url_template, latest)
         return JSONResponse(view, headers={"cache-control": "no-store"})
 
     app.include_router(router)

@@ -100,6 +100,35 @@ def _model(model: AIModel, log: RequestLog) -> dict[str, Any]:
     }
 
 
+def batches_owner(key: ApiKey | None) -> str | None:
+    """Whose batches the caller sees: its own key's (a batch's requests are its owner's business, whatever
+    the key's scopes); everyone's only with access control off (None)."""
+    return None if key is None else key.name
+
+
+def _batch(batch: dict[str, Any], now: float) -> dict[str, Any]:
+    counts = batch.get("request_counts") or {}
+    done = int(counts.get("completed") or 0) + int(counts.get("failed") or 0)
+    started = batch.get("in_progress_at")
+    ended = next(
+        (batch[k] for k in ("finalizing_at", "cancelling_at", "failed_at", "expired_at") if batch.get(k)), None
+    )
+    # Batch times are whole seconds (OpenAI's shape): a batch done within one counts one second.
+    elapsed = max(1.0, float(ended or now) - float(started)) if started else 0.0
+    return {
+        "id": batch.get("id"),
+        "owner": batch.get("owner"),
+        "status": batch.get("status"),
+        "endpoint": batch.get("endpoint"),
+        "total": int(counts.get("total") or 0),
+        "completed": int(counts.get("completed") or 0),
+        "failed": int(counts.get("failed") or 0),
+        "createdAt": iso(float(batch["created_at"])) if batch.get("created_at") else None,
+        # Throughput while it ran: finished requests per minute since it went in progress.
+        "requestsPerMinute": round(done / elapsed * 60, 1) if elapsed > 0 else None,
+    }
+
+
 def build_view(
     table: RouteTable | None,
     features: Iterable[AIFeature],
@@ -107,7 +136,10 @@ def build_view(
     log: RequestLog,
     key: ApiKey | None,
     trace_url_template: str | None = None,
+    batches: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """The page's state for `key` (None: access control off). `batches`: the Batch API's newest batches of
+    batches_owner(key), or None when the Batch API is off or unavailable."""
     """The page's state for `key` (None: access control off)."""
     shown_features = sorted(
         (f for f in features if _route_visible(key, table, f.namespace, f.name)), key=lambda f: (f.namespace, f.name)
@@ -150,4 +182,5 @@ def build_view(
         "features": [_feature(f) for f in shown_features],
         "models": [_model(m, log) for m in shown_models],
         "recent": recent,
+        "batches": None if batches is None else [_batch(b, log.clock()) for b in batches],
     }

@@ -106,6 +106,11 @@
       if (r.failed) tr.className = "failed";
       return tr;
     }), "None on this replica.");
+    // The Batch API's newest batches (the caller key's own): shared by all replicas, through its database.
+    fill("batches", (state.batches || []).map((b) => row([
+      b.id, b.status, b.endpoint,
+      (b.completed + b.failed) + " / " + b.total, b.failed, b.requestsPerMinute, b.createdAt,
+    ])), state.batches === null ? "The Batch API is off or its database is not reachable." : "No batches.");
     document.getElementById("content").hidden = false;
   }
 

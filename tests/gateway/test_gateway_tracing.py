@@ -144,7 +144,9 @@ def test_an_error_names_its_trace(gateway: str, jaeger: Jaeger) -> None:
     assert not [s for s in spans if s.service == RUNTIME]  # no backend was called
 
 
-def test_vllm_joins_its_own_spans_under_the_runtime(jaeger: Jaeger, tiny_llama_dir: Path) -> None:
+def test_a_chat_through_the_gateway_to_vllm_is_one_trace_down_to_the_engine(
+    jaeger: Jaeger, tiny_llama_dir: Path, tmp_path: Path
+) -> None:
     require_vllm()
     config = RuntimeConfig(
         model_source=str(tiny_llama_dir),
@@ -157,16 +159,24 @@ def test_vllm_joins_its_own_spans_under_the_runtime(jaeger: Jaeger, tiny_llama_d
     env = traced_env(jaeger) | {"VLLM_CPU_KVCACHE_SPACE": "1", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
     with SubprocessServer(config, env) as runtime:
         runtime.wait_ready(timeout=VLLM_START_SECONDS)
-        body = {"model": "tiny", "messages": HI, "max_tokens": 4}
-        response = httpx.post(f"{runtime.v1}/chat/completions", json=body, timeout=120)
+        objects = [aimodel("model-tiny", runtime.v1, served="tiny"), aifeature("chat", [("model-tiny", 100)])]
+        gateway = GatewayProcess(tmp_path, objects, traced_env(jaeger))
+        try:
+            body = {"model": "chat", "messages": HI, "max_tokens": 4}
+            response = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=120)
+        finally:
+            gateway.stop()
     assert response.status_code == 200
     trace_id = response.headers["x-trace-id"]
 
     def with_engine_spans() -> list[Span] | None:
         spans = jaeger.spans(trace_id)
-        names = {s.name for s in spans}
-        return spans if {"generate", "llm_request"} <= names else None
+        names = {(s.service, s.name) for s in spans}
+        wanted = {(GATEWAY, "upstream"), (RUNTIME, "generate")}
+        return spans if wanted <= names and "llm_request" in {s.name for s in spans} else None
 
-    spans = wait_until("vLLM's llm_request span in the trace", with_engine_spans, timeout=30, interval=0.2)
+    spans = wait_until("the gateway's, the runtime's and vLLM's spans", with_engine_spans, timeout=30, interval=0.2)
     (engine,) = [s for s in spans if s.name == "llm_request"]
     assert engine.parent_id == one(spans, RUNTIME, "generate").span_id
+    assert one(spans, RUNTIME, CHAT).parent_id == one(spans, GATEWAY, "upstream").span_id
+    assert one(spans, GATEWAY, CHAT).parent_id is None  # one trace, rooted at the gateway

@@ -265,6 +265,16 @@ class RedisStore:
         return result
 
 
+@dataclass
+class Leading:
+    """A missed non-streamed request on its way to the backend, which identical requests arriving meanwhile
+    wait for instead of asking the backend again (in this gateway process)."""
+
+    key: CacheKey
+    answer: asyncio.Future[Entry | None]
+    entry: Entry | None = None  # set when its answer was kept
+
+
 class ResponseCacher:
     """The request path's side of the cache: look up and keep answers, counting hits, misses, stores and
     evictions per namespace and feature."""
@@ -273,6 +283,31 @@ class ResponseCacher:
         self.store = store
         self.metrics = metrics
         self._tasks: set[asyncio.Task[None]] = set()
+        self._leading: dict[CacheKey, Leading] = {}
+
+    def leader(self, key: CacheKey) -> Leading | None:
+        return self._leading.get(key)
+
+    def lead(self, key: CacheKey) -> Leading:
+        leading = Leading(key, asyncio.get_running_loop().create_future())
+        self._leading[key] = leading
+        return leading
+
+    def release(self, leading: Leading) -> None:
+        """However the leader ended: its followers get its kept answer, or None (then they ask the backend)."""
+        if self._leading.get(leading.key) is leading:
+            del self._leading[leading.key]
+        if not leading.answer.done():
+            leading.answer.set_result(leading.entry)
+
+    async def follow(self, leading: Leading, limit_seconds: float) -> Entry | None:
+        try:
+            entry = await asyncio.wait_for(asyncio.shield(leading.answer), limit_seconds)
+        except TimeoutError:
+            return None
+        if entry is not None:
+            self.metrics.cache_coalesced.labels(leading.key.namespace, leading.key.feature).inc()
+        return entry
 
     async def get(self, key: CacheKey) -> Entry | None:
         entry = await self.store.get(key)
@@ -293,9 +328,12 @@ class ResponseCacher:
         if stored.evicted:
             self.metrics.cache_evictions.labels(key.namespace, key.feature).inc(stored.evicted)
 
-    def keep_answer(self, caching: Caching, content: bytes) -> None:
-        if json_keepable(content):
-            self.keep(caching.key, Entry(False, caching.content_type, content), caching.policy)
+    def keep_answer(self, caching: Caching, content: bytes) -> Entry | None:
+        if not json_keepable(content):
+            return None
+        entry = Entry(False, caching.content_type, content)
+        self.keep(caching.key, entry, caching.policy)
+        return entry
 
     def record(self, caching: Caching) -> Recorder:
         """What a relayed stream feeds its chunks to, so that it can be kept when it ends well."""
@@ -308,10 +346,10 @@ class ResponseCacher:
             self.keep(caching.key, Entry(True, caching.content_type, content), caching.policy)
 
     @staticmethod
-    def replay(entry: Entry, strip_usage: bool, request_id: str | None) -> Response:
+    def replay(entry: Entry, strip_usage: bool, request_id: str | None, how: str = HIT) -> Response:
         """A kept answer as the backend gave it: a stream loses its usage chunk when not asked for, like
         a relayed one (proxy.UsageScanner). The request id is the caller's own, never the kept one."""
-        headers = {"content-type": entry.content_type, CACHE_HEADER: HIT}
+        headers = {"content-type": entry.content_type, CACHE_HEADER: how}
         if request_id:
             headers["x-request-id"] = request_id
         body = entry.body

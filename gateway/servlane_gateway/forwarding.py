@@ -39,7 +39,7 @@ from servlane_core.routing.routes import Backend, Route, RouteTable
 from servlane_core.routing.sticky_share import StickyShareGuard
 from servlane_core.tracing import NO_SPANS, Phase, RequestSpans, spans_of
 from servlane_gateway.access import KeyRing, authorize
-from servlane_gateway.cache_store import ResponseCacher
+from servlane_gateway.cache_store import Leading, ResponseCacher
 from servlane_gateway.console.recent import RequestLog
 from servlane_gateway.endpoints import EndpointRouter, Lease
 from servlane_gateway.gateway_metrics import NONE, GatewayMetrics, exemplar
@@ -55,7 +55,7 @@ from servlane_gateway.proxy import (
 )
 from servlane_gateway.ratelimit import DEFAULT_RESERVED_COMPLETION_TOKENS, Hold, RateLimiter, estimate_tokens
 from servlane_gateway.redis_limits import RedisLimiter
-from servlane_gateway.response_cache import CACHE_HEADER, MISS, Caching, lookup_key
+from servlane_gateway.response_cache import CACHE_HEADER, COALESCED, HIT, MISS, CacheKey, Caching, Entry, lookup_key
 from servlane_gateway.upstream import (
     UpstreamConnectError,
     UpstreamConnectTimeout,
@@ -118,6 +118,7 @@ class Call:
     caching: Caching | None = None  # the response cache missed: keep the answer under this key
     lease: Lease | None = None  # the pod relaying a stream: in flight until the stream ends
     trace_id: str | None = None  # with tracing on: the exemplar of its latency observations
+    leading: Leading | None = None  # a cache miss that identical requests in flight wait for
 
     def settle(self, tokens: int | None) -> None:
         if self.admission is not None:
@@ -295,7 +296,6 @@ async def _forward(
     body: dict[str, Any],
     priority: str | None,
 ) -> Response:
-    spans = spans_of(request.scope)
     sticky = sticky_id(request, body)
     # A client (its key, else its sticky id) stays pinned to a version only up to its fair share of it.
     pick = state.sticky_guard.pick(route, sticky, call.key_name or sticky)
@@ -305,10 +305,44 @@ async def _forward(
     # After admission, so the limits hold for answers from the cache too (they are charged no tokens).
     key = lookup_key(body, endpoint, route, backend) if state.cache is not None else None
     if state.cache is not None and key is not None and (entry := await state.cache.get(key)) is not None:
-        call.settle(0)
-        spans.set(**{"servlane.cache": "hit"})
-        state.metrics.record(call.namespace, call.feature, NONE, 200, time.perf_counter() - call.started)
-        return state.cache.replay(entry, call.strip_usage, request.headers.get("x-request-id"))
+        return _from_cache(state, call, request, entry, HIT)
+    if state.cache is None or key is None or body.get("stream"):
+        return await _to_backend(state, request, endpoint, call, route, body, priority, backend, key, sticky)
+    # Identical non-streamed requests while the first is on its way: one asks the backend, the others take
+    # its answer (a stream is not held back for a whole answer: it goes to the backend).
+    if (leader := state.cache.leader(key)) is not None:
+        entry = await _unless_client_leaves(request, state.cache.follow(leader, state.timeouts.first_byte))
+        if entry is not None:
+            return _from_cache(state, call, request, entry, COALESCED)
+        return await _to_backend(state, request, endpoint, call, route, body, priority, backend, key, sticky)
+    call.leading = state.cache.lead(key)
+    try:
+        return await _to_backend(state, request, endpoint, call, route, body, priority, backend, key, sticky)
+    finally:
+        state.cache.release(call.leading)
+
+
+def _from_cache(state: GatewayState, call: Call, request: Request, entry: Entry, how: str) -> Response:
+    assert state.cache is not None
+    call.settle(0)
+    spans_of(request.scope).set(**{"servlane.cache": how})
+    state.metrics.record(call.namespace, call.feature, NONE, 200, time.perf_counter() - call.started)
+    return state.cache.replay(entry, call.strip_usage, request.headers.get("x-request-id"), how)
+
+
+async def _to_backend(
+    state: GatewayState,
+    request: Request,
+    endpoint: str,
+    call: Call,
+    route: Route,
+    body: dict[str, Any],
+    priority: str | None,
+    backend: Backend | None,
+    key: CacheKey | None,
+    sticky: str | None,
+) -> Response:
+    spans = spans_of(request.scope)
     headers = {"content-type": "application/json", "accept": request.headers.get("accept", "*/*")}
     if request_id := request.headers.get("x-request-id"):
         headers["x-request-id"] = request_id
@@ -478,7 +512,9 @@ def _respond(state: GatewayState, call: Call, upstream: UpstreamResponse, conten
         # Parsing the answer only when there is something to count; an answer without usage keeps its reservation.
         call.settle(_count_usage(state, call, _usage_of(content)) if b'"usage"' in content else None)
         if state.cache is not None and call.caching is not None and upstream.status_code == 200:
-            state.cache.keep_answer(call.caching, content)
+            entry = state.cache.keep_answer(call.caching, content)
+            if call.leading is not None:
+                call.leading.entry = entry  # for the identical requests waiting on this one
     else:
         call.settle(0)  # the backend refused or failed: nothing generated
     state.metrics.record(

@@ -17,6 +17,7 @@ from servlane_core.routing.routes import RouteTable
 # The response cache's counters (read by people and dashboards, not by the operator: so named here).
 CACHE_HITS = "servlane_gateway_response_cache_hits_total"
 CACHE_MISSES = "servlane_gateway_response_cache_misses_total"
+CACHE_COALESCED = "servlane_gateway_response_cache_coalesced_total"
 CACHE_STORES = "servlane_gateway_response_cache_stores_total"
 CACHE_EVICTIONS = "servlane_gateway_response_cache_evictions_total"
 # Per pod of a model version (endpoint-aware routing: servlane_gateway.endpoints).
@@ -90,6 +91,11 @@ class GatewayMetrics:
         self.cache_misses = Counter(
             _base(CACHE_MISSES, "_total"), "Cacheable requests the response cache did not hold.", cache, registry=r
         )
+        self.cache_coalesced = Counter(
+            _base(CACHE_COALESCED, "_total"),
+            "Requests answered with the answer of an identical request in flight (counted as misses too).",
+            cache, registry=r,
+        )  # fmt: skip
         self.cache_stores = Counter(
             _base(CACHE_STORES, "_total"), "Answers kept by the response cache.", cache, registry=r
         )

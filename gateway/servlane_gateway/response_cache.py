@@ -30,9 +30,10 @@ from typing import Any
 from servlane_api.aifeature import ResponseCache
 from servlane_core.routing.routes import Backend, Route
 
-CACHE_HEADER = "x-servlane-cache"  # hit or miss, on every answer of a request the cache looked up
+CACHE_HEADER = "x-servlane-cache"  # hit, miss or coalesced, on every answer of a request the cache looked up
 HIT = "hit"
 MISS = "miss"
+COALESCED = "coalesced"  # the answer of an identical request that was in flight when this one missed
 IGNORED_FIELDS = frozenset({"model", "user", "stream_options"})
 FAILED_FINISH = frozenset({"error", "abort"})
 SAMPLING_ENDPOINTS = ("chat/completions", "completions")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 
 from servlane_api import metric_names as m
 from servlane_gateway.cache_store import MemoryStore, RedisStore
-from servlane_gateway.gateway_metrics import CACHE_EVICTIONS, CACHE_HITS, CACHE_MISSES, CACHE_STORES
+from servlane_gateway.gateway_metrics import CACHE_COALESCED, CACHE_EVICTIONS, CACHE_HITS, CACHE_MISSES, CACHE_STORES
 from servlane_gateway.response_cache import CACHE_HEADER
 from tests.gateway.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel, route_in
 from tests.gateway.test_gateway_shared_limits import PASSWORD, RedisServer, free_port
@@ -357,3 +358,41 @@ def test_a_redis_that_never_answered_still_serves_every_request(
         answer = ask(gw, "same question", temperature=0)
         assert answer.status_code == 200, answer.text
         assert answer.headers[CACHE_HEADER] == "miss"
+
+
+def test_identical_requests_in_flight_wait_for_the_first_answer_instead_of_the_backend(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway
+) -> None:
+    gw = start_gateway(objects(upstreams))
+    text, before = f"{unique()} delay=0.5", calls(upstreams["v1"])
+    with ThreadPoolExecutor(max_workers=5) as pool:
+        first = pool.submit(ask, gw, text, temperature=0)
+        wait_until("the first request at the backend", lambda: calls(upstreams["v1"]) == before + 1, 5)
+        followers = [pool.submit(ask, gw, text, temperature=0) for _ in range(4)]
+        answers = [first.result(), *(f.result() for f in followers)]
+    assert [a.status_code for a in answers] == [200] * 5
+    assert [a.headers[CACHE_HEADER] for a in answers] == ["miss"] + ["coalesced"] * 4
+    assert all(a.content == answers[0].content for a in answers)
+    assert calls(upstreams["v1"]) == before + 1  # the backend answered once for all five
+    assert gw.sample(CACHE_COALESCED, feature="chat") == 4
+
+
+def test_followers_of_a_failed_or_streamed_request_ask_the_backend_themselves(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway
+) -> None:
+    gw = start_gateway(objects(upstreams))
+    text, before = f"{unique()} delay=0.5 status=500", calls(upstreams["v1"])
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        first = pool.submit(ask, gw, text, temperature=0)
+        wait_until("the first request at the backend", lambda: calls(upstreams["v1"]) == before + 1, 5)
+        followers = [pool.submit(ask, gw, text, temperature=0) for _ in range(2)]
+        answers = [first.result(), *(f.result() for f in followers)]
+    assert [a.status_code for a in answers] == [500] * 3  # nobody was handed a failure as an answer
+    assert calls(upstreams["v1"]) == before + 3
+    streamed = f"{unique()} delay=0.3 chunks=2"
+    before = calls(upstreams["v1"])
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        streams = list(pool.map(lambda _: ask(gw, streamed, temperature=0, stream=True), range(3)))
+    assert all(s.status_code == 200 for s in streams)
+    assert calls(upstreams["v1"]) - before >= 2  # streams are relayed live, never held for another's answer
+    assert gw.sample(CACHE_COALESCED, feature="chat") == 0

@@ -7,12 +7,17 @@ started by this script with `--serve-stub`), so the difference to `direct` is wh
   - litellm: LiteLLM's proxy (`litellm --config ...`, one worker), when `--litellm BIN` is given
     (install it outside the project venv: `python3.11 -m venv /tmp/litellm-venv &&
     /tmp/litellm-venv/bin/pip install 'litellm[proxy]'`).
-Load comes from `wrk` (C, keep-alive, one thread) with a Lua script for the POST body, so the load
-generator is not the bottleneck; on a 2-core machine it still shares the CPUs with the stub and the
-router. For each mode (non-streamed / streamed chat completion) and each concurrency (1, 64, 256),
-the targets run back to back so they see the same machine load. wrk times the whole response (for
-streams: until [DONE]). Writes bench/results/gateway.json.
-Run: `.venv/bin/python bench/gateway_bench.py --litellm /tmp/litellm-venv/bin/litellm [--seconds 5]`.
+  - vllm-router: vLLM production stack's Rust router (`vllm-router --worker-urls STUB --policy round_robin`),
+    when `--vllm-router BIN` is given (`python3.11 -m venv /tmp/vllm-router-venv &&
+    /tmp/vllm-router-venv/bin/pip install vllm-router==0.1.17`).
+Load comes from `wrk` (C, keep-alive, one thread) with a Lua script for the POST body, or where wrk is not
+installed (or with `--loadgen python`) from bench/loadgen.py (asyncio on uvloop, raw keep-alive HTTP/1.1,
+its own process); on a 2-core machine either shares the CPUs with the stub and the router. For each mode
+(non-streamed / streamed chat completion) and each concurrency (1, 64, 256), every round runs all targets in
+a balanced random order (each round a rotation of a shuffled order, so every target runs in every position
+about equally often), `--rounds` rounds; each cell keeps every round and their median, min and max. The
+load generator times the whole response (for streams: until [DONE]). Writes bench/results/gateway.json.
+Run: `.venv/bin/python bench/gateway_bench.py --vllm-router /tmp/vllm-router-venv/bin/vllm-router [--rounds 5]`.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ import argparse
 import json
 import os
 import platform
+import random
 import re
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -177,10 +184,72 @@ def settle(url: str, stream: bool) -> None:
     httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=300).raise_for_status()
 
 
-def run_wrk(url: str, script: Path, connections: int, seconds: int) -> dict[str, float]:
-    command = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s", "--latency", "-s", str(script)]
+def run_wrk(url: str, script: Path, connections: int, seconds: float) -> dict[str, float]:
+    command = ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--timeout", "10s", "--latency", "-s", str(script)]
     done = subprocess.run([*command, f"{url}/v1/chat/completions"], capture_output=True, text=True, check=True)
     return parse_wrk(done.stdout)
+
+
+def run_python_loadgen(url: str, body: dict[str, Any], connections: int, seconds: float) -> dict[str, Any]:
+    """bench/loadgen.py in its own process: wrk's fields, plus status counts, body bytes and SSE events."""
+    command = [sys.executable, str(Path(__file__).with_name("loadgen.py")), "closed", "--url",
+               f"{url}/v1/chat/completions", "--body", json.dumps(body), "--api-key", API_KEY,
+               "--connections", str(connections), "--seconds", str(seconds)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads) from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def balanced_orders(names: list[str], rounds: int, rng: random.Random) -> list[list[str]]:
+    """One order per round: rotations of a shuffled order (reversed every other cycle), shuffled over rounds,
+    so each target runs first, middle and last about equally often and no target is always next to the same one."""
+    base = names[:]
+    rng.shuffle(base)
+    orders = []
+    for r in range(rounds):
+        shift = r % len(base)
+        order = base[shift:] + base[:shift]
+        orders.append(order[::-1] if (r // len(base)) % 2 else order)
+    rng.shuffle(orders)
+    return orders
+
+
+SUMMARY_KEYS = ("p50_ms", "p99_ms", "rps", "requests", "non_2xx", "socket_errors", "target_cores",
+                "target_cpu_ms_per_request")  # fmt: skip
+
+
+def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median over rounds of each field (the cell's headline), with min and max, and every round."""
+    summary: dict[str, Any] = {}
+    for key in SUMMARY_KEYS:
+        values = [r[key] for r in rounds if key in r]
+        if values and (key not in ("p50_ms", "p99_ms") or len(values) == len(rounds)):
+            summary[key] = statistics.median(values)
+            summary[f"{key}_range"] = [min(values), max(values)]
+    summary["rounds"] = rounds
+    return summary
+
+
+def same_work(row: dict[str, Any]) -> dict[str, Any]:
+    """Did every target answer only 200s, with the same body bytes and SSE events per request as direct's?"""
+    check: dict[str, Any] = {}
+    for name, cell in row.items():
+        done = [r for r in cell["rounds"] if r.get("requests")]
+        if not done or "statuses" not in done[0]:
+            continue
+        requests = sum(r["requests"] for r in done)
+        check[name] = {
+            "only_200": all(set(r["statuses"]) == {"200"} and not r["socket_errors"] for r in done),
+            "body_bytes_per_request": round(sum(r["body_bytes"] for r in done) / requests, 1),
+            "events_per_request": round(sum(r["events"] for r in done) / requests, 2),
+        }
+    return check
 
 
 def self_reported_added_latency(gateway_url: str) -> dict[str, float]:
@@ -194,7 +263,7 @@ def self_reported_added_latency(gateway_url: str) -> dict[str, float]:
 
 
 def start_processes(
-    tmp: Path, litellm: str | None, gateway_src: Path | None
+    tmp: Path, litellm: str | None, gateway_src: Path | None, vllm_router: str | None = None
 ) -> tuple[dict[str, str], list[subprocess.Popen[bytes]]]:
     paths = [str(ROOT / layer) for layer in ("api", "core", "gateway")]
     env = os.environ | {"PYTHONPATH": os.pathsep.join(paths)}
@@ -224,13 +293,40 @@ def start_processes(
                 env=lite_env, stdout=open(tmp / "litellm.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
             )
         )  # fmt: skip
+    if vllm_router:
+        router_port = free_port()
+        urls["vllm-router"] = f"http://127.0.0.1:{router_port}"
+        processes.append(start_vllm_router(vllm_router, urls["direct"], router_port, tmp / "vllm-router.log"))
     return urls, processes
 
 
-def litellm_version(litellm: str) -> str:
-    python = Path(litellm).parent / "python"
-    code = "import importlib.metadata as m; print(m.version('litellm'))"
+def start_vllm_router(binary: str, worker_url: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+    """vllm-router in front of the one stub, at its defaults but the log level (its info log writes a line per
+    request). It forwards the client's Authorization header to the worker and checks no key of its own."""
+    return subprocess.Popen(
+        [binary, "--worker-urls", worker_url, "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(port),
+         "--log-level", "warning"],
+        stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def package_version(binary: str, package: str) -> str:
+    python = Path(binary).parent / "python"
+    code = f"import importlib.metadata as m; print(m.version({package!r}))"
     return subprocess.run([str(python), "-c", code], capture_output=True, text=True).stdout.strip()
+
+
+def code_version() -> dict[str, Any]:
+    """The commit, and the files of the layers the gateway runs from that differ from it (others may be
+    editing the tree while a benchmark runs: the numbers belong to the tree as it was)."""
+    git = ["git", "-C", str(ROOT)]
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    status = subprocess.run([*git, "status", "--porcelain", "api", "core", "gateway"], capture_output=True, text=True)
+    return {"commit": commit, "uncommitted": status.stdout.splitlines()}
+
+
+def litellm_version(litellm: str) -> str:
+    return package_version(litellm, "litellm")
 
 
 def added_latency(runs: dict[str, Any]) -> dict[str, Any]:
@@ -246,11 +342,18 @@ def added_latency(runs: dict[str, Any]) -> dict[str, Any]:
     return added
 
 
-def _cell(row: dict[str, float] | None) -> str:
+def _span(row: dict[str, Any], key: str, fmt: str) -> str:
+    low, high = row[f"{key}_range"]
+    return f"{row[key]:{fmt}} ({low:{fmt}}-{high:{fmt}})"
+
+
+def _cell(row: dict[str, Any] | None) -> str:
     if not row:
         return "—"
     if "p50_ms" not in row or not row.get("requests"):
         return f"none finished in the run ({row['rps']:.0f} req/s)"
+    if "p50_ms_range" in row:  # several rounds: median (min-max)
+        return f"{_span(row, 'p50_ms', '.2f')} / {_span(row, 'p99_ms', '.1f')} / {_span(row, 'rps', '.0f')}"
     return f"{row['p50_ms']:.2f} / {row['p99_ms']:.1f} / {row['rps']:.0f}"
 
 
@@ -273,9 +376,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--serve-stub", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--table", type=Path, help="print a result file as a markdown table, and exit")
-    parser.add_argument("--seconds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=5)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the balanced random order")
+    parser.add_argument("--loadgen", choices=["auto", "wrk", "python"], default="auto",
+                        help="auto: wrk if installed, else bench/loadgen.py")  # fmt: skip
     parser.add_argument("--concurrency", default="1,64,256")
     parser.add_argument("--litellm", help="path of the `litellm` CLI (a venv outside the project)")
+    parser.add_argument("--vllm-router", help="path of the `vllm-router` CLI (a venv outside the project)")
     parser.add_argument("--gateway-src", type=Path, help="a folder holding another servlane_gateway package")
     parser.add_argument("--before", type=Path, help="an earlier result (e.g. with --gateway-src) to embed")
     parser.add_argument("--label", default="", help="free text stored with the results (e.g. the code version)")
@@ -290,31 +398,63 @@ def main() -> None:
         uvicorn.run(stub_app, host="127.0.0.1", port=args.serve_stub, loop="uvloop", http="httptools",
                     log_level="warning", access_log=False)  # fmt: skip
         return
-    if shutil.which("wrk") is None:
-        sys.exit("wrk not found: apt-get install wrk")
+    use_wrk = args.loadgen == "wrk" or (args.loadgen == "auto" and shutil.which("wrk") is not None)
+    if use_wrk and shutil.which("wrk") is None:
+        sys.exit("wrk not found: apt-get install wrk (or --loadgen python)")
     levels = [int(c) for c in args.concurrency.split(",")]
+    rng = random.Random(args.seed)
+    started = time.time()
+    code = code_version()
+    loadavg: list[dict[str, Any]] = []
+    same: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        urls, processes = start_processes(tmp, args.litellm, args.gateway_src)
+        urls, processes = start_processes(tmp, args.litellm, args.gateway_src, args.vllm_router)
+        pids = {name: process.pid for name, process in zip(urls, processes, strict=True)}  # started in this order
         try:
             wait_ready(f"{urls['direct']}/health")
             wait_ready(f"{urls['gateway']}/ready")
             if "litellm" in urls:
                 wait_ready(f"{urls['litellm']}/health/liveliness")
+            if "vllm-router" in urls:
+                wait_ready(f"{urls['vllm-router']}/health")
+            bodies = {"plain": CHAT, "stream": CHAT | {"stream": True}}
             scripts = {"plain": tmp / "plain.lua", "stream": tmp / "stream.lua"}
-            scripts["plain"].write_text(wrk_script(CHAT))
-            scripts["stream"].write_text(wrk_script(CHAT | {"stream": True}))
+            for mode, body in bodies.items():
+                scripts[mode].write_text(wrk_script(body))
+
+            def load(url: str, mode: str, connections: int, seconds: float) -> dict[str, Any]:
+                if use_wrk:
+                    return run_wrk(url, scripts[mode], connections, seconds)
+                return run_python_loadgen(url, bodies[mode], connections, seconds)
+
             for url in urls.values():  # warm-up: connections, imports, first-call paths
-                for script in scripts.values():
-                    run_wrk(url, script, 4, 1)
-            runs: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
-            for mode, script in scripts.items():
+                for mode in bodies:
+                    load(url, mode, 4, 1)
+            runs: dict[str, dict[str, dict[str, Any]]] = {}
+            for mode in bodies:
                 for connections in levels:
-                    row = runs.setdefault(mode, {}).setdefault(str(connections), {})
-                    for name, url in urls.items():
-                        settle(url, mode == "stream")
-                        row[name] = run_wrk(url, script, connections, args.seconds)
-                        print(mode, connections, name, row[name], flush=True)
+                    cell_rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in urls}
+                    for number, order in enumerate(balanced_orders(list(urls), args.rounds, rng)):
+                        for name in order:
+                            settle(urls[name], mode == "stream")
+                            cpu = cpu_seconds(pids[name])  # the target idles while the load generator starts
+                            measured = load(urls[name], mode, connections, args.seconds)
+                            busy = cpu_seconds(pids[name]) - cpu
+                            measured |= {
+                                "target_cores": busy / args.seconds,
+                                "target_cpu_ms_per_request": 1000 * busy / max(measured["requests"], 1),
+                            }
+                            measured |= {"round": number, "position": order.index(name), "loadavg": os.getloadavg()}
+                            cell_rounds[name].append(measured)
+                            print(mode, connections, number, name, {k: measured.get(k) for k in SUMMARY_KEYS},
+                                  flush=True)  # fmt: skip
+                        loadavg.append({"mode": mode, "clients": connections, "round": number,
+                                        "loadavg": os.getloadavg()})  # fmt: skip
+                    row = runs.setdefault(mode, {})[str(connections)] = {
+                        name: summarize(measured) for name, measured in cell_rounds.items()
+                    }
+                    same.setdefault(mode, {})[str(connections)] = same_work(row)
             self_reported = self_reported_added_latency(urls["gateway"])
         finally:
             for process in processes:
@@ -324,18 +464,35 @@ def main() -> None:
                 except subprocess.TimeoutExpired:
                     process.kill()
     added = added_latency(runs)
+    peer = {"litellm": litellm_version(args.litellm)} if args.litellm else {}
+    if args.vllm_router:
+        peer["vllm-router"] = package_version(args.vllm_router, "vllm-router")
+    loadgen = "wrk -t1" if use_wrk else "bench/loadgen.py (one asyncio/uvloop process, raw HTTP/1.1 keep-alive)"
     result = {
-        "what": "router vs direct stub backend, loopback, chat completions, wrk -t1 (whole response timed)",
+        "what": f"router vs direct stub backend, loopback, chat completions, {loadgen} (whole response timed); "
+        "each cell: the median over rounds, [min, max] in *_range, every round under rounds",
         "label": args.label,
         "machine": {
             "cpus": os.cpu_count(),
             "loadavg_at_end": os.getloadavg(),
+            "loadavg_per_round": loadavg,
             "python": platform.python_version(),
             "platform": platform.platform(),
         },
+        "settings": {
+            "seconds_per_run": args.seconds,
+            "rounds": args.rounds,
+            "order": "balanced random (rotations of a shuffled order per cell), seed " + str(args.seed),
+            "loadgen": loadgen,
+            "concurrency": levels,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "wall_seconds": round(time.time() - started, 1),
+        },
+        "code": code,
         "seconds_per_run": args.seconds,
-        "peer": {"litellm": litellm_version(args.litellm)} if args.litellm else {},
+        "peer": peer,
         "runs": runs,
+        "same_work": same,
         "added_ms": added,
         "gateway_self_reported_added_latency": self_reported,
     }

@@ -217,17 +217,24 @@ def phase(
     }
     if feature == CACHED:
         hits, misses = [o for o in ok if o.cache == "hit"], [o for o in ok if o.cache == "miss"]
+        # Identical non-streamed requests that came while the first was in flight and took its answer.
+        coalesced = [o for o in ok if o.cache == "coalesced"]
         distinct = len({(o.prompt, o.stream) for o in outcomes})
         record |= {
             "hits": len(hits),
             "misses": len(misses),
+            "coalesced": len(coalesced),
             "hit_rate": round(len(hits) / max(len(ok), 1), 4),
+            # What the cache spared the backend: hits and coalesced requests.
+            "without_backend_rate": round((len(hits) + len(coalesced)) / max(len(ok), 1), 4),
             "distinct_requests": distinct,  # first occurrences: the misses no cache could avoid
             "best_hit_rate": round(1 - distinct / max(len(outcomes), 1), 4),
             # A repeat that came while its first was still being generated (or just before its answer
             # was kept, which happens after it is sent) is a miss too.
             "misses_beyond_first": len(misses) - distinct,
-            "gateway_metrics_agree": [len(hits), len(misses)] == [delta["gateway_hits"], delta["gateway_misses"]],
+            # The gateway counts a coalesced request as a miss too (it missed before it waited).
+            "gateway_metrics_agree": [len(hits), len(misses) + len(coalesced)]
+            == [delta["gateway_hits"], delta["gateway_misses"]],
             "runtime_saw_only_misses": delta["runtime_requests"] == len(misses),
             "hit_latency": by_mode(hits),
             "miss_latency": by_mode(misses),
@@ -289,6 +296,8 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
     summary: dict[str, Any] = {
         "hit_rate": pick(lambda c, u: c["hit_rate"]),
+        "without_backend_rate": pick(lambda c, u: c["without_backend_rate"]),
+        "coalesced": pick(lambda c, u: c["coalesced"]),
         "best_hit_rate": pick(lambda c, u: c["best_hit_rate"]),
         "misses_beyond_first": pick(lambda c, u: c["misses_beyond_first"]),
         "runtime_requests_cached": pick(lambda c, u: c["runtime_requests"]),

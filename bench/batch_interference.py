@@ -37,21 +37,13 @@ import httpx
 import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `bench` is its folder
-from bench.gateway_bench import routes, wait_ready
+from bench.gateway_bench import ANSWER_BYTES, routes, stop_processes, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 NULL = subprocess.DEVNULL
 KEY = "sk-bench-batch-interference"
 RANKS = {"high": 0, "normal": 1, "low": 2}
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
-ANSWER = {
-    "id": "chatcmpl-stub",
-    "object": "chat.completion",
-    "created": 0,
-    "model": "stub",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-}
 
 
 class PrioritySlots:
@@ -81,7 +73,7 @@ class PrioritySlots:
 
 def stub_app(service_seconds: float, slots: int) -> Any:
     gate = PrioritySlots(slots)
-    body = json.dumps(ANSWER).encode()
+    body = ANSWER_BYTES
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -248,12 +240,7 @@ def main() -> None:
                 rounds.append(records)
                 print(f"round {index}: " + "; ".join(json.dumps(r) for r in records), flush=True)
         finally:
-            for process in processes:
-                process.terminate()
-                try:
-                    process.wait(15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+            stop_processes(processes)
     pooled = {}
     for with_batch, name in ((False, "without_batch"), (True, "with_batch")):
         rows = [r for records in rounds for r in records if r["batch"] is with_batch]

@@ -100,6 +100,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def stop_processes(processes: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each bench process, then SIGKILL what is still there after 15 s."""
+    for process in processes:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 def wait_ready(url: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -457,12 +467,7 @@ def main() -> None:
                     same.setdefault(mode, {})[str(connections)] = same_work(row)
             self_reported = self_reported_added_latency(urls["gateway"])
         finally:
-            for process in processes:
-                process.terminate()
-                try:
-                    process.wait(15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+            stop_processes(processes)
     added = added_latency(runs)
     peer = {"litellm": litellm_version(args.litellm)} if args.litellm else {}
     if args.vllm_router:

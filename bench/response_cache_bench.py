@@ -47,7 +47,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `bench` is its folder
 from bench.batch_interference import percentile
-from bench.gateway_bench import free_port, wait_ready
+from bench.gateway_bench import free_port, stop_processes, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 NULL = subprocess.DEVNULL
@@ -353,12 +353,7 @@ class Processes:
         self.started.append(subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT))
 
     def stop(self) -> None:
-        for process in reversed(self.started):
-            process.terminate()
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_processes(list(reversed(self.started)))
 
 
 def start_redis(tmp: Path, procs: Processes) -> str | None:

@@ -49,6 +49,7 @@ from bench.gateway_bench import (
     package_version,
     routes,
     start_vllm_router,
+    stop_processes,
     wait_ready,
 )
 
@@ -366,12 +367,7 @@ def main() -> None:
                         print(n, number, name, cell["added_gap_ms"], cell["delay_ms"], cell["completed"],
                               cell["errors"], cell["target_cores"], cell["loadavg"], flush=True)  # fmt: skip
         finally:
-            for process in processes:
-                process.terminate()
-                try:
-                    process.wait(15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+            stop_processes(processes)
     summary = {n: {name: summarize(rounds) for name, rounds in row.items()} for n, row in cells.items()}
     result = {
         "what": "concurrent long SSE streams through each router to a stub on a fixed token schedule, loopback; "

@@ -370,16 +370,7 @@ class BatchStore:
             return
         with self._tx() as conn:
             for batch_id, line in lines:
-                conn.execute(
-                    update(requests)
-                    .where(
-                        requests.c.batch_id == batch_id,
-                        requests.c.line == line,
-                        requests.c.lease_owner == me,
-                        requests.c.done.is_(False),
-                    )
-                    .values(lease_until=now + lease)
-                )
+                conn.execute(update(requests).where(*_held_by(me, batch_id, line)).values(lease_until=now + lease))
 
     def record(self, batch_id: str, line: int, result: dict[str, Any], ok: bool) -> bool:
         """Writes a request's result unless one was written already or the batch has ended (a late answer to
@@ -404,14 +395,7 @@ class BatchStore:
         """Gives a request back to the queue, not to be claimed before `not_before`."""
         with self._tx() as conn:
             conn.execute(
-                update(requests)
-                .where(
-                    requests.c.batch_id == batch_id,
-                    requests.c.line == line,
-                    requests.c.lease_owner == me,
-                    requests.c.done.is_(False),
-                )
-                .values(lease_owner=None, lease_until=not_before)
+                update(requests).where(*_held_by(me, batch_id, line)).values(lease_owner=None, lease_until=not_before)
             )
 
     def try_finalize(self, batch_id: str, now: float) -> str | None:
@@ -480,6 +464,16 @@ class BatchStore:
                     values[key] = file_id
             conn.execute(update(batches).where(batches.c.id == batch_id).values(values))
         return final
+
+
+def _held_by(me: str, batch_id: str, line: int) -> tuple[Any, ...]:
+    """The request `line` of `batch_id` while worker `me` holds its lease and it has no result yet."""
+    return (
+        requests.c.batch_id == batch_id,
+        requests.c.line == line,
+        requests.c.lease_owner == me,
+        requests.c.done.is_(False),
+    )
 
 
 def _lease_free(table: Any, now: float) -> Any:

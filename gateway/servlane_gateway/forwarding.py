@@ -306,18 +306,19 @@ async def _forward(
     key = lookup_key(body, endpoint, route, backend) if state.cache is not None else None
     if state.cache is not None and key is not None and (entry := await state.cache.get(key)) is not None:
         return _from_cache(state, call, request, entry, HIT)
+    to_backend = partial(_to_backend, state, request, endpoint, call, route, body, priority, backend, key, sticky)
     if state.cache is None or key is None or body.get("stream"):
-        return await _to_backend(state, request, endpoint, call, route, body, priority, backend, key, sticky)
+        return await to_backend()
     # Identical non-streamed requests while the first is on its way: one asks the backend, the others take
     # its answer (a stream is not held back for a whole answer: it goes to the backend).
     if (leader := state.cache.leader(key)) is not None:
         entry = await _unless_client_leaves(request, state.cache.follow(leader, state.timeouts.first_byte))
         if entry is not None:
             return _from_cache(state, call, request, entry, COALESCED)
-        return await _to_backend(state, request, endpoint, call, route, body, priority, backend, key, sticky)
+        return await to_backend()
     call.leading = state.cache.lead(key)
     try:
-        return await _to_backend(state, request, endpoint, call, route, body, priority, backend, key, sticky)
+        return await to_backend()
     finally:
         state.cache.release(call.leading)
 

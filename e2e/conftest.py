@@ -132,6 +132,16 @@ def operator(crds: Kube, gateway_metrics: GatewayMetrics) -> Iterator[OperatorPr
     process.stop()
 
 
+@pytest.fixture
+def paused_operator(operator: OperatorProcess) -> Iterator[None]:
+    """The operator stopped for one test (which writes statuses itself), started again after it."""
+    operator.stop()
+    try:
+        yield
+    finally:
+        operator.start()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]

@@ -26,7 +26,6 @@ from e2e.harness import (
     GROUP,
     VERSION,
     Kube,
-    OperatorProcess,
     unavailable,
     wait_until,
     watching_gateway,
@@ -78,15 +77,6 @@ class Pod:
     @property
     def received(self) -> int:
         return len(self.state.bodies)
-
-
-@pytest.fixture
-def paused_operator(operator: OperatorProcess) -> Iterator[None]:
-    operator.stop()
-    try:
-        yield
-    finally:
-        operator.start()
 
 
 @pytest.fixture

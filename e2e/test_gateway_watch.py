@@ -18,20 +18,11 @@ from typing import Any
 import openai
 import pytest
 
-from e2e.harness import ARTIFACTS, GROUP, VERSION, Kube, OperatorProcess, wait_until, watching_gateway
+from e2e.harness import ARTIFACTS, GROUP, VERSION, Kube, wait_until, watching_gateway
 from tests.gateway.gateway_harness import ServedApp
 from tests.gateway.gateway_upstream import create_upstream
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def paused_operator(operator: OperatorProcess) -> Iterator[None]:
-    operator.stop()
-    try:
-        yield
-    finally:
-        operator.start()
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,17 +58,22 @@ def _key() -> str:
 
 def build_tiny_llama(root: Path | None = None) -> Path:
     """The tiny Llama directory, built on first use (atomic rename, so concurrent builders are safe)."""
-    target = (root or cache_root()) / f"tiny-llama-{_key()}"
-    if (target / "config.json").is_file():
+    return _built_once((root or cache_root()) / f"tiny-llama-{_key()}", "config.json", _write_tiny_llama)
+
+
+def _built_once(target: Path, marker: str, write: Callable[[Path], None]) -> Path:
+    """`target`, written by `write` into a scratch folder next to it and renamed into place (atomic, so
+    concurrent builders are safe); a folder holding `marker` is complete and is not built again."""
+    if (target / marker).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
     try:
-        _write_tiny_llama(work)
+        write(work)
         try:
             work.rename(target)
         except OSError:  # someone else finished first
-            if not (target / "config.json").is_file():
+            if not (target / marker).is_file():
                 raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -130,19 +136,7 @@ def build_tiny_adapter(seed: int, root: Path | None = None) -> Path:
     base = build_tiny_llama(root)
     key = hashlib.sha256(json.dumps({"base": base.name, "seed": seed, **ADAPTER_RECIPE}).encode()).hexdigest()[:16]
     target = (root or cache_root()) / f"tiny-llama-lora-{key}"
-    if (target / "adapter_config.json").is_file():
-        return target
-    work = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
-    try:
-        _write_tiny_adapter(base, seed, work)
-        try:
-            work.rename(target)
-        except OSError:  # someone else finished first
-            if not (target / "adapter_config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return target
+    return _built_once(target, "adapter_config.json", lambda out: _write_tiny_adapter(base, seed, out))
 
 
 def _write_tiny_adapter(base: Path, seed: int, out: Path) -> None:

@@ -81,7 +81,7 @@ def real_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
 @pytest.fixture(scope="session")
 def real_node_images(real_cluster: LocalCluster) -> Iterator[list[str]]:
     """Our images (built by scripts/build-images.sh), imported once from Docker into the real node's containerd:
-    there is no registry, so pods run them with imagePullPolicy IfNotPresent. Removed at the end (~7 GB)."""
+    there is no registry, so pods run them with imagePullPolicy IfNotPresent. Removed at the end (~8 GB unpacked)."""
     node = real_cluster.node
     assert node is not None
     if shutil.which("docker") is None:
@@ -93,7 +93,10 @@ def real_node_images(real_cluster: LocalCluster) -> Iterator[list[str]]:
             unavailable(f"{ref} is not built (scripts/build-images.sh all)")
     free = shutil.disk_usage(node.workdir).free
     if free < MIN_FREE_BYTES_FOR_IMAGES:
-        unavailable(f"only {free / 1024**3:.1f} GiB free under {node.workdir}; our images need ~12 GiB")
+        unavailable(
+            f"only {free / 1024**3:.1f} GiB free under {node.workdir}; importing our images needs"
+            f" {MIN_FREE_BYTES_FOR_IMAGES / 1024**3:.0f} GiB (`docker system df` shows what Docker holds)"
+        )
     for ref in images:
         seconds = node.import_docker_image(ref, timeout=1200)
         print(f"\nimported {ref} into {node.name}'s containerd in {seconds:.0f}s")

@@ -180,7 +180,14 @@ for what in "${selected[@]}"; do
     "$docker_bin" image ls --format '{{.Repository}}:{{.Tag}}' "$repo" | grep -F "$repo:$tag-key-" |
       grep -vxF "$key_ref" | xargs -r "$docker_bin" rmi >/dev/null 2>&1 || true
   fi
+  # Moving the plain tag leaves the image it named untagged; it goes too (several GB each for the runtime:
+  # a CI run failed for lack of disk once a day of rebuilds had piled them up). `rmi` refuses when a
+  # container still uses it, which is fine.
+  previous_id=$("$docker_bin" image inspect -f '{{.Id}}' "$ref" 2>/dev/null || true)
   "$docker_bin" tag "$key_ref" "$ref"
+  if [[ -n "$previous_id" && "$previous_id" != "$("$docker_bin" image inspect -f '{{.Id}}' "$ref")" ]]; then
+    "$docker_bin" rmi "$previous_id" >/dev/null 2>&1 || true
+  fi
   seconds=$((SECONDS - start))
   size=$("$docker_bin" image inspect -f '{{.Size}}' "$ref")
   log "$ref: $((size / 1000000)) MB, ${seconds}s"

@@ -3,7 +3,8 @@
 Every target fronts the same fast stub backend (a bare ASGI app on uvicorn with uvloop + httptools,
 started by this script with `--serve-stub`), so the difference to `direct` is what the router adds:
   - direct:  the stub itself
-  - gateway: `python -m servlane_gateway --routes-file ...` (one process, as deployed)
+  - gateway: `python -m servlane_gateway --routes-file ...` (its default worker count: one
+    process per usable CPU, 2 on the development machine; settings.gateway_workers records it)
   - litellm: LiteLLM's proxy (`litellm --config ...`, one worker), when `--litellm BIN` is given
     (install it outside the project venv: `python3.11 -m venv /tmp/litellm-venv &&
     /tmp/litellm-venv/bin/pip install 'litellm[proxy]'`).
@@ -210,10 +211,33 @@ def run_python_loadgen(url: str, body: dict[str, Any], connections: int, seconds
     return result
 
 
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads) from /proc/<pid>/stat."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """utime + stime of a process and its live children (all their threads) from /proc/<pid>/stat: a
+    target with worker processes (the gateway's, vllm-router's none) is counted whole."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = _stat(int(entry.name))
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if int(entry.name) == pid or int(fields[1]) == pid:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def gateway_workers() -> str:
+    """How many processes the gateway serves from here, at its default (--workers 0)."""
+    from servlane_gateway.settings import GatewaySettings
+    from servlane_gateway.workers import read_cpu_limit, usable_cpus, worker_count
+
+    count, why = worker_count(GatewaySettings(routes_file=Path("routes.json")), read_cpu_limit(), usable_cpus())
+    return f"{count} (the default: {why})"
 
 
 def balanced_orders(names: list[str], rounds: int, rng: random.Random) -> list[list[str]]:
@@ -485,6 +509,7 @@ def main() -> None:
             "platform": platform.platform(),
         },
         "settings": {
+            "gateway_workers": gateway_workers(),
             "seconds_per_run": args.seconds,
             "rounds": args.rounds,
             "order": "balanced random (rotations of a shuffled order per cell), seed " + str(args.seed),

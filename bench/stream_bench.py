@@ -5,7 +5,8 @@ chat completion with `--tokens` (200) SSE events, one every `--spacing-ms` (20) 
 request's arrival, each carrying its send time (`t=<CLOCK_MONOTONIC ns>` in its text), then a finish event
 and `[DONE]`. Targets in front of it:
   - direct:      the stub itself (the rig's own floor: load generator, stub and loopback)
-  - gateway:     `python -m servlane_gateway --routes-file ... --keys-file ...` (one process, as deployed)
+  - gateway:     `python -m servlane_gateway --routes-file ... --keys-file ...` (its default worker count: one
+    process per usable CPU, 2 on the development machine; settings.gateway_workers records it)
   - vllm-router: `vllm-router --worker-urls STUB --policy round_robin` (with `--vllm-router BIN`)
 For each N of a rising ladder (`--ladder`), each of `--rounds` rounds runs N concurrent streams through every
 target, in a balanced random order per N (the targets run one at a time). The streams come from
@@ -46,6 +47,7 @@ from bench.gateway_bench import (
     code_version,
     cpu_seconds,
     free_port,
+    gateway_workers,
     package_version,
     routes,
     start_vllm_router,
@@ -381,6 +383,7 @@ def main() -> None:
             "shared": "yes: other engineers' jobs ran on the same 2 cores; os.getloadavg() per cell in cells",
         },
         "settings": {
+            "gateway_workers": gateway_workers(),
             "tokens": args.tokens,
             "spacing_ms": args.spacing_ms,
             "ladder": ladder,

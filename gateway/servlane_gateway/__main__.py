@@ -5,11 +5,10 @@ from __future__ import annotations
 import logging
 import sys
 
-import uvicorn
 from pydantic import ValidationError
 
-from servlane_gateway.app import create_app
 from servlane_gateway.settings import parse_settings
+from servlane_gateway.workers import serve
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -19,9 +18,7 @@ def main(argv: list[str] | None = None) -> None:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
         sys.exit(f"servlane_gateway: {problems}")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(settings)
-    # Access logs stay off: they would add a line per request; metrics count requests instead.
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False)
+    serve(settings)
 
 
 if __name__ == "__main__":

@@ -143,6 +143,7 @@ def batch_service_for(settings: GatewaySettings, state: GatewayState) -> BatchSe
 
 
 PROXIED = {f"/v1/{e}": e for e in ("chat/completions", "completions", "embeddings")}
+FIRST_TABLE_WAIT_SECONDS = 20.0
 
 
 class GatewayApp(FastAPI):
@@ -218,7 +219,10 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
         ", ".join(serving),
     )
 
+    first_table = asyncio.Event()
+
     def on_table(table: RouteTable) -> None:
+        first_table.set()
         table = resolve_plain_names(apply_overrides(table, settings.endpoint_overrides), serving)
         previous = state.table
         if previous is None or table.shadowed != previous.shadowed:  # once per change, not per watch event
@@ -243,6 +247,11 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
         if slices is not None:
             await slices.start(state.endpoints.update)
         await routes.start(on_table)
+        # uvicorn lets a process take connections once this startup returns: waiting for the routes here keeps
+        # a worker that starts (or is restarted) next to serving ones from answering 404 for every model.
+        # Bounded: with the API server away, the gateway still comes up, not ready (/ready says why).
+        with suppress(TimeoutError):
+            await asyncio.wait_for(first_table.wait(), FIRST_TABLE_WAIT_SECONDS)
         await batch.start()
         keys_task = None
         if settings.keys_file is not None:
@@ -300,13 +309,15 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
         # connection errors and fail the requests no limit applies to as well.
         return JSONResponse({"status": "ready"})
 
+    scraped = state.metrics.scrape_registry()
+
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         # OpenMetrics when the scraper asks for it (Prometheus does): only that format carries the exemplars
-        # that link a latency bucket to a trace.
+        # that link a latency bucket to a trace (one worker process only: the multiprocess files hold none).
         if "application/openmetrics-text" in request.headers.get("accept", ""):
-            text = openmetrics_latest(state.metrics.registry)  # type: ignore[no-untyped-call]
+            text = openmetrics_latest(scraped)  # type: ignore[no-untyped-call]
             return Response(text, media_type=OPENMETRICS_CONTENT_TYPE)
-        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(scraped), media_type=CONTENT_TYPE_LATEST)
 
     return app

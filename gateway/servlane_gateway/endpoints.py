@@ -282,7 +282,8 @@ class EndpointRouter:
 
     def _drop_series(self, address: str) -> None:
         labels = self._series.pop(address, None)
-        if self.metrics is None or labels is None:
+        # Worker processes' files cannot drop a series (prometheus_client's multiprocess mode): it stays.
+        if self.metrics is None or labels is None or self.metrics.multiprocess:
             return
         metrics = self.metrics
         for collector in (metrics.endpoint_in_flight, metrics.endpoint_picks, metrics.endpoint_ejections):

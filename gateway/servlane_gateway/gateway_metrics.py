@@ -2,13 +2,21 @@
 
 Each gateway app owns a registry (so tests can run several side by side); `/metrics` serves it. Every
 series carries the route's namespace first, so the canary readers select on namespace and feature.
+
+With several worker processes (servlane_gateway.workers) the values live in prometheus_client's
+multiprocess files instead, and `/metrics` in any worker serves the whole pod's sums
+(`scrape_registry`). Each gauge says how its processes' values combine (`multiprocess_mode`; ignored with
+one process): weights and the limits store are the same in every worker (the most recent / the max), the
+in-flight gauges add up over the live ones.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from servlane_api import metric_names as contract
 from servlane_core.routing.picking import effective_weights
@@ -44,6 +52,8 @@ def _base(name: str, suffix: str) -> str:
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        # Worker processes: values live in the multiprocess files, which cannot drop a series.
+        self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         r = self.registry
         self.requests = Counter(
             _base(contract.REQUESTS, "_total"), "Requests by feature, model and status code.",
@@ -72,7 +82,7 @@ class GatewayMetrics:
         )  # fmt: skip
         self.weight = Gauge(
             contract.WEIGHT, "Percent of a feature's traffic each model gets now (after readiness).",
-            ["namespace", "feature", "model"], registry=r,
+            ["namespace", "feature", "model"], registry=r, multiprocess_mode="mostrecent",
         )  # fmt: skip
         self.sticky_unpinned = Counter(
             _base(contract.STICKY_UNPINNED, "_total"),
@@ -81,7 +91,7 @@ class GatewayMetrics:
         )  # fmt: skip
         self.limits_store = Gauge(
             contract.LIMITS_STORE, "Where rate limits and quotas live: memory (per replica) or redis (shared).",
-            ["mode"], registry=r,
+            ["mode"], registry=r, multiprocess_mode="max",
         )  # fmt: skip
 
         cache = ["namespace", "feature"]
@@ -106,8 +116,9 @@ class GatewayMetrics:
 
         pod = ["namespace", "model", "pod"]
         self.endpoint_in_flight = Gauge(
-            ENDPOINT_IN_FLIGHT, "Requests this gateway has in flight to each pod.", pod, registry=r
-        )
+            ENDPOINT_IN_FLIGHT, "Requests this gateway has in flight to each pod.", pod, registry=r,
+            multiprocess_mode="livesum",
+        )  # fmt: skip
         self.endpoint_picks = Counter(
             _base(ENDPOINT_PICKS, "_total"), "Requests sent to each pod (retries included).", pod, registry=r
         )
@@ -120,6 +131,16 @@ class GatewayMetrics:
         # and the values are bounded (route names, models, status codes), so the cache is too.
         self._request_children: dict[tuple[str, str, str, int], Any] = {}
         self._latency_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+        self._weighted: set[tuple[str, str, str]] = set()
+
+    def scrape_registry(self) -> CollectorRegistry:
+        """What /metrics serves: this registry, or with worker processes (PROMETHEUS_MULTIPROC_DIR set) the
+        sums over all of them, so a scrape of the pod sees every request whichever worker answered it."""
+        if not self.multiprocess:
+            return self.registry
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return registry
 
     def request_counter(self, namespace: str, feature: str, model: str, code: int) -> Any:
         key = (namespace, feature, model, code)
@@ -173,14 +194,26 @@ class GatewayMetrics:
         """Replace the weights gauge with the table's features (stale series removed), and start every
         route's request and error series at 0: Prometheus' increase() cannot see a series' first sample,
         so a canary's first failures would otherwise go unseen for a whole analysis interval."""
-        self.weight.clear()
+        shares: dict[tuple[str, str, str], float] = {}
         seen: set[tuple[str, str]] = set()
         for route in table.routes.values():
             if not route.is_feature or (route.namespace, route.name) in seen:
                 continue
             seen.add((route.namespace, route.name))
             for model, share in effective_weights(route).items():
-                self.weight.labels(route.namespace, route.name, model).set(share)
+                shares[(route.namespace, route.name, model)] = share
+        # Series that went are set to 0 before being dropped: with worker processes a dropped series stays
+        # in the multiprocess files, and must not keep claiming its last share.
+        for labels in self._weighted - shares.keys():
+            self.weight.labels(*labels).set(0)
+        if not self.multiprocess:
+            self.weight.clear()
+        for labels, share in shares.items():
+            self.weight.labels(*labels).set(share)
+        self._weighted = set(shares)
+        for route in table.routes.values():
+            if not route.is_feature:
+                continue
             for backend in route.backends:
                 for code in DECLARED_CODES:
                     self.request_counter(route.namespace, route.name, backend.model, code)

@@ -33,6 +33,14 @@ class GatewaySettings(BaseModel):
 
     host: str = "0.0.0.0"
     port: int = Field(default=8080, ge=0, le=65535)
+    workers: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="Processes serving requests on the one port; 0: one per CPU the gateway is given (its "
+        "cgroup CPU limit, else the CPUs it may run on), at most 8, and 1 where one process must hold the state "
+        "(rate limits without --redis-url, a SQLite batch database), which also refuses more.",
+    )
     routes_file: Path | None = Field(default=None, description="YAML/JSON AIFeature+AIModel objects; else watch.")
     watch: bool = Field(default=False, description="Watch AIFeature/AIModel objects in the cluster.")
     namespaces: list[str] = Field(default_factory=list, description="Namespaces to watch; empty: all.")
@@ -198,6 +206,36 @@ class GatewaySettings(BaseModel):
     def _one_source(self) -> GatewaySettings:
         if (self.routes_file is None) == (not self.watch):
             raise ValueError("set exactly one of --routes-file or --watch")
+        return self
+
+    @property
+    def limits_in_memory(self) -> bool:
+        """Rate limits are set and kept in each process's memory (no Redis to share them)."""
+        limits = (
+            self.key_requests_per_minute,
+            self.key_tokens_per_minute,
+            self.feature_requests_per_minute,
+            self.feature_tokens_per_minute,
+            self.key_max_in_flight,
+        )
+        return self.redis_url is None and any(limit > 0 for limit in limits)
+
+    @property
+    def one_process_only(self) -> str | None:
+        """Why these settings need a single worker process, if they do."""
+        if self.limits_in_memory:
+            return "rate limits are kept in memory (no --redis-url), which only one process can apply exactly"
+        url = self.batch_database_url
+        if url is not None and url.get_secret_value().startswith("sqlite"):
+            return "the Batch API's SQLite database takes one process (PostgreSQL takes several)"
+        return None
+
+    @model_validator(mode="after")
+    def _workers_that_can_share(self) -> GatewaySettings:
+        # Fail closed: N processes each keeping a budget in memory would let a key spend N times its limit.
+        if self.workers > 1 and self.one_process_only:
+            fix = "set --redis-url" if self.limits_in_memory else "use PostgreSQL"
+            raise ValueError(f"--workers {self.workers} is more than one process, but {self.one_process_only}: {fix}")
         return self
 
 

@@ -51,7 +51,8 @@ class GatewayProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         argv = [sys.executable, "-m", "servlane_gateway", "--routes-file", str(routes), "--port", str(self.port)]
-        argv += ["--host", "127.0.0.1", "--log-level", "warning"]
+        # One worker: exemplars (asserted below) are not kept by prometheus_client's multiprocess files.
+        argv += ["--host", "127.0.0.1", "--log-level", "warning", "--workers", "1"]
         self.log = workdir / "gateway.log"
         with self.log.open("wb") as out:
             self.process = subprocess.Popen(argv, env=os.environ | env, stdout=out, stderr=out)

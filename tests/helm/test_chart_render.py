@@ -529,6 +529,22 @@ def test_gateway_redis_settings_reach_the_gateway_and_keep_the_password_in_secre
     assert "at '/gateway/rateLimits/redis/url'" in result.stderr
 
 
+def test_gateway_workers_reach_the_gateway_and_more_than_one_needs_shared_limits(helm: Helm) -> None:
+    from servlane_gateway.settings import parse_settings
+
+    defaults = env_of(one(helm.template(), "Deployment", "mp-servlane-gateway"))
+    assert parse_settings(["--watch"], defaults).workers == 0  # one per CPU given
+    four = env_of(one(helm.template(set_values=("gateway.workers=4",)), "Deployment", "mp-servlane-gateway"))
+    assert parse_settings(["--watch"], four).workers == 4
+    limited = ("gateway.workers=2", "gateway.rateLimits.keyRequestsPerMinute=60")
+    result = helm.run("template", "mp", str(CHART), *(a for v in limited for a in ("--set", v)), check=False)
+    assert result.returncode != 0
+    assert "needs gateway.rateLimits.redis" in result.stderr
+    shared = (*limited, "gateway.rateLimits.redis.url=redis://redis.data:6379/0")
+    env = env_of(one(helm.template(set_values=shared), "Deployment", "mp-servlane-gateway"))
+    assert parse_settings(["--watch"], env).workers == 2
+
+
 def test_tracing_is_off_by_default_and_one_setting_turns_it_on_everywhere(helm: Helm) -> None:
     from servlane_operator.builders.deployment import tracing_env
     from servlane_operator.settings import OperatorSettings

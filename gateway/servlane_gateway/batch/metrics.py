@@ -22,8 +22,9 @@ class BatchMetrics:
             ["namespace", "feature", "outcome"], registry=registry,
         )  # fmt: skip
         self.in_flight = Gauge(
-            IN_FLIGHT, "Batch requests this replica is sending now.", ["namespace", "feature"], registry=registry
-        )
+            IN_FLIGHT, "Batch requests this replica is sending now.", ["namespace", "feature"], registry=registry,
+            multiprocess_mode="livesum",  # with worker processes: the sum over the live ones
+        )  # fmt: skip
         self.batches = Counter(
             BATCHES.removesuffix("_total"), "Batches this replica moved to a final or working status, by status.",
             ["status"], registry=registry,

@@ -1,0 +1,159 @@
+"""The gateway on several processes: how many, and how they share one port, their settings and metrics.
+
+uvicorn's supervisor binds the port once and starts the workers (spawned: fresh interpreters, each building
+the app through `worker_app` from the settings the supervisor passes in its environment); the kernel hands
+each new connection to one of them, and restarts of a dead worker are uvicorn's. What stays consistent
+across the processes, and how:
+- the route table and the pods behind each model: every worker follows the same source (the routes file or
+  the cluster watch), so they agree within that source's own delay;
+- rate limits and quotas: in Redis when one is set, shared by processes and replicas alike; limits kept in
+  memory allow one process only (the settings refuse more; the automatic count picks 1);
+- metrics: prometheus_client's multiprocess mode (one file per process in a directory emptied at start), so
+  /metrics in any worker reports the pod's sums. With several workers there are no exemplars (trace links),
+  and the series of a removed route or pod stay (at 0 for gauges) until the gateway restarts.
+Per worker, on purpose: the in-flight counts least-load picks by, the upstream connection pools, a response
+cache kept in memory (with Redis it is shared), and the console's list of recent requests.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+from pydantic import SecretStr
+
+from servlane_gateway.app import create_app
+from servlane_gateway.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+# Each worker holds its own watches and connection pools: more processes than this cost memory and API
+# server connections for little gain, so a big node without a CPU limit does not get one per core.
+MAX_AUTO_WORKERS = 8
+SETTINGS_ENV = "SERVLANE_GATEWAY_WORKER_SETTINGS"
+SUPERVISOR_ENV = "SERVLANE_GATEWAY_SUPERVISOR_PID"
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+CGROUP = Path("/sys/fs/cgroup")
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def cpu_limit(cpu_max: str | None, cfs_quota_us: str | None = None, cfs_period_us: str | None = None) -> float | None:
+    """The CPUs a cgroup allows: from v2's cpu.max ("max 100000", "150000 100000") or else v1's
+    cpu.cfs_quota_us (-1: none) over cpu.cfs_period_us; None when there is no limit or it does not parse."""
+    try:
+        if cpu_max is not None:
+            quota, _, period = cpu_max.strip().partition(" ")
+            return None if quota == "max" else int(quota) / int(period or "100000")
+        if cfs_quota_us is not None and cfs_period_us is not None:
+            quota_us = int(cfs_quota_us)
+            return None if quota_us <= 0 else quota_us / int(cfs_period_us)
+    except (ValueError, ZeroDivisionError):
+        return None
+    return None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def read_cpu_limit() -> float | None:
+    """This process's cgroup CPU limit (a container's `resources.limits.cpu`), v2 or v1."""
+    v1 = CGROUP / "cpu"
+    return cpu_limit(_read(CGROUP / "cpu.max"), _read(v1 / "cpu.cfs_quota_us"), _read(v1 / "cpu.cfs_period_us"))
+
+
+def usable_cpus() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def worker_count(settings: GatewaySettings, limit: float | None, cpus: int) -> tuple[int, str]:
+    """How many processes serve, and why (for the start-up log)."""
+    if settings.workers:
+        return settings.workers, "--workers"
+    if settings.one_process_only:
+        return 1, settings.one_process_only
+    given = cpus if limit is None else max(1, min(cpus, math.ceil(limit)))
+    where = f"a CPU limit of {limit:g}" if limit is not None else f"{cpus} usable CPUs"
+    count = min(given, MAX_AUTO_WORKERS)
+    capped = f", at most {MAX_AUTO_WORKERS}" if given > MAX_AUTO_WORKERS else ""
+    return count, f"one per CPU given ({where}{capped})"
+
+
+def settings_json(settings: GatewaySettings) -> str:
+    """The settings as the workers rebuild them: secrets in clear (they travel in the workers' environment,
+    readable only by this user, as the flags' own environment variables are); never logged."""
+    values = settings.model_dump()
+    for name, value in values.items():
+        if isinstance(value, SecretStr):
+            values[name] = value.get_secret_value()
+    return json.dumps(values, default=str)
+
+
+def fresh_metrics_dir() -> Path:
+    """The multiprocess metrics directory, emptied: the deployer's (PROMETHEUS_MULTIPROC_DIR) or a new one.
+    Files of an earlier run would add its counts to this one's."""
+    given = os.environ.get(METRICS_DIR_ENV)
+    path = Path(given) if given else Path(tempfile.mkdtemp(prefix="servlane-gateway-metrics-"))
+    path.mkdir(parents=True, exist_ok=True)
+    for stale in path.glob("*.db"):
+        stale.unlink()
+    return path
+
+
+def serve(settings: GatewaySettings) -> None:
+    count, why = worker_count(settings, read_cpu_limit(), usable_cpus())
+    log.info("serving on %s:%d from %d process(es): %s", settings.host, settings.port, count, why)
+    if count == 1:
+        # Access logs stay off: they would add a line per request; metrics count requests instead.
+        app = create_app(settings)
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False)
+        return
+    metrics_dir = fresh_metrics_dir()
+    os.environ[METRICS_DIR_ENV] = str(metrics_dir)
+    os.environ[SETTINGS_ENV] = settings_json(settings)
+    os.environ[SUPERVISOR_ENV] = str(os.getpid())
+    try:
+        uvicorn.run(
+            "servlane_gateway.workers:worker_app",
+            factory=True,
+            workers=count,
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level,
+            access_log=False,
+        )
+    finally:
+        os.environ.pop(SETTINGS_ENV, None)
+        if metrics_dir.name.startswith("servlane-gateway-metrics-"):  # ours, not the deployer's
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def die_with_the_supervisor() -> None:
+    """A worker goes when its supervisor dies without stopping it (SIGKILL, the OOM killer), as it would with
+    the container: an orphan would keep serving on the port and renewing its places in Redis. The
+    supervisor's orderly stops end the workers themselves, so this signal only mirrors a sudden death."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+        log.warning("this worker may outlive its supervisor: prctl failed (errno %d)", ctypes.get_errno())
+    if os.getppid() != int(os.environ[SUPERVISOR_ENV]):  # it died before the line above took effect
+        os._exit(1)
+
+
+def worker_app() -> FastAPI:
+    """One worker's app (uvicorn's factory, in a spawned process): the supervisor's settings."""
+    die_with_the_supervisor()
+    settings = GatewaySettings.model_validate(json.loads(os.environ[SETTINGS_ENV]))
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return create_app(settings)

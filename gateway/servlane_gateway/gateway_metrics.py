@@ -13,9 +13,11 @@ in-flight gauges add up over the live ones.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from servlane_api import metric_names as contract
@@ -42,6 +44,27 @@ DECLARED_CODES = (200, 400, 413, 429)
 def exemplar(trace_id: str | None) -> dict[str, str] | None:
     """An observation's link to its trace (OpenMetrics exemplar), when the request was traced."""
     return {"trace_id": trace_id} if trace_id else None
+
+
+class _CurrentWeightsOnly:
+    """The multiprocess sums without the weight series of models no longer routed to: the files cannot drop
+    a series, and a dashboard (or a check that the gateway sends a feature to one model only) must not see a
+    rolled-back canary linger at 0. Every worker routes by the same table, so the answering worker's is it."""
+
+    def __init__(self, collector: Any, metrics: GatewayMetrics) -> None:
+        self.collector = collector
+        self.metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self.collector.collect():
+            if family.name == contract.WEIGHT:
+                current = self.metrics.weighted
+                family.samples = [
+                    s
+                    for s in family.samples
+                    if (s.labels.get("namespace"), s.labels.get("feature"), s.labels.get("model")) in current
+                ]
+            yield family
 
 
 def _base(name: str, suffix: str) -> str:
@@ -131,7 +154,7 @@ class GatewayMetrics:
         # and the values are bounded (route names, models, status codes), so the cache is too.
         self._request_children: dict[tuple[str, str, str, int], Any] = {}
         self._latency_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
-        self._weighted: set[tuple[str, str, str]] = set()
+        self.weighted: set[tuple[str, str, str]] = set()  # (namespace, feature, model) with a weight now
 
     def scrape_registry(self) -> CollectorRegistry:
         """What /metrics serves: this registry, or with worker processes (PROMETHEUS_MULTIPROC_DIR set) the
@@ -139,7 +162,7 @@ class GatewayMetrics:
         if not self.multiprocess:
             return self.registry
         registry = CollectorRegistry()
-        MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        registry.register(_CurrentWeightsOnly(MultiProcessCollector(None), self))  # type: ignore[no-untyped-call]
         return registry
 
     def request_counter(self, namespace: str, feature: str, model: str, code: int) -> Any:
@@ -204,13 +227,13 @@ class GatewayMetrics:
                 shares[(route.namespace, route.name, model)] = share
         # Series that went are set to 0 before being dropped: with worker processes a dropped series stays
         # in the multiprocess files, and must not keep claiming its last share.
-        for labels in self._weighted - shares.keys():
+        for labels in self.weighted - shares.keys():
             self.weight.labels(*labels).set(0)
         if not self.multiprocess:
             self.weight.clear()
         for labels, share in shares.items():
             self.weight.labels(*labels).set(share)
-        self._weighted = set(shares)
+        self.weighted = set(shares)
         for route in table.routes.values():
             if not route.is_feature:
                 continue

@@ -251,3 +251,24 @@ def test_a_worker_takes_connections_only_once_it_has_its_routes(upstreams: dict[
     with ServedApp(app) as served:
         body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
         assert httpx.post(served.url + "/v1/chat/completions", json=body, timeout=10).status_code == 200
+
+
+def weights(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics", timeout=10, headers={"connection": "close"}).text
+    return {
+        line.split('model="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(m.WEIGHT + "{") and 'feature="chat"' in line
+    }
+
+
+def test_a_model_no_longer_routed_to_leaves_the_weights_whichever_worker_answers(
+    two_workers: tuple[GatewayProcess, list[int]], upstreams: dict[str, Upstream], tmp_path: Path
+) -> None:
+    """The multiprocess files keep every series ever written; a rolled-back canary must not linger at 0."""
+    gateway, _ = two_workers
+    assert weights(gateway.url) == {"chat-v1": 100.0}
+    moved = [aimodel("chat-v2", upstreams["v2"].url), aifeature("chat", [("chat-v2", 100)])]
+    (tmp_path / "replica-routes.json").write_text(json.dumps(moved))
+    # Several scrapes in a row, each on a new connection: both workers must have moved on.
+    wait_until("only chat-v2 weighted", lambda: all(weights(gateway.url) == {"chat-v2": 100.0} for _ in range(6)), 20)

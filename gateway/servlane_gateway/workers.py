@@ -10,7 +10,8 @@ across the processes, and how:
   memory allow one process only (the settings refuse more; the automatic count picks 1);
 - metrics: prometheus_client's multiprocess mode (one file per process in a directory emptied at start), so
   /metrics in any worker reports the pod's sums. With several workers there are no exemplars (trace links),
-  and the series of a removed route or pod stay (at 0 for gauges) until the gateway restarts.
+  and the series of a removed route or pod stay until the gateway restarts (the weights are filtered to
+  the models routed to now: gateway_metrics._CurrentWeightsOnly).
 Per worker, on purpose: the in-flight counts least-load picks by, the upstream connection pools, a response
 cache kept in memory (with Redis it is shared), and the console's list of recent requests.
 """

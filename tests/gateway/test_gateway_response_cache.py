@@ -360,16 +360,23 @@ def test_a_redis_that_never_answered_still_serves_every_request(
         assert answer.headers[CACHE_HEADER] == "miss"
 
 
+def leader_then_followers(gw: Gateway, upstream: Upstream, text: str, followers: int) -> list[httpx.Response]:
+    """One request sent and seen at the backend, then `followers` identical ones while it is there; the
+    answers, the first request's first."""
+    before = calls(upstream)
+    with ThreadPoolExecutor(max_workers=followers + 1) as pool:
+        first = pool.submit(ask, gw, text, temperature=0)
+        wait_until("the first request at the backend", lambda: calls(upstream) == before + 1, 5)
+        rest = [pool.submit(ask, gw, text, temperature=0) for _ in range(followers)]
+        return [first.result(), *(f.result() for f in rest)]
+
+
 def test_identical_requests_in_flight_wait_for_the_first_answer_instead_of_the_backend(
     upstreams: dict[str, Upstream], start_gateway: StartGateway
 ) -> None:
     gw = start_gateway(objects(upstreams))
     text, before = f"{unique()} delay=0.5", calls(upstreams["v1"])
-    with ThreadPoolExecutor(max_workers=5) as pool:
-        first = pool.submit(ask, gw, text, temperature=0)
-        wait_until("the first request at the backend", lambda: calls(upstreams["v1"]) == before + 1, 5)
-        followers = [pool.submit(ask, gw, text, temperature=0) for _ in range(4)]
-        answers = [first.result(), *(f.result() for f in followers)]
+    answers = leader_then_followers(gw, upstreams["v1"], text, followers=4)
     assert [a.status_code for a in answers] == [200] * 5
     assert [a.headers[CACHE_HEADER] for a in answers] == ["miss"] + ["coalesced"] * 4
     assert all(a.content == answers[0].content for a in answers)
@@ -382,11 +389,7 @@ def test_followers_of_a_failed_or_streamed_request_ask_the_backend_themselves(
 ) -> None:
     gw = start_gateway(objects(upstreams))
     text, before = f"{unique()} delay=0.5 status=500", calls(upstreams["v1"])
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        first = pool.submit(ask, gw, text, temperature=0)
-        wait_until("the first request at the backend", lambda: calls(upstreams["v1"]) == before + 1, 5)
-        followers = [pool.submit(ask, gw, text, temperature=0) for _ in range(2)]
-        answers = [first.result(), *(f.result() for f in followers)]
+    answers = leader_then_followers(gw, upstreams["v1"], text, followers=2)
     assert [a.status_code for a in answers] == [500] * 3  # nobody was handed a failure as an answer
     assert calls(upstreams["v1"]) == before + 3
     streamed = f"{unique()} delay=0.3 chunks=2"

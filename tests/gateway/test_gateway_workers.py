@@ -21,6 +21,8 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 from pydantic import SecretStr, ValidationError
 
 from servlane_api import metric_names as m
@@ -155,14 +157,20 @@ def chat(url: str) -> int:
     ).status_code
 
 
-def requests_counted(url: str) -> float:
-    """The 200s /metrics reports, on a fresh connection (so any worker may answer)."""
+def scraped(url: str, name: str, **labels: str) -> list[Sample]:
+    """The samples of `name` with these labels in /metrics, read on a fresh connection (any worker may answer)."""
     text = httpx.get(url + "/metrics", timeout=10, headers={"connection": "close"}).text
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(m.REQUESTS + "{") and 'code="200"' in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return [
+        s
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    ]
+
+
+def requests_counted(url: str) -> float:
+    """The 200s /metrics reports."""
+    return sum(s.value for s in scraped(url, m.REQUESTS, code="200"))
 
 
 @pytest.fixture
@@ -254,12 +262,7 @@ def test_a_worker_takes_connections_only_once_it_has_its_routes(upstreams: dict[
 
 
 def weights(url: str) -> dict[str, float]:
-    text = httpx.get(url + "/metrics", timeout=10, headers={"connection": "close"}).text
-    return {
-        line.split('model="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(m.WEIGHT + "{") and 'feature="chat"' in line
-    }
+    return {s.labels["model"]: s.value for s in scraped(url, m.WEIGHT, feature="chat")}
 
 
 def test_a_model_no_longer_routed_to_leaves_the_weights_whichever_worker_answers(

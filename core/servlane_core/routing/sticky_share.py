@@ -58,8 +58,10 @@ class Pick:
 @dataclass
 class StickyShareGuard:
     max_excess_share: float = MAX_EXCESS_SHARE
-    _routes: dict[str, _Recent] = field(default_factory=dict)
-    _backends: dict[tuple[str, str], _Recent] = field(default_factory=dict)
+    # Keyed by namespace too: a feature of the same name in another namespace is another tenant's traffic,
+    # and must not move this one's shares.
+    _routes: dict[tuple[str, str], _Recent] = field(default_factory=dict)
+    _backends: dict[tuple[str, str, str], _Recent] = field(default_factory=dict)
 
     def pick(self, route: Route, sticky_id: str | None, client: str | None, rng: random.Random | None = None) -> Pick:
         """The backend for one request; `client` identifies who sends it (key name, else the sticky id)."""
@@ -68,14 +70,16 @@ class StickyShareGuard:
         if backend is not None and sticky_id and client and not self._may_pin(route, backend, client):
             backend = pick_backend(route, None, rng=rng)
             unpinned = True
-        self._routes.setdefault(route.name, _Recent(ROUTE_WINDOW)).add(client)
+        self._routes.setdefault((route.namespace, route.name), _Recent(ROUTE_WINDOW)).add(client)
         if backend is not None:
-            self._backends.setdefault((route.name, backend.model), _Recent(BACKEND_WINDOW)).add(client)
+            key = (route.namespace, route.name, backend.model)
+            self._backends.setdefault(key, _Recent(BACKEND_WINDOW)).add(client)
         return Pick(backend, unpinned)
 
     def _may_pin(self, route: Route, backend: Backend, client: str) -> bool:
-        recent = self._backends.get((route.name, backend.model))
+        recent = self._backends.get((route.namespace, route.name, backend.model))
         if recent is None or recent.counts[client] < PIN_FLOOR:
             return True
-        overall = self._routes[route.name].share(client, extra=1) if route.name in self._routes else 1.0
+        route_recent = self._routes.get((route.namespace, route.name))
+        overall = route_recent.share(client, extra=1) if route_recent is not None else 1.0
         return recent.share(client, extra=1) <= overall + self.max_excess_share

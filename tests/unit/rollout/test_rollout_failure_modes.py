@@ -138,9 +138,9 @@ def test_the_last_step_at_100_percent_compares_with_the_stable_of_an_earlier_win
 # --- one client pinned to the canary ---
 
 
-def _route() -> Route:
-    backends = tuple(Backend(m, "prod", f"http://{m}", m, True, w) for m, w in (("a", 95), ("b", 5)))
-    return Route("chat", "prod", backends)
+def _route(namespace: str = "prod") -> Route:
+    backends = tuple(Backend(m, namespace, f"http://{m}", m, True, w) for m, w in (("a", 95), ("b", 5)))
+    return Route("chat", namespace, backends)
 
 
 def _sticky_id_on(route: Route, model: str) -> str:
@@ -193,6 +193,29 @@ def test_a_client_that_sends_most_traffic_keeps_its_fair_share_of_the_canary() -
     on_canary = sum(1 for p in picks if p.backend is not None and p.backend.model == "b")
     assert not any(p.unpinned for p in picks)
     assert 0.03 < on_canary / len(picks) < 0.07
+
+
+def test_a_namespace_s_traffic_does_not_move_the_pins_of_a_same_named_feature_elsewhere() -> None:
+    """Shares are kept per namespace: a client flooding `chat` in one namespace (where it is nearly all the
+    traffic, so may pin freely) gains no pins on the canary of `chat` in another."""
+
+    def prod_picks(other_traffic: bool) -> list[tuple[str | None, bool]]:
+        guard, rng, other_rng = StickyShareGuard(), random.Random(5), random.Random(6)
+        prod, other = _route("prod"), _route("team-b")
+        attacker = _sticky_id_on(prod, "b")
+        picks = []
+        for n in range(3000):
+            if other_traffic:
+                for _ in range(3):
+                    guard.pick(other, attacker, "mallory", rng=other_rng)
+            sticky, client = (attacker, "mallory") if n % 5 == 4 else (f"user-{n}", f"team-{n % 20}")
+            pick = guard.pick(prod, sticky, client, rng=rng)
+            picks.append((pick.backend.model if pick.backend else None, pick.unpinned))
+        return picks
+
+    alone = prod_picks(other_traffic=False)
+    assert any(unpinned for _, unpinned in alone)  # the guard is at work in prod
+    assert prod_picks(other_traffic=True) == alone
 
 
 # --- no verdict: the progress deadline ---

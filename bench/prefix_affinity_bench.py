@@ -257,10 +257,11 @@ def serve_gateway(port: int, routes_file: Path, replicas: list[str]) -> None:
     from servlane_gateway.app import create_app
     from servlane_gateway.endpoints import services_of
     from servlane_gateway.settings import GatewaySettings
+    from servlane_gateway.workers import server_options
 
     app = create_app(GatewaySettings(routes_file=routes_file))
     app.state.gateway.endpoints.update(services_of([endpoint_slice(i, url) for i, url in enumerate(replicas)]))
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", **server_options())
 
 
 def start_replica(model_dir: Path, index: int, port: int, log: Path) -> subprocess.Popen[bytes]:

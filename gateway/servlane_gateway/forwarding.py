@@ -15,14 +15,12 @@ settled exactly once when the request ends: with its usage, else as unknown or a
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -40,6 +38,7 @@ from servlane_core.routing.sticky_share import StickyShareGuard
 from servlane_core.tracing import NO_SPANS, Phase, RequestSpans, spans_of
 from servlane_gateway.access import KeyRing, authorize
 from servlane_gateway.cache_store import Leading, ResponseCacher
+from servlane_gateway.client_watch import ClientGone, unless_client_leaves
 from servlane_gateway.console.recent import RequestLog
 from servlane_gateway.endpoints import EndpointRouter, Lease
 from servlane_gateway.gateway_metrics import NONE, GatewayMetrics, exemplar
@@ -75,11 +74,6 @@ STREAMING_ENDPOINTS = ("chat/completions", "completions")
 # Two: a second refusal in a row says more about the version than the pod, and ejection keeps dead pods
 # out of later picks.
 MAX_POD_ATTEMPTS = 2
-T = TypeVar("T")
-
-
-class ClientGone(Exception):
-    """The client disconnected while the gateway waited for the backend."""
 
 
 @dataclass
@@ -136,12 +130,18 @@ async def read_capped(request: Request, cap: int) -> bytes:
         raise too_large
     parts: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    receive = request.receive  # read as Request.stream() does, without its async generator per request
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > cap:
             raise too_large
         parts.append(chunk)
-    return b"".join(parts)
+        if not message.get("more_body", False):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def parse_body(raw: bytes, limits: RequestLimits) -> dict[str, Any]:
@@ -239,27 +239,6 @@ def _note(
         state.recent.add(call.namespace, call.feature, call.model, status, seconds, error, call.trace_id, ttft)
 
 
-async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`, cancelling it (which closes its upstream connection) if the client disconnects."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            return task.result()
-        raise ClientGone
-    finally:
-        for pending in (task, watcher):
-            pending.cancel()
-        await asyncio.gather(task, watcher, return_exceptions=True)
-
-
-async def _disconnected(request: Request) -> None:
-    # The body was read already, so the next message is http.disconnect, whenever it comes.
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
 async def _handle(state: GatewayState, request: Request, endpoint: str, call: Call) -> Response:
     spans = spans_of(request.scope)
     call.trace_id = spans.trace_id
@@ -312,7 +291,8 @@ async def _forward(
     # Identical non-streamed requests while the first is on its way: one asks the backend, the others take
     # its answer (a stream is not held back for a whole answer: it goes to the backend).
     if (leader := state.cache.leader(key)) is not None:
-        entry = await _unless_client_leaves(request, state.cache.follow(leader, state.timeouts.first_byte))
+        following = state.cache.follow(leader, state.timeouts.first_byte)
+        entry = await unless_client_leaves(request.scope, request.receive, following)
         if entry is not None:
             return _from_cache(state, call, request, entry, COALESCED)
         return await to_backend()
@@ -376,7 +356,7 @@ async def _to_backend(
         try:
             with attempt:
                 exchange = _exchange(state, url, payload, headers | attempt.headers(), stream, lease, attempt)
-                upstream, content = await _unless_client_leaves(request, exchange)
+                upstream, content = await unless_client_leaves(request.scope, request.receive, exchange)
                 attempt.set(**{"http.response.status_code": upstream.status_code})
             break
         except UpstreamConnectError:

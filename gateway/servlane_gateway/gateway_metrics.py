@@ -154,6 +154,7 @@ class GatewayMetrics:
         # and the values are bounded (route names, models, status codes), so the cache is too.
         self._request_children: dict[tuple[str, str, str, int], Any] = {}
         self._latency_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+        self._token_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         self.weighted: set[tuple[str, str, str]] = set()  # (namespace, feature, model) with a weight now
 
     def scrape_registry(self) -> CollectorRegistry:
@@ -205,11 +206,17 @@ class GatewayMetrics:
         """Counts prompt/completion tokens from an OpenAI `usage` object; returns the total."""
         if not isinstance(usage, dict):
             return 0
+        key = (namespace, feature, model)
+        children = self._token_children.get(key)
+        if children is None:
+            labels = (namespace, feature, model)
+            children = (self.tokens.labels(*labels, "prompt"), self.tokens.labels(*labels, "completion"))
+            self._token_children[key] = children
         total = 0
-        for kind in ("prompt", "completion"):
-            value = usage.get(f"{kind}_tokens")
+        for name, child in zip(("prompt_tokens", "completion_tokens"), children, strict=True):
+            value = usage.get(name)
             if isinstance(value, int) and value > 0:
-                self.tokens.labels(namespace, feature, model, kind).inc(value)
+                child.inc(value)
                 total += value
         return total
 

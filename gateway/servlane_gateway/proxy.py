@@ -18,6 +18,7 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from servlane_gateway.client_watch import ClientGone, unless_client_leaves
 from servlane_gateway.upstream import (
     UpstreamBroken,
     UpstreamConnectTimeout,
@@ -198,20 +199,11 @@ class RelayResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         result = StreamResult()
         scanner = UsageScanner(self.strip_usage)
-        relay = asyncio.ensure_future(self._relay(send, result, scanner))
-        watcher = asyncio.ensure_future(self._wait_disconnect(receive))
         try:
-            done, _ = await asyncio.wait({relay, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if relay not in done:
-                result.outcome = CLIENT_GONE
-            else:
-                relay.result()  # re-raise a failure to send (the client went away mid-send)
-        except OSError:
+            await unless_client_leaves(scope, receive, self._relay(send, result, scanner))
+        except (ClientGone, OSError):  # OSError: a send failed, the client went away mid-send
             result.outcome = CLIENT_GONE
         finally:
-            for task in (relay, watcher):
-                task.cancel()
-            await asyncio.gather(relay, watcher, return_exceptions=True)
             await self.upstream.aclose()  # closes the upstream connection, so the backend sees the disconnect
             # Read here, not at the relay's end: a usage chunk already read is charged even when the relay was
             # cancelled, e.g. by a client (the openai one does) closing as soon as it has `[DONE]`, before the
@@ -222,10 +214,6 @@ class RelayResponse(Response):
             if scanner.saw_error and result.outcome == COMPLETED:
                 result.outcome = STREAM_ERROR  # a failure the client sees, though the status was 200
             self.on_done(result)
-
-    async def _wait_disconnect(self, receive: Receive) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
 
     async def _relay(self, send: Send, result: StreamResult, scanner: UsageScanner) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})

@@ -66,10 +66,12 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.opened_at = time.monotonic()
         self.idle_since = self.opened_at
+        # One parser for the connection's answers, one after another (it starts over after each complete
+        # message); a connection whose answer did not end cleanly is closed, never reused.
+        self.parser = httptools.HttpResponseParser(self)
         self._reset()
 
     def _reset(self) -> None:
-        self.parser = httptools.HttpResponseParser(self)
         self.status = 0
         self.raw_headers: list[tuple[bytes, bytes]] = []
         self.head: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -11,6 +11,7 @@ import pytest
 
 from servlane_gateway.app import create_app
 from servlane_gateway.settings import GatewaySettings
+from servlane_gateway.workers import server_options
 from tests.gateway.gateway_harness import Gateway, ServedApp, StartGateway, Upstream
 from tests.gateway.gateway_upstream import create_upstream
 
@@ -29,8 +30,7 @@ def upstreams() -> Iterator[dict[str, Upstream]]:
         runner.__exit__()
 
 
-@pytest.fixture
-def start_gateway(tmp_path: Path) -> Iterator[StartGateway]:
+def _gateways(tmp_path: Path, server: dict[str, Any]) -> Iterator[StartGateway]:
     running: list[ServedApp] = []
 
     def start(objects: list[dict[str, Any]], keys: str | None = None, **settings: Any) -> Gateway:
@@ -41,10 +41,22 @@ def start_gateway(tmp_path: Path) -> Iterator[StartGateway]:
             settings["keys_file"] = tmp_path / "keys"
         config = GatewaySettings(routes_file=routes_file, reload_poll_seconds=0.02, **settings)
         app = create_app(config)
-        served = ServedApp(app).__enter__()
+        served = ServedApp(app, **server).__enter__()
         running.append(served)
         return Gateway(served.url, app.state.gateway, routes_file)
 
     yield start
     for served in running:
         served.__exit__()
+
+
+@pytest.fixture
+def start_gateway(tmp_path: Path) -> Iterator[StartGateway]:
+    """Gateways served as `python -m servlane_gateway` serves them (servlane_gateway.workers.server_options)."""
+    yield from _gateways(tmp_path, server_options())
+
+
+@pytest.fixture
+def start_gateway_on_plain_uvicorn(tmp_path: Path) -> Iterator[StartGateway]:
+    """Gateways on uvicorn's own protocol, as another ASGI server would serve the app."""
+    yield from _gateways(tmp_path, {})

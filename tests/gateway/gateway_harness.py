@@ -76,13 +76,14 @@ def picked(route: Route, sticky: str | None) -> str:
 class ServedApp:
     """An ASGI app served by uvicorn on 127.0.0.1 in a daemon thread."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, **options: Any) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, log_level="critical", access_log=False, lifespan="on")
+        options = {"access_log": False} | options
+        config = uvicorn.Config(app, log_level="critical", lifespan="on", **options)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 

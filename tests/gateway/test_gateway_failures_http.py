@@ -52,9 +52,15 @@ def test_slow_first_byte_is_504_upstream_timeout(gateway: Gateway) -> None:
     assert gateway.sample(m.ERRORS, feature="chat", model="chat-v1", reason="upstream_timeout") == 1
 
 
+@pytest.mark.parametrize("server", ["start_gateway", "start_gateway_on_plain_uvicorn"])
 def test_client_leaving_a_slow_answer_cancels_the_upstream_call(
-    gateway: Gateway, upstreams: dict[str, Upstream]
+    upstreams: dict[str, Upstream], server: str, request: pytest.FixtureRequest
 ) -> None:
+    # The gateway's own server protocol tells the proxy of the disconnect by a callback; under any other
+    # server a watcher task waits for http.disconnect: both cancel the upstream call.
+    start: StartGateway = request.getfixturevalue(server)
+    objects = [aimodel("chat-v1", upstreams["v1"].url), aifeature("chat", [("chat-v1", 100)])]
+    gateway = start(objects, first_byte_timeout=1.0, idle_timeout=1.0)
     abandoned = upstreams["v1"].state.abandoned
     body = {"model": "chat", "messages": say("delay=3")}
     with pytest.raises(httpx.ReadTimeout):

@@ -141,7 +141,7 @@ async def read_capped(request: Request, cap: int) -> bytes:
             raise too_large
         parts.append(chunk)
         if not message.get("more_body", False):
-            return parts[0] if len(parts) == 1 else b"".join(parts)
+            return b"".join(parts)
 
 
 def parse_body(raw: bytes, limits: RequestLimits) -> dict[str, Any]:

@@ -178,8 +178,7 @@ class GatewayMetrics:
         key = (namespace, feature, model)
         children = self._latency_children.get(key)
         if children is None:
-            labels = (namespace, feature, model)
-            children = self._latency_children[key] = (self.latency.labels(*labels), self.ttft.labels(*labels))
+            children = self._latency_children[key] = (self.latency.labels(*key), self.ttft.labels(*key))
         return children
 
     def record(
@@ -209,8 +208,7 @@ class GatewayMetrics:
         key = (namespace, feature, model)
         children = self._token_children.get(key)
         if children is None:
-            labels = (namespace, feature, model)
-            children = (self.tokens.labels(*labels, "prompt"), self.tokens.labels(*labels, "completion"))
+            children = (self.tokens.labels(*key, "prompt"), self.tokens.labels(*key, "completion"))
             self._token_children[key] = children
         total = 0
         for name, child in zip(("prompt_tokens", "completion_tokens"), children, strict=True):

@@ -8,7 +8,7 @@ from typing import Any
 from servlane_api import AIFeature, AIModel
 from servlane_core.routing.routes import build_route_table, resolve_plain_names
 from servlane_gateway.access import parse_keys
-from servlane_gateway.console.recent import RequestLog, is_failure, p95
+from servlane_gateway.console.recent import OutcomeWindow, RequestLog, is_failure, p95
 from servlane_gateway.console.view import build_view, time_to_ready, trace_url
 
 
@@ -89,6 +89,35 @@ def test_model_stats_cover_the_window_only() -> None:
     assert stats.requests_per_second == 5 / 60
     assert stats.ttft_p95_seconds == 0.4
     assert log.stats("default", "nothing").error_rate is None
+
+
+def test_a_full_outcome_window_drops_the_oldest_and_rates_cover_what_it_holds() -> None:
+    clock = Clock()
+    log = RequestLog(window=300.0, clock=clock)
+    clock.now += 1000
+    log.max_outcomes = 4
+    for i in range(6):  # wraps the ring: the first two fall out
+        clock.now += 1
+        log.add("default", "chat", "v1", 500 if i in (0, 4) else 200, 0.1, ttft=None if i in (0, 4) else i / 10)
+    stats = log.stats("default", "v1")
+    assert stats.requests == 4
+    assert stats.error_rate == 1 / 4  # the failure at i=0 fell out, the one at i=4 did not
+    assert stats.ttft_p95_seconds == 0.5
+    assert stats.window_seconds == 3.0  # from the oldest kept (i=2) to now (i=5), not the 300 s window
+    assert stats.requests_per_second == 4 / 3
+
+
+def test_outcome_window_expires_across_the_wrap() -> None:
+    window = OutcomeWindow(3)
+    for t in (1.0, 2.0, 3.0, 4.0, 5.0):
+        window.add(t, failed=t == 5.0, ttft=t)
+    assert (len(window), window.oldest_time(), window.full()) == (3, 3.0, True)
+    window.expire(before=4.5)
+    assert (len(window), window.oldest_time(), window.failures(), window.ttfts()) == (1, 5.0, 1, [5.0])
+    window.expire(before=10.0)
+    assert (len(window), window.oldest_time(), window.ttfts()) == (0, None, [])
+    window.add(11.0, failed=False, ttft=None)  # no first token: counted, not a TTFT
+    assert (len(window), window.failures(), window.ttfts()) == (1, 0, [])
 
 
 def test_time_to_ready_is_ready_transition_minus_creation() -> None:

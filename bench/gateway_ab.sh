@@ -11,7 +11,9 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 A=$1; B=$2; R=${3:-4}; S=${S:-6}; W=${W:-1}
-T=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$T"' EXIT
+T=$(mktemp -d); GA=""; GB=""
+# The gateways are started in $(...) subshells, so they are not this shell's jobs: killed by pid.
+trap 'kill $GA $GB $(jobs -p) 2>/dev/null; rm -rf "$T"' EXIT
 PY=.venv/bin/python
 BASEPP=$ROOT/api:$ROOT/core:$ROOT/gateway
 STUB_PORT=18101; PORT_A=18102; PORT_B=18103
@@ -39,7 +41,9 @@ for port in $PORT_A $PORT_B; do
   for _ in $(seq 150); do curl -sf "localhost:$port/ready" >/dev/null && break; sleep 0.2; done
 done
 BODY='{"model":"chat","messages":[{"role":"user","content":"hello there"}],"max_tokens":8}'
-cpu() { local t=0 p; for p in $1 $(pgrep -P "$1"); do t=$((t + $(awk '{print $14+$15}' "/proc/$p/stat"))); done; echo $t; }
+cpu() {  # a child may end between pgrep and the read: it then counts 0
+  local t=0 p; for p in $1 $(pgrep -P "$1"); do t=$((t + $(awk '{print $14+$15}' "/proc/$p/stat" 2>/dev/null || echo 0))); done; echo $t
+}
 load() {
   taskset -c 0 $PY bench/loadgen.py closed --url "http://127.0.0.1:$1/v1/chat/completions" --body "$BODY" \
     --api-key "$KEY" --connections "${CONNS:-32}" --seconds "$2"

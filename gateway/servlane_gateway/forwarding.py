@@ -123,9 +123,26 @@ class Call:
             self.lease.release()
 
 
+_HEADERS_BY_NAME = "servlane.headers_by_name"
+
+
+def header(request: Request, name: bytes) -> str | None:
+    """The request's first header of a lower-case `name` (uvicorn lower-cases them). What
+    `request.headers.get` answers, without its scan of every header and its KeyError when one is missing,
+    for each of the several headers a proxied request reads: one dict per request, kept in its scope."""
+    scope = request.scope
+    by_name: dict[bytes, bytes] | None = scope.get(_HEADERS_BY_NAME)
+    if by_name is None:
+        by_name = scope[_HEADERS_BY_NAME] = {}
+        for key, value in reversed(scope["headers"]):  # the first of repeated ones wins, as in Headers.get
+            by_name[key.lower()] = value
+    value = by_name.get(name)
+    return None if value is None else value.decode("latin-1")
+
+
 async def read_capped(request: Request, cap: int) -> bytes:
     too_large = body_too_large(cap)
-    length = request.headers.get("content-length", "")
+    length = header(request, b"content-length") or ""
     if length.isdigit() and int(length) > cap:
         raise too_large
     parts: list[bytes] = []
@@ -154,12 +171,12 @@ def parse_body(raw: bytes, limits: RequestLimits) -> dict[str, Any]:
 
 def sticky_id(request: Request, body: dict[str, Any]) -> str | None:
     user = body.get("user")
-    return request.headers.get("x-request-id") or (user if isinstance(user, str) and user else None)
+    return header(request, b"x-request-id") or (user if isinstance(user, str) and user else None)
 
 
 def priority_of(request: Request) -> str | None:
     """The client's `X-Priority`, normalised, or None when it sent none (the runtime then uses normal)."""
-    raw = request.headers.get("x-priority")
+    raw = header(request, b"x-priority")
     if raw is None:
         return None
     value = raw.strip().lower()
@@ -244,7 +261,7 @@ async def _handle(state: GatewayState, request: Request, endpoint: str, call: Ca
     call.trace_id = spans.trace_id
     with spans.phase("auth"):
         raw = await read_capped(request, state.limits.max_body_bytes)
-        key = state.keys.authenticate(request.headers.get("authorization"))
+        key = state.keys.authenticate(header(request, b"authorization"))
     call.key_name = key.name if key else None
     priority = priority_of(request)
     with spans.phase("route") as routing:
@@ -308,7 +325,7 @@ def _from_cache(state: GatewayState, call: Call, request: Request, entry: Entry,
     call.settle(0)
     spans_of(request.scope).set(**{"servlane.cache": how})
     state.metrics.record(call.namespace, call.feature, NONE, 200, time.perf_counter() - call.started)
-    return state.cache.replay(entry, call.strip_usage, request.headers.get("x-request-id"), how)
+    return state.cache.replay(entry, call.strip_usage, header(request, b"x-request-id"), how)
 
 
 async def _to_backend(
@@ -324,8 +341,8 @@ async def _to_backend(
     sticky: str | None,
 ) -> Response:
     spans = spans_of(request.scope)
-    headers = {"content-type": "application/json", "accept": request.headers.get("accept", "*/*")}
-    if request_id := request.headers.get("x-request-id"):
+    headers = {"content-type": "application/json", "accept": header(request, b"accept") or "*/*"}
+    if request_id := header(request, b"x-request-id"):
         headers["x-request-id"] = request_id
     if priority is not None:
         headers["x-priority"] = priority

@@ -70,10 +70,16 @@ class StickyShareGuard:
         if backend is not None and sticky_id and client and not self._may_pin(route, backend, client):
             backend = pick_backend(route, None, rng=rng)
             unpinned = True
-        self._routes.setdefault((route.namespace, route.name), _Recent(ROUTE_WINDOW)).add(client)
+        # get() before creating: setdefault() would build a window (a deque and a Counter) per request.
+        route_key = (route.namespace, route.name)
+        if (route_recent := self._routes.get(route_key)) is None:
+            route_recent = self._routes[route_key] = _Recent(ROUTE_WINDOW)
+        route_recent.add(client)
         if backend is not None:
-            key = (route.namespace, route.name, backend.model)
-            self._backends.setdefault(key, _Recent(BACKEND_WINDOW)).add(client)
+            backend_key = (route.namespace, route.name, backend.model)
+            if (backend_recent := self._backends.get(backend_key)) is None:
+                backend_recent = self._backends[backend_key] = _Recent(BACKEND_WINDOW)
+            backend_recent.add(client)
         return Pick(backend, unpinned)
 
     def _may_pin(self, route: Route, backend: Backend, client: str) -> bool:

@@ -42,6 +42,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `bench` is its folder
+from bench.machine_load import cpu_times, shares
 from servlane_api import metric_names as contract
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -391,18 +393,37 @@ def _cell(row: dict[str, Any] | None) -> str:
     return f"{row['p50_ms']:.2f} / {row['p99_ms']:.1f} / {row['rps']:.0f}"
 
 
+def ratio_per_round(row: dict[str, Any], target: str, peer: str) -> list[float]:
+    """`target`'s requests/s over `peer`'s, round by round (the same round ran both, in balanced order)."""
+    by_round = {r["round"]: r["rps"] for r in row[peer]["rounds"]}
+    return [r["rps"] / by_round[r["round"]] for r in row[target]["rounds"] if by_round.get(r["round"])]
+
+
 def render_table(result: dict[str, Any]) -> str:
-    """Markdown: p50 ms / p99 ms / requests per second per target, with the earlier gateway if embedded."""
+    """Markdown: p50 ms / p99 ms / requests per second per target (median over rounds, min-max), the
+    gateway's requests/s over vllm-router's per round when it ran, the earlier gateway if embedded, and the
+    CPU time the VM lost to its neighbours (steal) over the rounds when it was recorded."""
     targets = list(next(iter(next(iter(result["runs"].values())).values())))
     before = result.get("before", {}).get("runs", {})
-    header = ["mode", "clients", *targets] + (["gateway before"] if before else [])
+    peer = "vllm-router" if "vllm-router" in targets else None
+    header = ["mode", "clients", *targets]
+    header += ["gateway ÷ vllm-router req/s, per round"] if peer else []
+    header += ["gateway before"] if before else []
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    steal: list[float] = []
     for mode, by_conc in result["runs"].items():
         for conc, row in by_conc.items():
             cells = [mode, conc, *(_cell(row.get(t)) for t in targets)]
+            if peer:
+                ratios = ratio_per_round(row, "gateway", peer)
+                cells.append(f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})")
             if before:
                 cells.append(_cell(before.get(mode, {}).get(conc, {}).get("gateway")))
             lines.append("| " + " | ".join(cells) + " |")
+            steal += [r["cpu_shares"]["steal"] for t in targets for r in row[t]["rounds"] if r.get("cpu_shares")]
+    if steal:
+        lines.append(f"\nCPU steal while measuring: median {statistics.median(steal):.0%} "
+                     f"({min(steal):.0%}-{max(steal):.0%}) over {len(steal)} runs")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -473,11 +494,13 @@ def main() -> None:
                         for name in order:
                             settle(urls[name], mode == "stream")
                             cpu = cpu_seconds(pids[name])  # the target idles while the load generator starts
+                            machine = cpu_times()
                             measured = load(urls[name], mode, connections, args.seconds)
                             busy = cpu_seconds(pids[name]) - cpu
                             measured |= {
                                 "target_cores": busy / args.seconds,
                                 "target_cpu_ms_per_request": 1000 * busy / max(measured["requests"], 1),
+                                "cpu_shares": shares(machine, cpu_times()),  # steal: the VM's neighbours
                             }
                             measured |= {"round": number, "position": order.index(name), "loadavg": os.getloadavg()}
                             cell_rounds[name].append(measured)

@@ -54,6 +54,8 @@ from bench.gateway_bench import (
     stop_processes,
     wait_ready,
 )
+from bench.machine_load import cpu_times
+from bench.machine_load import shares as machine_shares
 
 ROOT = Path(__file__).resolve().parent.parent
 NULL = subprocess.DEVNULL
@@ -174,7 +176,7 @@ def run_cell(url: str, streams: int, args: argparse.Namespace, pid: int, tmp: Pa
     shares = [streams // args.clients + (i < streams % args.clients) for i in range(args.clients)]
     loadgen = str(Path(__file__).with_name("loadgen.py"))
     procs = []
-    cpu, wall = cpu_seconds(pid), time.monotonic()
+    cpu, wall, machine = cpu_seconds(pid), time.monotonic(), cpu_times()
     for i, share in enumerate(s for s in shares if s):
         command = [sys.executable, loadgen, "streams", "--url", f"{url}/v1/chat/completions", "--body",
                    json.dumps(body), "--api-key", API_KEY, "--streams", str(share), "--spacing-ms",
@@ -201,6 +203,7 @@ def run_cell(url: str, streams: int, args: argparse.Namespace, pid: int, tmp: Pa
         "loadgen_cpu_s": round(sum(o["cpu_s"] for o in outputs), 2),
         "first_token_p50_ms": [o["first_token_p50_ms"] for o in outputs],
         "loadavg": os.getloadavg(),
+        "cpu_shares": machine_shares(machine, cpu_times()),  # steal: the time the VM lost to its neighbours
     }
 
 
@@ -307,6 +310,11 @@ def render_table(result: dict[str, Any]) -> str:
                 cell += f", {s['errors']} failed, {s['short']} short"
             cells.append(cell)
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    runs = [run for by_target in result.get("cells", {}).values() for rounds in by_target.values() for run in rounds]
+    steal = [run["cpu_shares"]["steal"] for run in runs if run.get("cpu_shares")]
+    if steal:
+        lines.append(f"\nCPU steal while measuring: median {statistics.median(steal):.0%} "
+                     f"({min(steal):.0%}-{max(steal):.0%}) over {len(steal)} runs")  # fmt: skip
     return "\n".join(lines)
 
 

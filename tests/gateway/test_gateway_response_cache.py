@@ -331,23 +331,26 @@ def test_a_redis_that_does_not_answer_means_no_caching_not_failures(
     upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
 ) -> None:
     server = RedisServer(tmp_path).start()
-    gw = start_gateway(objects(upstreams), redis_url=server.url, redis_key_prefix="down")
-    assert gw.state.cache is not None
-    assert isinstance(gw.state.cache.store, RedisStore)
-    gw.state.cache.store.pause = 0  # ask again at every request, so that the return is seen at once
-    text, before = unique(), calls(upstreams["v1"])
-    server.stop()
-    for _ in range(2):
-        for stream in (False, True):
-            answer = ask(gw, text, temperature=0, stream=stream)
-            assert answer.status_code == 200, answer.text
-            assert answer.headers[CACHE_HEADER] == "miss"
-    assert calls(upstreams["v1"]) == before + 4
-    assert gw.sample(CACHE_STORES, feature="chat") == 0
-    server.start()
-    ask(gw, text, temperature=0)
-    stored(gw, 1)
-    assert ask(gw, text, temperature=0).headers[CACHE_HEADER] == "hit"
+    try:  # stopped whatever happens: the process outlived the test run before
+        gw = start_gateway(objects(upstreams), redis_url=server.url, redis_key_prefix="down")
+        assert gw.state.cache is not None
+        assert isinstance(gw.state.cache.store, RedisStore)
+        gw.state.cache.store.pause = 0  # ask again at every request, so that the return is seen at once
+        text, before = unique(), calls(upstreams["v1"])
+        server.stop()
+        for _ in range(2):
+            for stream in (False, True):
+                answer = ask(gw, text, temperature=0, stream=stream)
+                assert answer.status_code == 200, answer.text
+                assert answer.headers[CACHE_HEADER] == "miss"
+        assert calls(upstreams["v1"]) == before + 4
+        assert gw.sample(CACHE_STORES, feature="chat") == 0
+        server.start()
+        ask(gw, text, temperature=0)
+        stored(gw, 1)
+        assert ask(gw, text, temperature=0).headers[CACHE_HEADER] == "hit"
+    finally:
+        server.stop()
 
 
 def test_a_redis_that_never_answered_still_serves_every_request(

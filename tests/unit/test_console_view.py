@@ -93,9 +93,8 @@ def test_model_stats_cover_the_window_only() -> None:
 
 def test_a_full_outcome_window_drops_the_oldest_and_rates_cover_what_it_holds() -> None:
     clock = Clock()
-    log = RequestLog(window=300.0, clock=clock)
+    log = RequestLog(window=300.0, clock=clock, max_outcomes=4)
     clock.now += 1000
-    log.max_outcomes = 4
     for i in range(6):  # wraps the ring: the first two fall out
         clock.now += 1
         log.add("default", "chat", "v1", 500 if i in (0, 4) else 200, 0.1, ttft=None if i in (0, 4) else i / 10)

@@ -9,14 +9,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from tests.polling import wait_until
 from tests.runtime.conftest import tiny_config
-from tests.runtime.servers import InProcessServer, SubprocessServer, _Server
-from tests.runtime.test_runtime_vllm import MAX_MODEL_LEN, VLLM_START_SECONDS, require_vllm
+from tests.runtime.servers import InProcessServer, _Server
+from tests.runtime.test_runtime_vllm import vllm_config, vllm_runtime
 
 BASE = "tiny-llama"
 PROMPT = [{"role": "user", "content": "Hello"}]
@@ -40,19 +41,13 @@ def served(
 ) -> Iterator[tuple[_Server, Path]]:
     adapters_file = tmp_path / "adapters.json"
     write_adapters(adapters_file, {"a1": tiny_adapter_dirs[0]})
-    common = {"adapters_enabled": True, "adapters_file": str(adapters_file), "max_adapters": 2}
+    common: dict[str, Any] = {"adapters_enabled": True, "adapters_file": str(adapters_file), "max_adapters": 2}
     if engine == "transformers":
         with InProcessServer(tiny_config(tiny_llama_dir, **common)) as server:
             server.wait_ready()
             yield server, adapters_file
         return
-    require_vllm()
-    config = tiny_config(
-        tiny_llama_dir, engine="vllm", dtype="bfloat16", max_model_len=MAX_MODEL_LEN, extra_args=["--enforce-eager"],
-        **common,
-    )  # fmt: skip
-    with SubprocessServer(config, {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}) as vllm:
-        vllm.wait_ready(timeout=VLLM_START_SECONDS)
+    with vllm_runtime(vllm_config(tiny_llama_dir, **common)) as vllm:
         yield vllm, adapters_file
 
 

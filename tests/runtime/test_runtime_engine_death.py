@@ -17,9 +17,7 @@ import pytest
 
 from servlane_api.runtime_exit import ENGINE_DIED
 from tests.polling import wait_until
-from tests.runtime.conftest import tiny_config
-from tests.runtime.servers import SubprocessServer
-from tests.runtime.test_runtime_vllm import MAX_MODEL_LEN, MODEL, require_vllm
+from tests.runtime.test_runtime_vllm import MODEL, vllm_config, vllm_runtime
 
 pytestmark = pytest.mark.slow
 
@@ -50,13 +48,7 @@ def stream_events(url: str, body: dict[str, object]) -> list[dict[str, object]]:
 
 
 def test_a_dead_engine_core_fails_requests_with_503_and_ends_the_process(tiny_llama_dir: Path) -> None:
-    require_vllm()
-    config = tiny_config(
-        tiny_llama_dir, engine="vllm", dtype="bfloat16", max_model_len=MAX_MODEL_LEN, extra_args=["--enforce-eager"]
-    )
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-    with SubprocessServer(config, env) as server, ThreadPoolExecutor(2) as pool:
-        server.wait_ready(timeout=300)
+    with vllm_runtime(vllm_config(tiny_llama_dir), start_seconds=300) as server, ThreadPoolExecutor(2) as pool:
         core = wait_until("vLLM's engine core process", lambda: engine_core_pid(server.pid), 30)
         # Frozen first, so that two requests are surely in flight (waiting on the engine) when it dies.
         os.kill(core, signal.SIGSTOP)

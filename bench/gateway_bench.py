@@ -43,7 +43,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `bench` is its folder
-from bench.machine_load import cpu_times, shares
+from bench.machine_load import cpu_times, shares, steal_summary
 from servlane_api import metric_names as contract
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -410,7 +410,6 @@ def render_table(result: dict[str, Any]) -> str:
     header += ["gateway ÷ vllm-router req/s, per round"] if peer else []
     header += ["gateway before"] if before else []
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    steal: list[float] = []
     for mode, by_conc in result["runs"].items():
         for conc, row in by_conc.items():
             cells = [mode, conc, *(_cell(row.get(t)) for t in targets)]
@@ -420,10 +419,10 @@ def render_table(result: dict[str, Any]) -> str:
             if before:
                 cells.append(_cell(before.get(mode, {}).get(conc, {}).get("gateway")))
             lines.append("| " + " | ".join(cells) + " |")
-            steal += [r["cpu_shares"]["steal"] for t in targets for r in row[t]["rounds"] if r.get("cpu_shares")]
-    if steal:
-        lines.append(f"\nCPU steal while measuring: median {statistics.median(steal):.0%} "
-                     f"({min(steal):.0%}-{max(steal):.0%}) over {len(steal)} runs")  # fmt: skip
+    runs = [run for by_conc in result["runs"].values() for row in by_conc.values() for t in targets
+            for run in row[t]["rounds"]]  # fmt: skip
+    if (steal := steal_summary(runs)) is not None:
+        lines.append("\n" + steal)
     return "\n".join(lines)
 
 

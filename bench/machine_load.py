@@ -4,6 +4,8 @@ goes by the minute, and both sides of a comparison lose to it; recorded per roun
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Iterable
 from pathlib import Path
 
 _FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
@@ -26,3 +28,14 @@ def shares(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
     if total <= 0:
         return {}
     return {name: round(delta / total, 3) for name, delta in deltas.items()}
+
+
+def steal_summary(runs: Iterable[dict[str, object]]) -> str | None:
+    """The line a result table ends with: the steal over the runs that recorded `cpu_shares` (None: none did)."""
+    steal = [float(shares["steal"]) for run in runs if isinstance(shares := run.get("cpu_shares"), dict) and shares]
+    if not steal:
+        return None
+    return (
+        f"CPU steal while measuring: median {statistics.median(steal):.0%} "
+        f"({min(steal):.0%}-{max(steal):.0%}) over {len(steal)} runs"
+    )

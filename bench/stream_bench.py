@@ -54,7 +54,7 @@ from bench.gateway_bench import (
     stop_processes,
     wait_ready,
 )
-from bench.machine_load import cpu_times
+from bench.machine_load import cpu_times, steal_summary
 from bench.machine_load import shares as machine_shares
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -311,10 +311,8 @@ def render_table(result: dict[str, Any]) -> str:
             cells.append(cell)
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     runs = [run for by_target in result.get("cells", {}).values() for rounds in by_target.values() for run in rounds]
-    steal = [run["cpu_shares"]["steal"] for run in runs if run.get("cpu_shares")]
-    if steal:
-        lines.append(f"\nCPU steal while measuring: median {statistics.median(steal):.0%} "
-                     f"({min(steal):.0%}-{max(steal):.0%}) over {len(steal)} runs")  # fmt: skip
+    if (steal := steal_summary(runs)) is not None:
+        lines.append("\n" + steal)
     return "\n".join(lines)
 
 

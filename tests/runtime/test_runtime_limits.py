@@ -126,7 +126,6 @@ def test_health_answers_while_multi_megabyte_prompts_are_tokenised(runtime_proce
     event loop they would stall /health for that long, in worker threads it stays quick. What is left is the
     tokenizer freeing each prompt's encoding (~0.1 s here, holding the interpreter lock: its Rust drop of
     720,000 token strings), so /health's slowest answer idles at 0.2-0.4 s."""
-    chat_server = runtime_process
     text = "the quick brown fox jumps over the lazy dog " * 80_000
     assert 3 << 20 < len(text) < DEFAULT_MAX_BODY_BYTES - 1000
     bodies = [
@@ -138,10 +137,10 @@ def test_health_answers_while_multi_megabyte_prompts_are_tokenised(runtime_proce
     health_seconds: list[float] = []
     with ThreadPoolExecutor(max_workers=len(payloads)) as pool, httpx.Client(timeout=10) as client:
         started = time.monotonic()
-        futures = [pool.submit(post, chat_server, path, None, raw) for path, raw in payloads]
+        futures = [pool.submit(post, runtime_process, path, None, raw) for path, raw in payloads]
         while not all(f.done() for f in futures):
             before = time.monotonic()
-            assert client.get(chat_server.base_url + "/health").status_code == 200
+            assert client.get(runtime_process.base_url + "/health").status_code == 200
             health_seconds.append(time.monotonic() - before)
             assert time.monotonic() - started < 120, "the big prompts did not finish"
         busy = time.monotonic() - started

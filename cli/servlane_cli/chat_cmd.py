@@ -2,6 +2,10 @@
 
 Interactive by default (history kept, `/exit` or Ctrl-D to leave); `--message TEXT` sends one message,
 prints the streamed answer and exits, which makes it scriptable.
+
+"Ready" means routable: the state file says when a model has loaded, but the gateway reloads the routes file
+on its own clock, so a feature is ready only once the gateway's own route table gives one of its models
+weight (the `servlane_gateway_route_weight` gauge on its /metrics, set together with the table).
 """
 
 from __future__ import annotations
@@ -11,14 +15,42 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+import httpx
 from openai import APIError, OpenAI
 from openai.types.chat import ChatCompletionMessageParam
+from prometheus_client.parser import text_string_to_metric_families
 
+from servlane_api.metric_names import WEIGHT
 from servlane_cli.state import SupervisorState, pid_alive
 
 EXIT_COMMANDS = ("/exit", "/quit")
 PROGRESS_SECONDS = 2.0
 STARTUP_GRACE_SECONDS = 30.0
+
+
+# (namespace, feature) -> the percent of its traffic the gateway routes to ready models now
+RouteWeights = dict[tuple[str, str], float]
+
+
+def route_weights(metrics_text: str) -> RouteWeights:
+    """Each feature's routable share from the gateway's metrics: above 0 exactly when a request for the
+    feature would find a ready backend (the gauge is the route table's effective weights)."""
+    shares: RouteWeights = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == WEIGHT:
+                key = (sample.labels.get("namespace", ""), sample.labels.get("feature", ""))
+                shares[key] = shares.get(key, 0.0) + sample.value
+    return shares
+
+
+def read_route_weights(gateway_url: str) -> RouteWeights | None:
+    """The gateway's route weights now; None while it does not answer (starting, restarting)."""
+    try:
+        response = httpx.get(gateway_url + "/metrics", timeout=5)
+    except httpx.HTTPError:
+        return None
+    return route_weights(response.text) if response.status_code == 200 else None
 
 
 def _backends(state: SupervisorState, name: str) -> list[str] | None:
@@ -31,10 +63,24 @@ def _backends(state: SupervisorState, name: str) -> list[str] | None:
     return direct or None
 
 
+def _routable(state: SupervisorState, name: str, weights: RouteWeights | None) -> bool:
+    """A feature: the gateway routes some of its traffic now. A model's own name is not in the gauge; it
+    counts as routable once the gateway answers (the table it loaded may still lag by one reload)."""
+    if weights is None:
+        return False
+    feature = state.feature(name)
+    return feature is None or weights.get((feature.namespace, feature.name), 0.0) > 0
+
+
 def wait_until_served(
-    read: Callable[[], SupervisorState | None], name: str, timeout: float, out: TextIO = sys.stderr
+    read: Callable[[], SupervisorState | None],
+    name: str,
+    timeout: float,
+    out: TextIO = sys.stderr,
+    read_weights: Callable[[str], RouteWeights | None] = read_route_weights,
 ) -> str | None:
-    """Wait until a model behind `name` is Ready, showing what it is doing; an error message, or None."""
+    """Wait until a model behind `name` is Ready and the gateway routes `name` to it, showing what it is
+    doing; an error message, or None."""
     start = time.monotonic()
     last_shown: float | None = None
     while True:
@@ -49,13 +95,16 @@ def wait_until_served(
         if backends is None:
             return f"no feature or model named {name!r}"
         models = [m for m in state.models if m.name in backends]
-        if any(m.phase == "Ready" for m in models):
+        loaded = any(m.phase == "Ready" for m in models)
+        if loaded and _routable(state, name, read_weights(state.gateway.url)):
             return None
         if elapsed > timeout:
             return f"{name} is not ready after {timeout:.0f}s; see `servlane status`"
         if last_shown is None or elapsed - last_shown >= PROGRESS_SECONDS:
             last_shown = elapsed
             doing = "; ".join(f"{m.name} {m.phase}: {m.reason}" for m in models) or "waiting for its models"
+            if loaded:
+                doing = "loaded, waiting for the gateway to route to it"
             print(f"waiting for {name} ({elapsed:.0f}s): {doing}", file=out)
         time.sleep(0.5)
 

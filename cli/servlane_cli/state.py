@@ -40,6 +40,7 @@ class ModelState(BaseModel):
 
 class FeatureState(BaseModel):
     name: str
+    namespace: str = "default"  # a state file written before this field: the standalone default
     target: str | None  # spec.model (None for a fixed split)
     generation: int
     status: AIFeatureStatus

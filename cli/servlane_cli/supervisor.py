@@ -70,6 +70,9 @@ class Supervisor:
         ]  # fmt: skip
         # The Batch API keeps its files and batches in SQLite under the state directory (survives restarts).
         env = {"SERVLANE_GATEWAY_BATCH_DATABASE_URL": f"sqlite:///{self.state_dir.resolve() / BATCH_DATABASE}"}
+        # One user on their own machine: batches without API keys are theirs alone (the gateway logs that it
+        # runs so; with a keys file set, batches belong to keys as always).
+        env["SERVLANE_GATEWAY_BATCH_ALLOW_WITHOUT_KEYS"] = "true"
         env |= os.environ  # a database URL set by the user wins
         self.gateway = ManagedProcess("gateway", gateway_argv, env, self.state_dir / "logs/gateway.log")
         self.reader = ScrapeReader([self.gateway_url + "/metrics"])
@@ -200,7 +203,13 @@ class Supervisor:
             ),
             models=[slot.state() for slot in self.slots.values()],
             features=[
-                FeatureState(name=n, target=c.feature.spec.model, generation=c.generation, status=c.status)
+                FeatureState(
+                    name=n,
+                    namespace=c.feature.namespace,
+                    target=c.feature.spec.model,
+                    generation=c.generation,
+                    status=c.status,
+                )
                 for n, c in self.features.items()
             ],
         )

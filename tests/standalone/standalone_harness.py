@@ -39,10 +39,10 @@ def group_gone(pid: int) -> bool:
 
 
 class Serve:
-    def __init__(self, manifests: Path, state_dir: Path) -> None:
+    def __init__(self, manifests: Path, state_dir: Path, env: dict[str, str] | None = None) -> None:
         self.state_dir = state_dir
         self.log_path = state_dir.parent / f"{state_dir.name}-serve.log"
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
         argv = [sys.executable, "-m", "servlane_cli", "serve", "-f", str(manifests), "--port", "0"]
         argv += ["--state-dir", str(state_dir), "--stop-timeout", "5"]
         self.early_chat: tuple[str, int | None] = ("", None)  # stderr and exit code of a chat run during startup

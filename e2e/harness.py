@@ -229,6 +229,9 @@ def service_account_kubeconfig(kube: Kube, path: Path) -> Path:
     return path
 
 
+E2E_GATEWAY_NAMESPACE = "servlane-system"
+
+
 @dataclass
 class OperatorProcess:
     """`python -m servlane_operator` as a real process, with the ServiceAccount kubeconfig."""
@@ -250,6 +253,8 @@ class OperatorProcess:
             "SERVLANE_METRICS_PORT": str(self.metrics_port),
             "SERVLANE_RUNTIME_IMAGE_GPU": "servlane/runtime:e2e-cuda",
             "SERVLANE_RUNTIME_IMAGE_CPU": "servlane/runtime:e2e-cpu",
+            # Required (the operator trusts the gateway's labels only in its namespace); the chart's default.
+            "SERVLANE_GATEWAY_NAMESPACE": E2E_GATEWAY_NAMESPACE,
             **self.extra_env,
         }
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the process

@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e.harness import ROOT, Kube, OperatorProcess, pod_spec, present, wait_until
+from e2e.harness import E2E_GATEWAY_NAMESPACE, ROOT, Kube, OperatorProcess, pod_spec, present, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -69,8 +69,8 @@ def test_model_becomes_deployment_service_hpa_on_gpu_nodes_and_ready(
     policy_selector = present(policy.spec.pod_selector, "network policy podSelector")
     assert policy_selector.match_labels == dep_selector.match_labels == {"servlane.dev/model": "qwen"}
     assert policy.spec.policy_types == ["Ingress"]
-    # ... and admits only the gateway pods, only on the serving port (the e2e operator is given no gateway
-    # namespace and no metrics scraper, so the gateway pods of any namespace and nothing else).
+    # ... and admits only the gateway pods of the gateway's namespace, only on the serving port (the e2e
+    # operator is given no metrics scraper, so nothing else).
     assert policy.spec.ingress is not None
     (rule,) = policy.spec.ingress
     assert rule.ports is not None
@@ -81,7 +81,7 @@ def test_model_becomes_deployment_service_hpa_on_gpu_nodes_and_ready(
     assert peer.pod_selector.match_labels == GATEWAY_POD_LABELS
     assert peer.ip_block is None
     assert peer.namespace_selector is not None
-    assert not peer.namespace_selector.match_labels
+    assert peer.namespace_selector.match_labels == {"kubernetes.io/metadata.name": E2E_GATEWAY_NAMESPACE}
     assert not peer.namespace_selector.match_expressions
     container_ports = {p.name: p.container_port for p in pod_spec(dep).containers[0].ports or []}
     assert container_ports["http"] == 8000  # the named port the policy admits is the one the Service targets

@@ -225,6 +225,7 @@ def canary_operator(operator: OperatorProcess, prometheus: PrometheusProcess) ->
         "SERVLANE_ANALYSIS_INTERVAL_SECONDS": f"{ANALYSIS_INTERVAL_SECONDS:g}",
         # The Prometheus above scrapes every second (in CI): 3 s intervals are two scrapes and more, not raised.
         "SERVLANE_PROMETHEUS_SCRAPE_INTERVAL_SECONDS": f"{SCRAPE_INTERVAL_SECONDS:g}",
+        "SERVLANE_PROMETHEUS_GATEWAY_JOB": "gateway",  # the job_name of the scrape config above
     }
     own = OperatorProcess(operator.kubeconfig, ARTIFACTS / "operator-canary-full.log", extra_env=env)
     try:

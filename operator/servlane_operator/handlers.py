@@ -112,7 +112,9 @@ def canary_reader(settings: OperatorSettings, kube: Kube) -> MetricsReader:
     """Prometheus when configured, else the gateway pods' /metrics scraped directly."""
     if settings.prometheus_url:
         return PrometheusReader(
-            settings.prometheus_url, scrape_interval_seconds=settings.prometheus_scrape_interval_seconds
+            settings.prometheus_url,
+            job=settings.prometheus_gateway_job,
+            scrape_interval_seconds=settings.prometheus_scrape_interval_seconds,
         )
     # Without Prometheus the window is the time between two reads: at least one analysis timer tick.
     min_window = settings.analysis_interval_seconds

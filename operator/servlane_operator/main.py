@@ -39,9 +39,12 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["SERVLANE_NAMESPACES"] = ",".join(namespaces)
     # Checked here, before kopf starts, so a bad setting is one clear line and exit code 2, not a traceback.
     try:
-        OperatorSettings.from_env()
+        settings = OperatorSettings.from_env()
     except ValueError as exc:
         print(f"servlane-operator: invalid settings: {exc}", file=sys.stderr)
+        return 2
+    if problem := settings.unscoped_gateway_trust():
+        print(f"servlane-operator: invalid settings: {problem}", file=sys.stderr)
         return 2
     # Imported after the environment is final: handlers read settings at import time.
     import servlane_operator.handlers  # noqa: F401

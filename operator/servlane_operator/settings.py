@@ -16,6 +16,9 @@ REMOVED_RUNTIME_IMAGE_MESSAGE = (
     "Set SERVLANE_RUNTIME_IMAGE_GPU (models with resources.gpus > 0, a CUDA image) and/or "
     f"SERVLANE_RUNTIME_IMAGE_CPU (all other models, a CPU image) instead, and unset {REMOVED_RUNTIME_IMAGE_VAR}."
 )
+# The job of the chart's ServiceMonitor for a release named servlane: the Prometheus operator names a
+# ServiceMonitor's job after the Service, here the gateway's.
+DEFAULT_PROMETHEUS_GATEWAY_JOB = "servlane-gateway"
 
 
 class OperatorSettings(BaseModel):
@@ -44,6 +47,12 @@ class OperatorSettings(BaseModel):
         default=15,
         gt=0,
         description="How often Prometheus scrapes the gateway: canary windows shorter than two scrapes are raised.",
+    )
+    prometheus_gateway_job: str = Field(
+        default=DEFAULT_PROMETHEUS_GATEWAY_JOB,
+        min_length=1,
+        description="The `job` label of Prometheus' scrape of the gateway pods; the canary queries select it, so "
+        "series of the same names from any other target (a tenant's pod, its own monitor) never enter the analysis.",
     )
     analysis_interval_seconds: float = Field(default=10, gt=0, description="How often canaries are checked.")
     gateway_metrics_urls: list[str] = Field(
@@ -101,6 +110,7 @@ class OperatorSettings(BaseModel):
             ("SERVLANE_METRICS_PORT", "metrics_port"),
             ("SERVLANE_PROMETHEUS_URL", "prometheus_url"),
             ("SERVLANE_PROMETHEUS_SCRAPE_INTERVAL_SECONDS", "prometheus_scrape_interval_seconds"),
+            ("SERVLANE_PROMETHEUS_GATEWAY_JOB", "prometheus_gateway_job"),
             ("SERVLANE_ANALYSIS_INTERVAL_SECONDS", "analysis_interval_seconds"),
             ("SERVLANE_GATEWAY_METRICS_PORT", "gateway_metrics_port"),
             ("SERVLANE_GATEWAY_NAMESPACE", "gateway_namespace"),
@@ -112,6 +122,25 @@ class OperatorSettings(BaseModel):
             if e.get(key):
                 values[field] = e[key]
         return cls.model_validate(values)
+
+    def unscoped_gateway_trust(self) -> str | None:
+        """Why these settings would take any pod wearing the gateway's labels, in any namespace, for the
+        gateway, or None. A tenant can label its own pods so: its pod would then pass every model's
+        NetworkPolicy, or be scraped as a gateway and feed made-up numbers into another team's canary."""
+        if self.gateway_namespace:
+            return None
+        uses = []
+        if self.model_network_policy:
+            uses.append("the AIModels' NetworkPolicies admit the gateway pods of that namespace only")
+        if not self.prometheus_url and not self.gateway_metrics_urls:
+            uses.append("the canary analysis scrapes the gateway pods of that namespace only")
+        if not uses:
+            return None
+        return (
+            "SERVLANE_GATEWAY_NAMESPACE (the gateway's namespace) is required: "
+            + "; ".join(uses)
+            + ". Without it, pods with the gateway's labels in any namespace would be trusted as the gateway."
+        )
 
 
 def parse_labels(text: str) -> dict[str, str]:

@@ -98,6 +98,7 @@ def test_runs_against_the_control_plane_and_reconciles(
         "--env=KUBECONFIG=/etc/servlane/kubeconfig",
         f"--env=SERVLANE_METRICS_PORT={metrics}",
         "--env=SERVLANE_RESYNC_SECONDS=3",
+        "--env=SERVLANE_GATEWAY_NAMESPACE=servlane-system",  # required: the gateway is trusted only there
     ]
     args = ["--log-format", "full", "--liveness", f"http://127.0.0.1:{health}/healthz"]
     with Container(operator_image, options, args) as container:

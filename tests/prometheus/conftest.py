@@ -16,6 +16,7 @@ from tests.polling import wait_until
 from tests.prometheus.gateway_endpoint import GatewayMetrics, serve_gateway_metrics
 
 SCRAPE_INTERVAL = "1s"
+GATEWAY_JOB, IMPOSTOR_JOB = "gateway", "tenant-pod"
 STARTUP_DEADLINE_SECONDS = 60.0
 
 
@@ -29,6 +30,12 @@ def second_gateway_metrics() -> Iterator[GatewayMetrics]:
     yield from serve_gateway_metrics()
 
 
+@pytest.fixture
+def impostor_metrics() -> Iterator[GatewayMetrics]:
+    """Another target exposing the gateway's metric names (a tenant's pod, say), scraped by its own job."""
+    yield from serve_gateway_metrics()
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -37,19 +44,24 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def prometheus(gateway_metrics: GatewayMetrics, tmp_path: Path) -> Iterator[str]:
-    """A real Prometheus scraping `gateway_metrics` every second; yields its base URL."""
+def prometheus(gateway_metrics: GatewayMetrics, impostor_metrics: GatewayMetrics, tmp_path: Path) -> Iterator[str]:
+    """A real Prometheus scraping `gateway_metrics` (job `gateway`) and `impostor_metrics` (job `tenant-pod`)
+    every second; yields its base URL."""
     binary = shutil.which("prometheus")
     if binary is None:
         reason = "the prometheus binary is missing: run scripts/install-prometheus.sh"
         if os.environ.get("CI") == "true":
             pytest.fail(reason)
         pytest.skip(reason)
-    target = gateway_metrics.url.removeprefix("http://").removesuffix("/metrics")
+
+    def job(name: str, metrics: GatewayMetrics) -> str:
+        target = metrics.url.removeprefix("http://").removesuffix("/metrics")
+        return f"  - job_name: {name}\n    static_configs:\n      - targets: ['{target}']\n"
+
     config = tmp_path / "prometheus.yml"
     config.write_text(
         f"global:\n  scrape_interval: {SCRAPE_INTERVAL}\n  evaluation_interval: {SCRAPE_INTERVAL}\n"
-        f"scrape_configs:\n  - job_name: gateway\n    static_configs:\n      - targets: ['{target}']\n"
+        f"scrape_configs:\n{job(GATEWAY_JOB, gateway_metrics)}{job(IMPOSTOR_JOB, impostor_metrics)}"
     )
     port = _free_port()
     log = (tmp_path / "prometheus.log").open("w")

@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 import httpx
 import pytest
 
 from servlane_api import metric_names as contract
 from servlane_core.rollout import MetricsUnavailableError
+from servlane_operator.handlers import canary_reader
 from servlane_operator.metric_readers.prometheus_reader import PrometheusReader
 from servlane_operator.metric_readers.scrape_reader import ScrapeReader
+from servlane_operator.settings import OperatorSettings
+from tests.prometheus.conftest import GATEWAY_JOB, IMPOSTOR_JOB
 from tests.prometheus.gateway_endpoint import GatewayMetrics
 
 DEADLINE_SECONDS = 60.0
@@ -62,7 +66,7 @@ async def _query(client: httpx.AsyncClient, base_url: str, promql: str) -> list[
 async def test_prometheus_reader_reads_error_rate_and_p95(gateway_metrics: GatewayMetrics, prometheus: str) -> None:
     for model in ("a", "b"):
         gateway_metrics.declare("chat", model)
-    selector = f'{contract.REQUESTS}{{namespace="{NAMESPACE}",feature="chat"}}'
+    selector = f'{contract.REQUESTS}{{job="{GATEWAY_JOB}",namespace="{NAMESPACE}",feature="chat"}}'
     async with httpx.AsyncClient(timeout=5) as client:
 
         async def zero_samples_scraped() -> bool:
@@ -79,7 +83,7 @@ async def test_prometheus_reader_reads_error_rate_and_p95(gateway_metrics: Gatew
             return await _query(client, prometheus, f"sum({selector})") == [CANARY_REQUESTS + STABLE_REQUESTS]
 
         await _until(traffic_scraped, "Prometheus to scrape the traffic")
-        reader = PrometheusReader(prometheus, client=client, scrape_interval_seconds=1)
+        reader = PrometheusReader(prometheus, client=client, job=GATEWAY_JOB, scrape_interval_seconds=1)
         assert reader.min_window_seconds == 2
         metrics = await reader.read(NAMESPACE, "chat", ["b", "a", "absent"], window_seconds=60)
         scraped = await scraper.read(NAMESPACE, "chat", ["b", "a"], 60)
@@ -101,6 +105,58 @@ async def test_prometheus_reader_reads_error_rate_and_p95(gateway_metrics: Gatew
     assert scraped.models["b"].client_errors == CANARY_REJECTED
     assert scraped.models["b"].p95_latency_seconds == pytest.approx(canary.p95_latency_seconds)
     assert scraped.models["b"].p95_ttft_seconds == pytest.approx(canary.p95_ttft_seconds)
+
+
+async def test_series_of_another_scrape_job_never_enter_the_canary_window(
+    gateway_metrics: GatewayMetrics, impostor_metrics: GatewayMetrics, prometheus: str
+) -> None:
+    """A tenant's pod that Prometheus scrapes may expose the gateway's metric names with another team's
+    namespace, feature and model labels, and made-up numbers: the canary reads the gateway's job only."""
+    for metrics in (gateway_metrics, impostor_metrics):
+        metrics.declare("chat", "b")
+
+    def requests(job: str) -> str:
+        return f'sum({contract.REQUESTS}{{job="{job}",namespace="{NAMESPACE}",feature="chat",model="b"}})'
+
+    async with httpx.AsyncClient(timeout=5) as client:
+
+        async def declared_scraped() -> bool:
+            return all(
+                [await _query(client, prometheus, requests(job)) == [0.0] for job in (GATEWAY_JOB, IMPOSTOR_JOB)]
+            )
+
+        await _until(declared_scraped, "Prometheus to scrape both targets' declared series")
+        for i in range(20):  # the canary fails half its requests ...
+            gateway_metrics.serve("chat", "b", latency=0.3, ttft=0.04, error=i % 2 == 0)
+        for _ in range(2000):  # ... and the impostor reports a flawless one
+            impostor_metrics.serve("chat", "b", latency=0.01, ttft=0.01)
+
+        async def traffic_scraped() -> bool:
+            return await _query(client, prometheus, requests(GATEWAY_JOB)) == [20.0] and await _query(
+                client, prometheus, requests(IMPOSTOR_JOB)
+            ) == [2000.0]
+
+        await _until(traffic_scraped, "Prometheus to scrape both targets' traffic")
+        # The reader as the operator builds it from its settings.
+        settings = OperatorSettings(
+            prometheus_url=prometheus, prometheus_gateway_job=GATEWAY_JOB, prometheus_scrape_interval_seconds=1
+        )
+        reader = canary_reader(settings, cast(Any, None))  # no Kubernetes needed with Prometheus
+        assert isinstance(reader, PrometheusReader)
+        try:
+            canary = (await reader.read(NAMESPACE, "chat", ["b"], window_seconds=60)).models["b"]
+        finally:
+            await reader.aclose()
+
+    assert 20 <= canary.requests <= 30  # increase() extrapolates a little, never by the impostor's 2000
+    assert canary.error_rate == pytest.approx(0.5)
+    assert canary.p95_latency_seconds is not None
+    assert canary.p95_latency_seconds > 0.1
+
+
+def test_a_reader_without_the_gateways_job_cannot_be_made() -> None:
+    with pytest.raises(ValueError, match="scrape job is required"):
+        PrometheusReader("http://127.0.0.1:9", job="")
 
 
 async def test_scrape_reader_windows_across_gateway_pods(

@@ -24,4 +24,6 @@ def make_model(spec: dict[str, Any], name: str = "llama", namespace: str = "team
 
 @pytest.fixture
 def settings() -> OperatorSettings:
-    return OperatorSettings(runtime_image_gpu=GPU_IMAGE, runtime_image_cpu=CPU_IMAGE)
+    return OperatorSettings(
+        runtime_image_gpu=GPU_IMAGE, runtime_image_cpu=CPU_IMAGE, gateway_namespace="servlane-system"
+    )

@@ -8,6 +8,7 @@ import pytest
 
 from servlane_operator.builders import build_network_policy, plan_children
 from servlane_operator.labels import GATEWAY_SELECTOR
+from servlane_operator.main import main as operator_main
 from servlane_operator.settings import OperatorSettings
 from tests.unit.conftest import make_model
 
@@ -44,13 +45,46 @@ def test_only_the_gateway_in_its_namespace_reaches_the_serving_port() -> None:
 
 
 def test_the_gateway_labels_are_the_ones_the_operator_finds_gateway_pods_by() -> None:
-    labels = policy(OperatorSettings())["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
+    (peer,) = policy(OperatorSettings(gateway_namespace="gw"))["spec"]["ingress"][0]["from"]
+    labels = peer["podSelector"]["matchLabels"]
     assert ",".join(f"{k}={v}" for k, v in labels.items()) == GATEWAY_SELECTOR
 
 
-def test_without_a_gateway_namespace_gateway_pods_of_any_namespace_are_admitted() -> None:
-    (peer,) = policy(OperatorSettings())["spec"]["ingress"][0]["from"]
-    assert peer == {"namespaceSelector": {}, "podSelector": GATEWAY_PODS}
+def test_without_a_gateway_namespace_no_policy_trusts_the_gateway_labels_of_any_namespace() -> None:
+    # A tenant can put the gateway's labels on its own pods: only the gateway's namespace makes them mean it.
+    for settings in (OperatorSettings(), OperatorSettings(metrics_scraper_namespace="monitoring")):
+        with pytest.raises(ValueError, match="SERVLANE_GATEWAY_NAMESPACE"):
+            policy(settings)
+        with pytest.raises(ValueError, match="SERVLANE_GATEWAY_NAMESPACE"):
+            plan_children(make_model(SPEC), settings)
+
+
+@pytest.mark.parametrize(
+    ("settings", "refused"),
+    [
+        (OperatorSettings(), True),  # policies and the canary's pod scrape would both trust labels
+        (OperatorSettings(model_network_policy=False), True),  # the canary scrape finds gateway pods by label
+        (OperatorSettings(model_network_policy=False, prometheus_url="http://prometheus:9090"), False),
+        (OperatorSettings(model_network_policy=False, gateway_metrics_urls=["http://gw:8080/metrics"]), False),
+        (OperatorSettings(prometheus_url="http://prometheus:9090"), True),
+        (OperatorSettings(gateway_namespace="servlane-system"), False),
+    ],
+)
+def test_settings_that_trust_the_gateway_labels_everywhere_are_named(settings: OperatorSettings, refused: bool) -> None:
+    problem = settings.unscoped_gateway_trust()
+    assert (problem is not None) is refused
+    if problem is not None:
+        assert "SERVLANE_GATEWAY_NAMESPACE" in problem
+
+
+def test_the_operator_refuses_to_start_without_a_gateway_namespace(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("SERVLANE_GATEWAY_NAMESPACE", "SERVLANE_PROMETHEUS_URL", "SERVLANE_GATEWAY_METRICS_URLS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SERVLANE_MODEL_NETWORK_POLICY", "true")
+    assert operator_main([]) == 2
+    assert "SERVLANE_GATEWAY_NAMESPACE (the gateway's namespace) is required" in capsys.readouterr().err
 
 
 def test_the_metrics_scraper_is_admitted_only_from_its_configured_namespace() -> None:
@@ -71,14 +105,15 @@ def test_the_metrics_scraper_is_admitted_only_from_its_configured_namespace() ->
 
 def test_no_peer_ever_admits_the_whole_cluster() -> None:
     for settings in (
-        OperatorSettings(),
-        OperatorSettings(metrics_scraper_namespace="monitoring"),
+        OperatorSettings(gateway_namespace="gw"),
         OperatorSettings(gateway_namespace="gw", metrics_scraper_namespace="monitoring"),
     ):
         for rule in policy(settings)["spec"]["ingress"]:
             assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+            assert rule["from"]  # an empty `from` would admit every source
             for peer in rule["from"]:
-                assert peer.get("podSelector") or peer.get("namespaceSelector"), peer
+                # Every peer is pinned to one named namespace: labels alone can be worn by anyone's pod.
+                assert list(peer["namespaceSelector"]["matchLabels"]) == ["kubernetes.io/metadata.name"], peer
 
 
 def test_switched_off_the_policy_is_not_built_and_an_old_one_is_deleted() -> None:
@@ -88,7 +123,8 @@ def test_switched_off_the_policy_is_not_built_and_an_old_one_is_deleted() -> Non
     plan = plan_children(model, settings)
     assert "NetworkPolicy" not in [o["kind"] for o in plan.apply]
     assert ("networking.k8s.io/v1", "NetworkPolicy") in plan.delete
-    assert ("networking.k8s.io/v1", "NetworkPolicy") not in plan_children(model, OperatorSettings()).delete
+    kept = plan_children(model, OperatorSettings(gateway_namespace="gw"))
+    assert ("networking.k8s.io/v1", "NetworkPolicy") not in kept.delete
 
 
 @pytest.mark.parametrize(
@@ -115,7 +151,7 @@ def test_a_scraper_selector_that_is_not_plain_equalities_is_refused(labels: str)
 
 def test_a_fixed_budget_override_suspends_the_hpa_and_releasing_it_restores_it() -> None:
     model = make_model({**SPEC, "autoscaling": {"minReplicas": 2, "maxReplicas": 6}})
-    settings = OperatorSettings()
+    settings = OperatorSettings(gateway_namespace="gw")
     pinned = plan_children(model, settings, replicas_override=1)
     assert "HorizontalPodAutoscaler" not in [o["kind"] for o in pinned.apply]
     assert ("autoscaling/v2", "HorizontalPodAutoscaler") in pinned.delete

@@ -3,7 +3,8 @@
 Model pods serve an unauthenticated OpenAI API: the gateway is where API keys, rate limits and request
 limits are enforced, so nothing else in the cluster may call the pods directly. The runtime serves its
 /metrics on the same port, so the scraper, once admitted, could call the API too; that is why it is
-admitted only by an explicit namespace (settings.metrics_scraper_namespace), never cluster-wide.
+admitted only by an explicit namespace (settings.metrics_scraper_namespace), never cluster-wide; and
+the gateway pods only in their namespace (settings.gateway_namespace), never by their labels alone.
 
 Ingress only: egress (model downloads from hubs or object stores) differs too much between clusters.
 The kubelet's probes come from the node, which CNIs admit regardless of NetworkPolicies.
@@ -26,12 +27,21 @@ def _namespace(name: str) -> dict[str, Any]:
 
 
 def policy_peers(settings: OperatorSettings) -> list[dict[str, Any]]:
-    """Who may reach the serving port: the gateway pods, and the metrics scraper when one is configured."""
-    # No gateway namespace configured (the operator looks for gateway pods everywhere): any namespace's
-    # pods carrying the gateway's labels, as the canary scrape reader finds them.
-    gateway_namespaces = _namespace(settings.gateway_namespace) if settings.gateway_namespace else {}
+    """Who may reach the serving port: the gateway pods, and the metrics scraper when one is configured.
+
+    Raises ValueError without settings.gateway_namespace: labels alone can be worn by any tenant's pod, so
+    the gateway is only ever recognised by its labels within its own namespace (the operator also refuses
+    to start so, OperatorSettings.unscoped_gateway_trust)."""
+    if not settings.gateway_namespace:
+        raise ValueError(
+            "no gateway namespace (SERVLANE_GATEWAY_NAMESPACE): refusing a NetworkPolicy that would admit pods "
+            "with the gateway's labels from every namespace"
+        )
     peers: list[dict[str, Any]] = [
-        {"namespaceSelector": gateway_namespaces, "podSelector": {"matchLabels": dict(GATEWAY_LABELS)}}
+        {
+            "namespaceSelector": _namespace(settings.gateway_namespace),
+            "podSelector": {"matchLabels": dict(GATEWAY_LABELS)},
+        }
     ]
     if settings.metrics_scraper_namespace:
         scraper_pods = {"matchLabels": dict(settings.metrics_scraper_labels)} if settings.metrics_scraper_labels else {}

@@ -17,9 +17,11 @@ P95 = 0.95
 
 class PrometheusReader:
     """Reads increase() and histogram_quantile() over the analysis window, per model, for one feature of
-    one namespace (the gateway's `namespace` and `feature` labels).
+    one namespace (the gateway's `namespace` and `feature` labels), from the scrape job `job` only.
 
-    `extra_labels` narrows the series further (e.g. a `job` label). Counts are increase()'s extrapolated
+    `job` is required: the metric names are public, and any target Prometheus scrapes (a tenant's pod, its
+    own PodMonitor) may expose series of those names with made-up numbers; without the job they would be
+    summed into the canary's window. `extra_labels` narrows the series further. Counts are increase()'s extrapolated
     floats, so they can be a little above the true count; ratios and quantiles are unaffected because
     every series of one scrape is extrapolated alike. increase() needs two samples inside the window, so
     a window shorter than two scrape intervals is empty: `min_window_seconds` says so to the rollout.
@@ -29,6 +31,8 @@ class PrometheusReader:
         self,
         base_url: str,
         client: httpx.AsyncClient | None = None,
+        *,
+        job: str,
         extra_labels: Mapping[str, str] | None = None,
         timeout_seconds: float = 5.0,
         scrape_interval_seconds: float = 15.0,
@@ -36,7 +40,9 @@ class PrometheusReader:
         self._base_url = base_url.rstrip("/")
         self._client = client or httpx.AsyncClient(timeout=timeout_seconds)
         self._owns_client = client is None
-        self._extra_labels = dict(extra_labels or {})
+        if not job:
+            raise ValueError("the gateway's scrape job is required (an empty job would select every target)")
+        self._extra_labels = {**(extra_labels or {}), "job": job}
         self._scrape_interval_seconds = scrape_interval_seconds
 
     @property

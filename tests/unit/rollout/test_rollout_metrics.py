@@ -88,6 +88,6 @@ def test_feature_series_sums_other_labels_and_keeps_only_the_feature() -> None:
 
 async def test_prometheus_reader_unreachable_raises() -> None:
     # Port 9 (discard) on loopback has no listener here: a real connection refusal.
-    reader = PrometheusReader("http://127.0.0.1:9", client=httpx.AsyncClient(timeout=2))
+    reader = PrometheusReader("http://127.0.0.1:9", client=httpx.AsyncClient(timeout=2), job="gateway")
     with pytest.raises(MetricsUnavailableError, match="Prometheus query failed"):
         await reader.read("prod", "chat", ["b"], 60)

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
+# The naming rule lives in servlane_api.children: the gateway builds its upstreams from it too.
+from servlane_api.children import CHILD_PREFIX as CHILD_PREFIX
+from servlane_api.children import child_name as child_name
+
 MODEL_LABEL = "servlane.dev/model"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 OPERATOR_NAME = "servlane-operator"
 FIELD_MANAGER = "servlane-operator"
 # Keeps a Deployment's replicas while its HPA takes them over (see builders/replicas_handover.py).
 REPLICAS_HANDOVER_MANAGER = "servlane-operator-replicas-handover"
-CHILD_PREFIX = "model-"
-
-
-def child_name(model_name: str) -> str:
-    """Name of an AIModel's Deployment, Service and HPA (prefixed so they never take over a user's object)."""
-    return CHILD_PREFIX + model_name
 
 
 def selector_labels(model_name: str) -> dict[str, str]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from servlane_api.aimodel import AIModel
+from servlane_api.children import service_api_url
 from servlane_api.runtime_config import DEFAULT_PORT
 from servlane_operator.builders.common import child_metadata
-from servlane_operator.labels import child_name, selector_labels
+from servlane_operator.labels import selector_labels
 
 
 def build_service(model: AIModel) -> dict[str, Any]:
@@ -25,4 +26,4 @@ def build_service(model: AIModel) -> dict[str, Any]:
 
 def endpoint_url(model: AIModel, cluster_domain: str) -> str:
     """In-cluster base URL of the model's OpenAI API."""
-    return f"http://{child_name(model.name)}.{model.namespace}.svc.{cluster_domain}:{DEFAULT_PORT}/v1"
+    return service_api_url(model.name, model.namespace, cluster_domain)

@@ -1,11 +1,14 @@
 """Endpoint-aware routing against the real API server: the gateway (`--watch`) watches the EndpointSlices of
 each AIModel's Service and picks the pod itself.
 
-KWOK pods cannot serve HTTP, so the test writes the EndpointSlices by hand (as the EndpointSlice controller
-would for the operator's Service `model-<aimodel>`: its labels copied, `kubernetes.io/service-name` set),
-pointing at stub servers on this machine's own address (the API server refuses loopback endpoints). The
-AIModel's endpoint is its cluster-DNS Service URL, which nothing here can resolve: every answer below came
-through a pod the gateway picked. The operator is paused so that it leaves the statuses alone.
+KWOK pods cannot serve HTTP, so the test writes the EndpointSlices itself, exactly as the EndpointSlice
+controller would for the operator's Service `model-<aimodel>` (its labels copied, `kubernetes.io/service-name`
+and `endpointslice.kubernetes.io/managed-by` set, owned by the Service), pointing at stub servers on this
+machine's own address (the API server refuses loopback endpoints). The Service has no selector, so the real
+controller leaves these slices alone. The gateway calls the AIModel's cluster-DNS Service URL, which nothing
+here can resolve: every answer below came through a pod the gateway picked. A slice not kept by the
+controller for that Service (written by hand) is never used. The operator is paused so that it leaves the
+statuses alone.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 import openai
 import pytest
 import uvicorn
+from kubernetes import client as kube_client
 
 from e2e.harness import (
     ARTIFACTS,
@@ -97,14 +101,33 @@ def gateway(kube: Kube, paused_operator: None, namespace: str) -> Iterator[str]:
         yield url
 
 
-def endpoint_slice(pod: str, host: str, port: int, ready: bool = True, terminating: bool = False) -> dict[str, Any]:
-    """One slice per pod: the stubs share an address and differ by port, and a slice has one port list."""
-    labels = {"kubernetes.io/service-name": SERVICE, "servlane.dev/model": MODEL}
+MANAGED_BY = {"endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}
+
+
+def create_service(kube: Kube, namespace: str) -> str:
+    """The operator's Service for the AIModel, without a selector (see the module's docstring); its uid."""
+    body = kube_client.V1Service(
+        metadata=kube_client.V1ObjectMeta(name=SERVICE, labels={"servlane.dev/model": MODEL}),
+        spec=kube_client.V1ServiceSpec(ports=[kube_client.V1ServicePort(name="http", port=8000, protocol="TCP")]),
+    )
+    created = kube.core.create_namespaced_service(namespace, body)
+    assert created.metadata is not None
+    return str(created.metadata.uid)
+
+
+def endpoint_slice(
+    pod: str, host: str, port: int, ready: bool = True, terminating: bool = False, service_uid: str = ""
+) -> dict[str, Any]:
+    """One slice per pod: the stubs share an address and differ by port, and a slice has one port list. With
+    `service_uid`, as the EndpointSlice controller writes it; without, as a hand-made one would look."""
+    labels = {"kubernetes.io/service-name": SERVICE, "servlane.dev/model": MODEL, **MANAGED_BY}
     conditions = {"ready": ready, "serving": ready or terminating, "terminating": terminating}
+    owner = {"apiVersion": "v1", "kind": "Service", "name": SERVICE, "uid": service_uid, "controller": True,
+             "blockOwnerDeletion": True}  # fmt: skip
     return {
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
-        "metadata": {"name": f"{SERVICE}-{pod}", "labels": labels},
+        "metadata": {"name": f"{SERVICE}-{pod}", "labels": labels, "ownerReferences": [owner] if service_uid else []},
         "addressType": "IPv4",
         "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
         "endpoints": [{"addresses": [host], "conditions": conditions, "targetRef": {"kind": "Pod", "name": pod}}],
@@ -183,8 +206,13 @@ def test_gateway_picks_pods_from_endpointslices(
     kube.create_feature(namespace, "chat", {"model": MODEL, "routing": "round-robin"})
     weights = {"status": {"weights": [{"model": MODEL, "weight": 100}]}}
     kube.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, "aifeatures", "chat", weights)
+    service_uid = create_service(kube, namespace)
     for pod in pods.values():
-        create_slice(kube, namespace, endpoint_slice(pod.name, pod.host, pod.port))
+        create_slice(kube, namespace, endpoint_slice(pod.name, pod.host, pod.port, service_uid=service_uid))
+    # Carries the controller's labels but no owner: written by hand, it must never get a request.
+    intruder = Pod("intruder", pods["pod-a"].host)
+    intruder.start()
+    create_slice(kube, namespace, endpoint_slice(intruder.name, intruder.host, intruder.port))
     client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0, timeout=20)
     chat = f"{namespace}/chat"
 
@@ -203,6 +231,8 @@ def test_gateway_picks_pods_from_endpointslices(
     for _ in range(30):
         ask(client, chat)
     assert {name: pod.received - before[name] for name, pod in pods.items()} == dict.fromkeys(pods, 10)
+    assert intruder.received == 0
+    intruder.stop()
     assert metric(gateway, "servlane_gateway_endpoint_picks_total", model=MODEL, pod="pod-a") >= 10
 
     # A pod whose endpoint leaves the slice gets no more traffic within a second.
@@ -276,7 +306,7 @@ def test_gateway_picks_pods_from_endpointslices(
     with socket.socket() as sock:
         sock.bind((other.host, 0))
         dead_port = sock.getsockname()[1]
-    create_slice(kube, namespace, endpoint_slice("pod-dead", other.host, dead_port))
+    create_slice(kube, namespace, endpoint_slice("pod-dead", other.host, dead_port, service_uid=service_uid))
 
     def dead_ejected() -> bool:
         assert ask(client, chat) == other.name

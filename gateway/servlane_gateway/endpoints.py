@@ -7,13 +7,16 @@ this gateway has in flight to each, or by prompt prefix, and pods that keep fail
 while (servlane_core.routing.outliers). The decisions are pure and live in servlane_core.routing; this
 module holds the watch, the in-flight counts and the metrics.
 
-The watch: EndpointSlices labelled with `kubernetes.io/service-name` and the operator's
-`servlane.dev/model` (the EndpointSlice controller copies a Service's labels onto its slices, so only the
-AIModels' slices come, never the whole cluster's), one thread per namespace stream with the same list
-and watch loop as the route source (kube_watch.watch_forever). A backend's Service is read from its
-cluster-DNS URL (`http://<service>.<namespace>.svc...`, AIModel.status.endpoint). A backend with no
-slice known (routes-file mode, an endpoint override, a Service not seen yet) or with no ready pod is
-called at its URL, as before: kube-proxy then picks.
+The watch: EndpointSlices labelled with `kubernetes.io/service-name`, the operator's `servlane.dev/model`
+(the EndpointSlice controller copies a Service's labels onto its slices, so only the AIModels' slices
+come, never the whole cluster's) and the controller's own `endpointslice.kubernetes.io/managed-by`, one
+thread per namespace stream with the same list and watch loop as the route source
+(kube_watch.watch_forever). Of those, only the slices the control plane keeps for an AIModel's own
+Service count (is_model_slice): a slice anyone wrote by hand could otherwise list another team's pods,
+or any address in the cluster, as an AIModel's. A backend's Service is read from its cluster-DNS URL
+(`http://model-<aimodel>.<namespace>.svc...`, built from the AIModel's own name and namespace). A backend
+with no slice known (routes-file mode, an endpoint override, a Service not seen yet) or with no ready
+pod is called at its URL, as before: kube-proxy then picks.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+from servlane_api.children import child_name
 from servlane_core.routing.bounded_hashing import pick_bounded, ring_of
 from servlane_core.routing.endpoint_pick import (
     PREFIX_AFFINITY,
@@ -48,7 +52,10 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 MODEL_LABEL = "servlane.dev/model"  # on the operator's Services, hence on their slices
-SLICES = Resource("discovery.k8s.io", "v1", "endpointslices", f"{SERVICE_NAME_LABEL},{MODEL_LABEL}")
+MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
+SLICE_CONTROLLER = "endpointslice-controller.k8s.io"  # the control plane's, for Services with a selector
+SLICE_SELECTOR = f"{SERVICE_NAME_LABEL},{MODEL_LABEL},{MANAGED_BY_LABEL}={SLICE_CONTROLLER}"
+SLICES = Resource("discovery.k8s.io", "v1", "endpointslices", SLICE_SELECTOR)
 PORT_NAME = "http"  # the operator's Service port
 ServiceKey = tuple[str, str]  # (namespace, service)
 Services = dict[ServiceKey, tuple[Endpoint, ...]]
@@ -77,6 +84,30 @@ def slice_endpoints(obj: dict[str, Any]) -> list[Endpoint]:
         ready = conditions.get("ready") is not False
         found.append(Endpoint(address, pod, ready, conditions.get("terminating") is True))
     return found
+
+
+def is_model_slice(obj: dict[str, Any]) -> bool:
+    """Whether a slice lists an AIModel's pods: kept by the control plane's EndpointSlice controller
+    (which lists only the pods its Service selects, in its own namespace), for the Service named after
+    the AIModel (`kubernetes.io/service-name` is `model-<servlane.dev/model>`), and owned by that Service.
+    A slice anyone else wrote (by hand, or by the mirroring controller for a Service without a selector,
+    whose addresses anyone may choose) is not."""
+    meta = obj.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    service, model = labels.get(SERVICE_NAME_LABEL), labels.get(MODEL_LABEL)
+    if labels.get(MANAGED_BY_LABEL) != SLICE_CONTROLLER or not isinstance(model, str) or not model:
+        return False
+    if service != child_name(model):
+        return False
+    owners = meta.get("ownerReferences") or []
+    return any(
+        isinstance(owner, dict)
+        and owner.get("apiVersion") == "v1"
+        and owner.get("kind") == "Service"
+        and owner.get("name") == service
+        and owner.get("controller") is True
+        for owner in owners
+    )
 
 
 def services_of(slices: Sequence[dict[str, Any]]) -> Services:
@@ -146,7 +177,11 @@ class EndpointSliceSource:
         with self._lock:
             self._pending = False
         if self._on_services is not None:
-            self._on_services(services_of(self.store.objects()))
+            self._on_services(self.services())
+
+    def services(self) -> Services:
+        """The AIModels' pods, from the slices the control plane keeps for their Services only."""
+        return services_of([s for s in self.store.objects() if is_model_slice(s)])
 
 
 @functools.lru_cache(maxsize=4096)

@@ -5,15 +5,23 @@ servers on loopback, the AIModel's endpoint is its cluster-DNS Service URL (neve
 from __future__ import annotations
 
 import asyncio
+import copy
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import openai
 import pytest
 
 from servlane_core.routing.routes import Backend
-from servlane_gateway.endpoints import EndpointRouter, Services, services_of, slice_endpoints
+from servlane_gateway.endpoints import (
+    EndpointRouter,
+    EndpointSliceSource,
+    Services,
+    is_model_slice,
+    services_of,
+    slice_endpoints,
+)
 from servlane_gateway.gateway_metrics import ENDPOINT_EJECTIONS, ENDPOINT_IN_FLIGHT, ENDPOINT_PICKS
 from servlane_gateway.upstream import UpstreamConnectTimeout, UpstreamPool
 from tests.gateway.gateway_harness import Gateway, ServedApp, StartGateway, Upstream, aifeature, aimodel, refused_url
@@ -38,13 +46,21 @@ def pods() -> Iterator[dict[str, Upstream]]:
 
 
 def endpoint_slice(pod: str, url: str, ready: bool = True, terminating: bool = False) -> dict[str, Any]:
-    """One slice per pod: loopback stubs differ by port, and a slice has one port for all its endpoints."""
+    """One slice per pod: loopback stubs differ by port, and a slice has one port for all its endpoints.
+    As the EndpointSlice controller writes them for the operator's Service `model-m`."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
+    labels = {
+        "kubernetes.io/service-name": "model-m",
+        "servlane.dev/model": "m",
+        "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+    }
+    owner = {"apiVersion": "v1", "kind": "Service", "name": "model-m", "uid": "u1", "controller": True}
     return {
         "metadata": {
             "name": f"model-m-{pod}",
             "namespace": "default",
-            "labels": {"kubernetes.io/service-name": "model-m", "servlane.dev/model": "m"},
+            "labels": labels,
+            "ownerReferences": [owner],
         },
         "addressType": "IPv4",
         "ports": [{"name": "http", "port": int(port), "protocol": "TCP"}],
@@ -107,6 +123,71 @@ def test_slices_parse_to_eligible_endpoints() -> None:
     assert [e.address for e in services[("default", "model-m")]] == ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
     assert all(e.eligible for e in services[("default", "model-m")])
     assert slice_endpoints({**slice_, "ports": []}) == []
+
+
+def _relabel(**labels: str | None) -> Callable[[dict[str, Any]], None]:
+    def change(obj: dict[str, Any]) -> None:
+        for key, value in labels.items():
+            name = {"managed_by": "endpointslice.kubernetes.io/managed-by", "service": "kubernetes.io/service-name",
+                    "model": "servlane.dev/model"}[key]  # fmt: skip
+            if value is None:
+                obj["metadata"]["labels"].pop(name)
+            else:
+                obj["metadata"]["labels"][name] = value
+
+    return change
+
+
+def _owner(**fields: object) -> Callable[[dict[str, Any]], None]:
+    def change(obj: dict[str, Any]) -> None:
+        owner = obj["metadata"]["ownerReferences"][0]
+        for key, value in fields.items():
+            if value is None:
+                owner.pop(key)
+            else:
+                owner[key] = value
+
+    return change
+
+
+def _another_owner_first(obj: dict[str, Any]) -> None:
+    other = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "x", "uid": "u2"}
+    obj["metadata"]["ownerReferences"].insert(0, other)
+
+
+@pytest.mark.parametrize(
+    ("change", "accepted"),
+    [
+        (lambda obj: None, True),  # as the EndpointSlice controller writes it
+        (_another_owner_first, True),
+        (_relabel(managed_by=None), False),  # made by hand
+        (_relabel(managed_by="team-b.example/made-by-hand"), False),
+        (_relabel(managed_by="endpointslicemirroring-controller.k8s.io"), False),  # a selectorless Service's
+        (_relabel(service="model-other"), False),  # another Service than the AIModel's
+        (_relabel(service="db", model="db"), False),  # a Service the operator never names after an AIModel
+        (_relabel(model=None), False),
+        (lambda obj: obj["metadata"].pop("ownerReferences"), False),
+        (_owner(kind="Deployment"), False),
+        (_owner(name="model-other"), False),
+        (_owner(apiVersion="v2"), False),
+        (_owner(controller=False), False),
+        (_owner(controller=None), False),
+    ],
+)
+def test_only_the_slices_the_control_plane_keeps_for_the_models_service_count(
+    change: Callable[[dict[str, Any]], None], accepted: bool
+) -> None:
+    obj = copy.deepcopy(endpoint_slice("pod-a", "http://10.0.0.1:8000"))
+    change(obj)
+    assert is_model_slice(obj) is accepted
+
+
+def test_a_hand_made_slice_never_reaches_the_router() -> None:
+    source = EndpointSliceSource()
+    hand_made = endpoint_slice("intruder", "http://10.9.9.9:8000")  # e.g. another team's pod, or any address
+    del hand_made["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"]
+    source.store.replace(source.streams[0], [endpoint_slice("pod-a", "http://10.0.0.1:8000"), hand_made])
+    assert [e.address for e in source.services()[("default", "model-m")]] == ["10.0.0.1:8000"]
 
 
 def test_round_robin_spreads_evenly_over_the_pods(start_gateway: StartGateway, pods: dict[str, Upstream]) -> None:

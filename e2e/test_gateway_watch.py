@@ -1,8 +1,11 @@
 """The gateway's routes come from the cluster: it watches AIFeature and AIModel objects through the real
 API server and applies weight and readiness changes without a restart.
 
-The operator is paused for this test so the test can write the statuses itself, pointing the AIModels'
-endpoints at real OpenAI-speaking servers on loopback (KWOK pods cannot serve HTTP).
+The operator is paused for this test so the test can write the statuses itself (KWOK pods cannot serve
+HTTP). The gateway calls each AIModel at its own Service, `model-<name>.<namespace>.svc.cluster.local`,
+whatever the status' endpoint says (that is only a readiness signal: anyone who may patch the status could
+point it anywhere); nothing here resolves those names, so endpoint overrides map them onto real
+OpenAI-speaking servers on loopback, as for a gateway run on a laptop.
 
 The gateway watches the whole cluster, as the chart's default does; plain names resolve only in its serving
 namespaces (here its own, `default`), so the test calls its feature by the `namespace/chat` alias, which no
@@ -31,15 +34,22 @@ def upstreams() -> Iterator[dict[str, str]]:
         yield {"v1": one.url, "v2": two.url}
 
 
+def service_url(ns: str, name: str) -> str:
+    """The AIModel's own Service (servlane_api.children.service_base_url), as the operator names it."""
+    return f"http://model-{name}.{ns}.svc.cluster.local:8000"
+
+
 @pytest.fixture
-def gateway(kube: Kube, paused_operator: None) -> Iterator[str]:
-    with watching_gateway(kube, "gateway-watch.log") as url:
+def gateway(kube: Kube, paused_operator: None, namespace: str, upstreams: dict[str, str]) -> Iterator[str]:
+    overrides = [f"--endpoint-override={service_url(namespace, name)}={url}" for name, url in upstreams.items()]
+    with watching_gateway(kube, "gateway-watch.log", *overrides) as url:
         yield url
 
 
-def set_model_status(kube: Kube, ns: str, name: str, endpoint: str, ready: bool) -> None:
+def set_model_status(kube: Kube, ns: str, name: str, ready: bool, endpoint: str | None = None) -> None:
+    """The status as the operator writes it; `endpoint` instead of the AIModel's own Service URL."""
     status = {
-        "endpoint": f"{endpoint}/v1",
+        "endpoint": f"{endpoint or service_url(ns, name)}/v1",
         "servedModelName": name,
         "phase": "Ready" if ready else "Deploying",
         "conditions": [{"type": "Ready", "status": "True" if ready else "False", "reason": "Test", "message": "",
@@ -76,7 +86,7 @@ def test_gateway_routes_from_the_cluster_and_follows_changes(
     spec: dict[str, Any] = {"source": {"uri": "/models/x"}, "engine": "transformers"}
     for name in ("v1", "v2"):
         kube.create_model(namespace, name, spec)
-        set_model_status(kube, namespace, name, upstreams[name], ready=True)
+        set_model_status(kube, namespace, name, ready=True)
     kube.create_feature(namespace, "chat", {"model": "v1"})
     set_weights(kube, namespace, "chat", {"v1": 100})
     client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0, timeout=10)
@@ -87,6 +97,14 @@ def test_gateway_routes_from_the_cluster_and_follows_changes(
     assert {f"{namespace}/chat", f"{namespace}/v1", f"{namespace}/v2"} <= listed
     assert "chat" not in listed, "a plain name resolved outside the gateway's serving namespaces"
 
+    # A status naming another endpoint (here v2's server; could be another team's) redirects nothing.
+    set_model_status(kube, namespace, "v1", ready=True, endpoint=upstreams["v2"])
+    set_model_status(kube, namespace, "v2", ready=False)  # a barrier: once v2 leaves, v1's change was seen
+    wait_until("v2 not ready", lambda: answered_by_when_routed(client, f"{namespace}/v2") is None, timeout=10)
+    assert all(answered_by(client, chat) == "v1" for _ in range(5))
+    set_model_status(kube, namespace, "v1", ready=True)
+    set_model_status(kube, namespace, "v2", ready=True)
+
     changed = time.monotonic()
     set_weights(kube, namespace, "chat", {"v2": 100})
     wait_until("chat routed to v2", lambda: answered_by_when_routed(client, chat) == "v2", timeout=10, interval=0.01)
@@ -96,7 +114,7 @@ def test_gateway_routes_from_the_cluster_and_follows_changes(
 
     # A model that is not Ready gets no traffic: the split renormalises over ready backends.
     set_weights(kube, namespace, "chat", {"v1": 50, "v2": 50})
-    set_model_status(kube, namespace, "v2", upstreams["v2"], ready=False)
+    set_model_status(kube, namespace, "v2", ready=False)
     wait_until("v2 excluded", lambda: all(answered_by(client, chat) == "v1" for _ in range(10)), timeout=10)
 
     kube.delete_model(namespace, "v1")

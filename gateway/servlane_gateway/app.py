@@ -82,7 +82,7 @@ def _allowed(key: ApiKey, table: RouteTable, name: str) -> bool:
 def route_source_for(settings: GatewaySettings) -> RouteSource:
     if settings.routes_file is not None:
         return FileRouteSource(settings.routes_file, settings.reload_poll_seconds)
-    return KubeRouteSource(settings.namespaces)
+    return KubeRouteSource(settings.namespaces, cluster_domain=settings.cluster_domain)
 
 
 def limiter_for(settings: GatewaySettings) -> RateLimiter | RedisLimiter:

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from servlane_api.children import DEFAULT_CLUSTER_DOMAIN
 from servlane_api.runtime_config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_LIST_ITEMS
 from servlane_core.routing.overrides import parse_override_env, parse_override_items
 from servlane_gateway.ratelimit import DEFAULT_RESERVED_COMPLETION_TOKENS
@@ -44,6 +45,13 @@ class GatewaySettings(BaseModel):
     routes_file: Path | None = Field(default=None, description="YAML/JSON AIFeature+AIModel objects; else watch.")
     watch: bool = Field(default=False, description="Watch AIFeature/AIModel objects in the cluster.")
     namespaces: list[str] = Field(default_factory=list, description="Namespaces to watch; empty: all.")
+    cluster_domain: str = Field(
+        default=DEFAULT_CLUSTER_DOMAIN,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        description="With --watch, each AIModel is called at its own Service, "
+        "model-<name>.<namespace>.svc.<cluster domain> (never at the status' endpoint, which whoever may "
+        "patch an AIModel's status could point anywhere); the operator's clusterDomain.",
+    )
     serving_namespaces: list[str] = Field(
         default_factory=list,
         description="Where plain model names resolve, in order (the first that holds a name answers it); "

@@ -44,21 +44,35 @@ def flatten_documents(documents: Iterable[Any]) -> list[dict[str, Any]]:
     return objects
 
 
-def parse_objects(raw: Iterable[dict[str, Any]]) -> tuple[list[AIFeature], list[AIModel]]:
-    """Typed objects from raw ones; an invalid object is logged and left out, never fatal."""
+def parse_object(obj: dict[str, Any]) -> AIFeature | AIModel | None:
+    """The typed object of a raw one; None for another kind, or an invalid object (logged, never fatal)."""
+    kind = obj.get("kind")
+    try:
+        if kind == "AIFeature":
+            return AIFeature.model_validate(obj)
+        if kind == "AIModel":
+            return AIModel.model_validate(obj)
+    except ValidationError as exc:
+        name = (obj.get("metadata") or {}).get("name")
+        log.warning("ignoring invalid %s %r: %s", kind, name, exc.errors()[0].get("msg"))
+    return None
+
+
+def split_kinds(typed: Iterable[AIFeature | AIModel | None]) -> tuple[list[AIFeature], list[AIModel]]:
+    """The features and the AIModels among typed objects, in their order (None: left out)."""
     features: list[AIFeature] = []
     models: list[AIModel] = []
-    for obj in raw:
-        kind = obj.get("kind")
-        name = (obj.get("metadata") or {}).get("name")
-        try:
-            if kind == "AIFeature":
-                features.append(AIFeature.model_validate(obj))
-            elif kind == "AIModel":
-                models.append(AIModel.model_validate(obj))
-        except ValidationError as exc:
-            log.warning("ignoring invalid %s %r: %s", kind, name, exc.errors()[0].get("msg"))
+    for obj in typed:
+        if isinstance(obj, AIFeature):
+            features.append(obj)
+        elif isinstance(obj, AIModel):
+            models.append(obj)
     return features, models
+
+
+def parse_objects(raw: Iterable[dict[str, Any]]) -> tuple[list[AIFeature], list[AIModel]]:
+    """Typed objects from raw ones; an invalid object is logged and left out, never fatal."""
+    return split_kinds([parse_object(obj) for obj in raw])
 
 
 def load_objects(path: Path) -> tuple[list[AIFeature], list[AIModel]]:

@@ -19,7 +19,7 @@ from servlane_core.routing.routes import (
     describe_refused,
     describe_shadowing,
 )
-from servlane_gateway.kube_watch import ObjectStore
+from servlane_gateway.kube_watch import RouteObjectStore
 from servlane_gateway.sources import flatten_documents, load_routes_file, parse_objects
 from tests.gateway.gateway_harness import aifeature, aimodel, picked, route_in
 
@@ -154,7 +154,7 @@ def test_weights_renormalise_over_ready_backends_and_exclude_skips_one() -> None
 
 def test_object_store_applies_watch_events() -> None:
     streams = [("aifeatures", ""), ("aimodels", "")]
-    store = ObjectStore(streams)
+    store = RouteObjectStore(streams)
     store.replace(("aimodels", ""), [aimodel("m", "http://m"), aimodel("n", "http://n")])
     assert not store.synced  # features not listed yet: no partial table
     store.replace(("aifeatures", ""), [aifeature("f", [("m", 100)])])

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from servlane_api import AIFeature, AIModel
 from servlane_api.aifeature import FeatureDefaults, ResponseCache, WeightedModel
+from servlane_api.children import service_base_url
 from servlane_api.targets import Target, parse_target
 from servlane_core.routing.model_version import answer_version
 
@@ -83,15 +84,28 @@ def _served_name(model: AIModel) -> str:
     return model.status.served_model_name or model.served_model_name
 
 
-def _backend(model: AIModel, weight: int, adapter: str | None = None) -> Backend:
+def _base_url(model: AIModel, cluster_domain: str | None) -> str:
+    """Where the model's backend answers ("" before it has an endpoint). In the cluster (`cluster_domain`
+    given), the AIModel's own Service, from its name and namespace (servlane_api.children): status is
+    writable by anyone who may patch `aimodels/status`, so status.endpoint only says that the model is up,
+    never where (else it could send callers to another team's pods). Without a cluster domain (a routes
+    file, written by the same trusted process that started the runtimes), status.endpoint is the URL."""
+    if not model.status.endpoint:
+        return ""
+    if cluster_domain is not None:
+        return service_base_url(model.name, model.namespace, cluster_domain)
+    # status.endpoint is the OpenAI base URL (…:8000/v1); the proxy appends /v1/<endpoint> itself.
+    return model.status.endpoint.rstrip("/").removesuffix("/v1")
+
+
+def _backend(model: AIModel, weight: int, adapter: str | None = None, cluster_domain: str | None = None) -> Backend:
     """The model's pods; with `adapter`, the same pods answering as that LoRA adapter (the target
     `model:adapter` is its metrics label, so a canary between adapters is measured per adapter)."""
     listed = adapter is None or any(a.name == adapter for a in model.spec.adapters)
     return Backend(
         model=str(Target(model.name, adapter)),
         namespace=model.namespace,
-        # status.endpoint is the OpenAI base URL (…:8000/v1); the proxy appends /v1/<endpoint> itself.
-        base_url=(model.status.endpoint or "").rstrip("/").removesuffix("/v1"),
+        base_url=_base_url(model, cluster_domain),
         served_model_name=_served_name(model) if adapter is None else adapter,
         ready=is_ready(model) and listed,
         weight=weight,
@@ -109,7 +123,9 @@ def feature_weights(feature: AIFeature) -> list[WeightedModel]:
     return [WeightedModel(model=feature.spec.model, weight=100)]
 
 
-def _feature_route(feature: AIFeature, models: dict[tuple[str, str], AIModel]) -> Route:
+def _feature_route(
+    feature: AIFeature, models: dict[tuple[str, str], AIModel], cluster_domain: str | None = None
+) -> Route:
     backends: list[Backend] = []
     for weighted in feature_weights(feature):
         target = parse_target(weighted.model)
@@ -118,7 +134,7 @@ def _feature_route(feature: AIFeature, models: dict[tuple[str, str], AIModel]) -
             # A weight on a missing AIModel still shows up (not ready) so the weights gauge tells the truth.
             backends.append(Backend(weighted.model, feature.namespace, "", weighted.model, False, weighted.weight))
         else:
-            backends.append(_backend(model, weighted.weight, target.adapter))
+            backends.append(_backend(model, weighted.weight, target.adapter, cluster_domain))
     spec = feature.spec
     return Route(
         feature.name, feature.namespace, tuple(backends), spec.defaults, True, spec.response_cache, spec.routing
@@ -126,10 +142,15 @@ def _feature_route(feature: AIFeature, models: dict[tuple[str, str], AIModel]) -
 
 
 def build_route_table(
-    features: Iterable[AIFeature], models: Iterable[AIModel], serving_namespaces: Sequence[str] = ()
+    features: Iterable[AIFeature],
+    models: Iterable[AIModel],
+    serving_namespaces: Sequence[str] = (),
+    *,
+    cluster_domain: str | None = None,
 ) -> RouteTable:
     """Features and AIModels (by served name) as `namespace/name`; a feature wins a clash with a served
-    name in its namespace. Plain names come from `serving_namespaces` (resolve_plain_names)."""
+    name in its namespace. Plain names come from `serving_namespaces` (resolve_plain_names). With
+    `cluster_domain` (the in-cluster watch), each backend is its AIModel's own Service (_base_url)."""
     by_key = {(m.namespace, m.name): m for m in models}
     routes: dict[str, Route] = {}
     refused: list[str] = []
@@ -138,15 +159,16 @@ def build_route_table(
         if "/" in served:
             refused.append(f"{model.namespace}/{model.name}")
             continue
-        route = Route(served, model.namespace, (_backend(model, 100),), is_feature=False)
+        route = Route(served, model.namespace, (_backend(model, 100, None, cluster_domain),), is_feature=False)
         routes.setdefault(f"{model.namespace}/{served}", route)
     # Adapters by their own names, after every served name of the namespace (which wins a clash).
     for model in sorted(by_key.values(), key=lambda m: (m.namespace, m.name)):
         for adapter in model.spec.adapters:
-            route = Route(adapter.name, model.namespace, (_backend(model, 100, adapter.name),), is_feature=False)
+            backend = _backend(model, 100, adapter.name, cluster_domain)
+            route = Route(adapter.name, model.namespace, (backend,), is_feature=False)
             routes.setdefault(f"{model.namespace}/{adapter.name}", route)
     for feature in features:
-        routes[f"{feature.namespace}/{feature.name}"] = _feature_route(feature, by_key)
+        routes[f"{feature.namespace}/{feature.name}"] = _feature_route(feature, by_key, cluster_domain)
     return resolve_plain_names(RouteTable(routes, refused=tuple(refused)), serving_namespaces)
 
 

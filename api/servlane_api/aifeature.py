@@ -5,7 +5,7 @@ from __future__ import annotations
 from itertools import pairwise
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from servlane_api._base import ApiModel, ApiObject
 from servlane_api.cel import CelRule, CelValidated, max_name_length
@@ -98,6 +98,9 @@ class FeatureDefaults(ApiModel):
     max_tokens_cap: int | None = Field(default=None, ge=1, description="Upper bound on max_tokens per request.")
 
 
+MAX_RESPONSE_CACHE_BYTES = 256 << 20  # of one feature's answers: the gateway's default cap
+
+
 # Opt-in: a hit tells its caller that the same request was made recently in this feature, so it stays off
 # where callers must not learn of each other's requests. What is cached: gateway/servlane_gateway/README.md.
 class ResponseCache(ApiModel):
@@ -113,10 +116,21 @@ class ResponseCache(ApiModel):
     max_bytes: int = Field(
         default=16 << 20,
         ge=1024,
-        le=1 << 32,
-        description="Most bytes of answers kept for the feature (per replica, or in the shared Redis); an "
-        "answer larger than this is never kept.",
+        le=MAX_RESPONSE_CACHE_BYTES,
+        description="Most bytes of answers kept for the feature (per gateway process, or in the shared Redis); "
+        "an answer larger than this is never kept. The gateway's own bounds (a share per namespace, a cap, "
+        "a size per answer) may lower it further.",
     )
+
+    @field_validator("max_bytes", mode="before")
+    @classmethod
+    def _stored_before_the_maximum_was_lowered(cls, value: object) -> object:
+        # The maximum was 4 GiB. An object stored then keeps validating (the API server's validation
+        # ratcheting lets it be updated while maxBytes is unchanged), so it must keep routing: read as the
+        # maximum rather than left out of the route table. The CRD still refuses new values above it.
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_RESPONSE_CACHE_BYTES:
+            return MAX_RESPONSE_CACHE_BYTES
+        return value
 
 
 # How the gateway picks a pod (an endpoint of the AIModel's Service) once it has picked the AIModel by weight.

@@ -35,6 +35,7 @@ from servlane_gateway.kube_watch import KubeRouteSource, own_namespace
 from servlane_gateway.proxy import Timeouts
 from servlane_gateway.ratelimit import Limiter, Limits, RateLimiter
 from servlane_gateway.redis_limits import RedisLimiter
+from servlane_gateway.response_cache import CacheBudget
 from servlane_gateway.settings import GatewaySettings, plain_name_namespaces
 from servlane_gateway.sources import FileRouteSource, RouteSource, file_signature
 from servlane_gateway.upstream import UpstreamPool
@@ -117,17 +118,24 @@ def limiter_for(settings: GatewaySettings) -> RateLimiter | RedisLimiter:
 
 
 def answer_store_for(settings: GatewaySettings) -> AnswerStore:
-    """The response cache's store: the Redis of the shared limits when one is set, else this replica's memory."""
-    if settings.redis_url is None:
+    """The response cache's store: its Redis (its own, else another database of the limits'), else this
+    process's memory."""
+    url = settings.cache_redis
+    if url is None:
         return MemoryStore()
-    password = settings.redis_password
+    # The limits' password goes to the limits' server only: a Redis of the cache's own carries its own.
+    password = settings.redis_password if settings.cache_redis_url is None else None
     return RedisStore(
-        settings.redis_url.get_secret_value(),
+        url,
         password=password.get_secret_value() if password is not None else None,
         prefix=settings.redis_key_prefix,
         timeout=settings.redis_timeout,
         pause=settings.unavailable_retry_after,
     )
+
+
+def cache_budget_for(settings: GatewaySettings) -> CacheBudget:
+    return CacheBudget(settings.cache_max_bytes, settings.cache_namespace_max_bytes, settings.cache_max_entry_bytes)
 
 
 def batch_service_for(settings: GatewaySettings, state: GatewayState) -> BatchService:
@@ -203,7 +211,7 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
         keys=load_key_ring(settings.keys_file),  # fails fast on a malformed keys file
         reserved_completion_tokens=settings.reserved_completion_tokens,
     )
-    state.cache = ResponseCacher(answer_store_for(settings), state.metrics)
+    state.cache = ResponseCacher(answer_store_for(settings), state.metrics, cache_budget_for(settings))
     state.metrics.limits_store.labels(state.limiter.mode).set(1)
     if settings.keys_file is not None:
         log_key_ring(state.keys, settings.keys_file)

@@ -1,14 +1,17 @@
 """Where the response cache keeps answers: this replica's memory, or a Redis shared by the replicas.
 
-Both keep each feature's answers apart, under that feature's bounds (`spec.responseCache`): at most
-`maxEntries` answers and `maxBytes` bytes, the oldest dropped first, each served for `ttlSeconds`.
+Both keep each feature's answers under that feature's bounds (`spec.responseCache`): at most
+`maxEntries` answers and `maxBytes` bytes, the oldest dropped first, each served for `ttlSeconds`; and
+under the admin's (`response_cache.CacheBudget`), which no feature raises: a share per namespace, a cap on
+all, a size per answer. Eviction never crosses namespaces: an answer stored evicts only older answers of
+its own namespace, and is refused when the cap is full of others' (they leave as they expire).
 
-Redis (with `--redis-url`, the one the rate limits use): a feature's answers are three keys under the
-gateway's key prefix, `<prefix>:cache:{<namespace>/<feature>}:entries` (a hash: digest -> entry),
-`:sizes` (a hash: digest -> bytes, and `#total`) and `:expiry` (a sorted set: digest -> when it expires,
-in ms of Redis' clock). A store is one script, atomic across replicas: it drops the expired answers, adds
-the new one and drops the oldest beyond the bounds. A lookup is one script that serves an answer only
-before it expires. The three keys expire with the last answer stored, so an idle feature leaves nothing.
+Redis (`--cache-redis-url`, else the rate limits' `--redis-url` at another database,
+`--cache-redis-database`): the gateway's answers are five kinds of keys under its key prefix (see `PUT`).
+A store is one script, atomic across replicas: it drops expired answers, adds the new one and evicts the
+namespace's oldest beyond the bounds. A lookup is one script that serves an answer only before it
+expires. The cache keeps its own byte budget, so it never needs Redis' eviction: the Redis of the rate
+limits must run `maxmemory-policy noeviction` (an evicted bucket is a limit forgotten).
 
 Fail open: the cache only ever saves work, so a Redis that does not answer means no caching (logged once
 per outage), never a failed request; for a few seconds after a failure the cache does not ask again, so
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 import time
 import uuid
@@ -42,11 +46,12 @@ from servlane_gateway.redis_limits import redis_client
 from servlane_gateway.response_cache import (
     CACHE_HEADER,
     HIT,
+    Bounds,
+    CacheBudget,
     CacheKey,
     Caching,
     Entry,
     Recorder,
-    fits,
     json_keepable,
     stream_keepable,
 )
@@ -69,7 +74,7 @@ class AnswerStore(Protocol):
 
     async def get(self, key: CacheKey) -> Entry | None: ...
 
-    async def put(self, key: CacheKey, entry: Entry, policy: ResponseCache) -> Stored: ...
+    async def put(self, key: CacheKey, entry: Entry, bounds: Bounds) -> Stored: ...
 
     async def start(self) -> None: ...
 
@@ -78,24 +83,35 @@ class AnswerStore(Protocol):
 
 @dataclass
 class _Shelf:
-    """One feature's answers, oldest first: digest -> (expires at, entry)."""
+    """The answers of one feature or of one namespace, oldest first, and their bytes."""
 
-    entries: OrderedDict[str, tuple[float, Entry]] = field(default_factory=OrderedDict)
+    order: OrderedDict[tuple[str, str], None] = field(default_factory=OrderedDict)  # (feature, digest)
     size: int = 0
 
-    def drop(self, digest: str) -> None:
-        _, entry = self.entries.pop(digest)
-        self.size -= len(entry.body)
+    def oldest(self) -> tuple[str, str] | None:
+        return next(iter(self.order), None)
+
+
+@dataclass(frozen=True)
+class _Kept:
+    expires: float
+    entry: Entry
 
 
 class MemoryStore:
-    """In this replica's memory; `clock` (seconds, monotonic) is injectable for tests."""
+    """In this process's memory, under the bounds of `Bounds`; `clock` (seconds, monotonic) is injectable
+    for tests. Expired answers are found through a heap of expiry times (entries replaced or evicted
+    meanwhile are skipped when their time comes), so a namespace that went idle frees its bytes."""
 
     mode = "memory"
 
     def __init__(self, clock: Clock = time.monotonic) -> None:
         self.clock = clock
-        self._shelves: dict[tuple[str, str], _Shelf] = {}
+        self._kept: dict[tuple[str, str, str], _Kept] = {}  # (namespace, feature, digest)
+        self._features: dict[tuple[str, str], _Shelf] = {}
+        self._namespaces: dict[str, _Shelf] = {}
+        self._expiry: list[tuple[float, tuple[str, str, str]]] = []
+        self.total = 0  # bytes of every namespace's answers
 
     async def start(self) -> None:
         pass
@@ -103,83 +119,186 @@ class MemoryStore:
     async def aclose(self) -> None:
         pass
 
-    async def get(self, key: CacheKey) -> Entry | None:
-        shelf = self._shelves.get((key.namespace, key.feature))
-        found = shelf.entries.get(key.digest) if shelf is not None else None
-        if shelf is None or found is None:
-            return None
-        expires, entry = found
-        if self.clock() >= expires:
-            shelf.drop(key.digest)
-            return None
-        return entry
+    def namespace_bytes(self, namespace: str) -> int:
+        shelf = self._namespaces.get(namespace)
+        return shelf.size if shelf is not None else 0
 
-    async def put(self, key: CacheKey, entry: Entry, policy: ResponseCache) -> Stored:
-        if not fits(entry, policy):
+    async def get(self, key: CacheKey) -> Entry | None:
+        where = (key.namespace, key.feature, key.digest)
+        kept = self._kept.get(where)
+        if kept is None:
+            return None
+        if self.clock() >= kept.expires:
+            self._drop(where)
+            return None
+        return kept.entry
+
+    def _drop(self, where: tuple[str, str, str]) -> None:
+        namespace, feature, digest = where
+        kept = self._kept.pop(where)
+        size = len(kept.entry.body)
+        self.total -= size
+        for shelf in (self._features[(namespace, feature)], self._namespaces[namespace]):
+            del shelf.order[(feature, digest)]
+            shelf.size -= size
+        if not self._features[(namespace, feature)].order:
+            del self._features[(namespace, feature)]
+        if not self._namespaces[namespace].order:
+            del self._namespaces[namespace]
+
+    def _drop_expired(self, now: float) -> None:
+        while self._expiry and self._expiry[0][0] <= now:
+            expires, where = heapq.heappop(self._expiry)
+            kept = self._kept.get(where)
+            if kept is not None and kept.expires == expires:
+                self._drop(where)
+
+    async def put(self, key: CacheKey, entry: Entry, bounds: Bounds) -> Stored:
+        if not bounds.fits(entry):
             return Stored(False)
         now = self.clock()
-        shelf = self._shelves.setdefault((key.namespace, key.feature), _Shelf())
-        if key.digest in shelf.entries:
-            shelf.drop(key.digest)
-        while shelf.entries and next(iter(shelf.entries.values()))[0] <= now:  # expired: not counted as evicted
-            shelf.drop(next(iter(shelf.entries)))
-        shelf.entries[key.digest] = (now + policy.ttl_seconds, entry)
-        shelf.size += len(entry.body)
+        self._drop_expired(now)  # not counted as evicted
+        where = (key.namespace, key.feature, key.digest)
+        if where in self._kept:
+            self._drop(where)
+        expires = now + bounds.ttl_seconds
+        self._kept[where] = _Kept(expires, entry)
+        heapq.heappush(self._expiry, (expires, where))
+        size = len(entry.body)
+        self.total += size
+        feature = self._features.setdefault((key.namespace, key.feature), _Shelf())
+        namespace = self._namespaces.setdefault(key.namespace, _Shelf())
+        for shelf in (feature, namespace):
+            shelf.order[(key.feature, key.digest)] = None
+            shelf.size += size
+        mine = (key.feature, key.digest)
         evicted = 0
-        while len(shelf.entries) > policy.max_entries or shelf.size > policy.max_bytes:
-            shelf.drop(next(iter(shelf.entries)))
+
+        def evict_oldest(shelf: _Shelf) -> bool:
+            """The shelf's oldest answer, never the one being stored: always the storing namespace's own."""
+            nonlocal evicted
+            oldest = shelf.oldest()
+            if oldest is None or oldest == mine:
+                return False
+            self._drop((key.namespace, *oldest))
             evicted += 1
+            return True
+
+        while len(feature.order) > bounds.max_entries or feature.size > bounds.feature_bytes:
+            if not evict_oldest(feature):
+                break
+        while namespace.size > bounds.namespace_bytes and evict_oldest(namespace):
+            pass
+        while self.total > bounds.total_bytes and evict_oldest(namespace):
+            pass
+        if self.total > bounds.total_bytes or namespace.size > bounds.namespace_bytes:
+            self._drop(where)  # the cap is full of other namespaces' answers: theirs are never evicted
+            return Stored(False, evicted)
         return Stored(True, evicted)
 
 
-# KEYS: entries, sizes, expiry. ARGV: digest. The entry, or nil when absent or expired.
+# Redis: every answer of the gateway (its key prefix) in five kinds of keys, so that one script sees the
+# bytes of the feature, of its namespace and of all: a member is `<namespace>/<feature>/<digest>`
+# (Kubernetes names hold no '/').
+#   <prefix>:cache:entries               hash: member -> entry
+#   <prefix>:cache:sizes                 hash: member -> bytes; '#total', '#ns:<ns>', '#bytes:<ns>/<feature>',
+#                                        '#count:<ns>/<feature>' (the sums) and '#seq' (the store order)
+#   <prefix>:cache:expiry                sorted set: member -> when it expires (ms of Redis' clock)
+#   <prefix>:cache:age:<ns>              sorted set: member -> store order, the namespace's oldest first
+#   <prefix>:cache:age:<ns>/<feature>    sorted set: the same for the feature
+# An age set may hold members dropped meanwhile (expired, from a store of another namespace): skipped and
+# removed when met. Every key expires after the longest TTL stored in it, so an idle cache leaves nothing.
+
+# KEYS: entries, expiry. ARGV: member. The entry, or nil when absent or expired.
 GET = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local expires = tonumber(redis.call('ZSCORE', KEYS[3], ARGV[1]))
+local expires = tonumber(redis.call('ZSCORE', KEYS[2], ARGV[1]))
 if expires == nil or expires <= now then return false end
 return redis.call('HGET', KEYS[1], ARGV[1])
 """
 
-# KEYS: entries, sizes, expiry. ARGV: digest, entry, ttl (ms), max entries, max bytes.
-# Returns {kept (1/0), answers evicted to make room}.
+# KEYS: entries, sizes, expiry, namespace age, feature age.
+# ARGV: member, entry, ttl (ms), max entries, feature bytes, namespace bytes, total bytes, namespace, feature.
+# Returns {kept (1/0), answers evicted to make room}: only ever the storing namespace's own.
 PUT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local digest, entry, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local max_entries, max_bytes = tonumber(ARGV[4]), tonumber(ARGV[5])
-local function drop(member)
-  local size = tonumber(redis.call('HGET', KEYS[2], member)) or 0
-  redis.call('HDEL', KEYS[1], member)
-  redis.call('HDEL', KEYS[2], member)
-  redis.call('HINCRBY', KEYS[2], '#total', -size)
-  redis.call('ZREM', KEYS[3], member)
+local member, entry, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local max_entries, feature_bytes = tonumber(ARGV[4]), tonumber(ARGV[5])
+local namespace_bytes, total_bytes = tonumber(ARGV[6]), tonumber(ARGV[7])
+local ns_sum, feature_sum = '#ns:' .. ARGV[8], '#bytes:' .. ARGV[8] .. '/' .. ARGV[9]
+local feature_count = '#count:' .. ARGV[8] .. '/' .. ARGV[9]
+local function sum(field) return tonumber(redis.call('HGET', KEYS[2], field)) or 0 end
+local function add(field, delta)
+  if redis.call('HINCRBY', KEYS[2], field, delta) == 0 then redis.call('HDEL', KEYS[2], field) end
 end
-for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)) do drop(member) end
-if redis.call('ZSCORE', KEYS[3], digest) then drop(digest) end
-redis.call('HSET', KEYS[1], digest, entry)
-redis.call('HSET', KEYS[2], digest, string.len(entry))
-local total = redis.call('HINCRBY', KEYS[2], '#total', string.len(entry))
-redis.call('ZADD', KEYS[3], now + ttl, digest)
+local function drop(m)
+  local size = tonumber(redis.call('HGET', KEYS[2], m))
+  redis.call('ZREM', KEYS[4], m)
+  redis.call('ZREM', KEYS[5], m)
+  if size == nil then return end
+  local ns, feature = string.match(m, '^([^/]+)/([^/]+)/')
+  redis.call('HDEL', KEYS[1], m)
+  redis.call('HDEL', KEYS[2], m)
+  redis.call('ZREM', KEYS[3], m)
+  add('#total', -size)
+  add('#ns:' .. ns, -size)
+  add('#bytes:' .. ns .. '/' .. feature, -size)
+  add('#count:' .. ns .. '/' .. feature, -1)
+end
+local function oldest(age)
+  while true do
+    local m = redis.call('ZRANGE', age, 0, 0)[1]
+    if m == nil or redis.call('HEXISTS', KEYS[2], m) == 1 then return m end
+    redis.call('ZREM', age, m)
+  end
+end
 local evicted = 0
-while redis.call('ZCARD', KEYS[3]) > max_entries or total > max_bytes do
-  local oldest = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-  if oldest == nil then break end
-  drop(oldest)
-  total = tonumber(redis.call('HGET', KEYS[2], '#total'))
-  if oldest ~= digest then evicted = evicted + 1 end
+local function evict(age)
+  local m = oldest(age)
+  if m == nil or m == member then return false end
+  drop(m)
+  evicted = evicted + 1
+  return true
 end
--- Every answer expires within the TTL of the last one stored: so do the keys that hold them.
-for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ttl) end
-if redis.call('ZSCORE', KEYS[3], digest) then return {1, evicted} end
-return {0, evicted}
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 100)) do drop(m) end
+drop(member)
+local size = string.len(entry)
+redis.call('HSET', KEYS[1], member, entry)
+redis.call('HSET', KEYS[2], member, size)
+redis.call('ZADD', KEYS[3], now + ttl, member)
+local seq = redis.call('HINCRBY', KEYS[2], '#seq', 1)
+redis.call('ZADD', KEYS[4], seq, member)
+redis.call('ZADD', KEYS[5], seq, member)
+add('#total', size)
+add(ns_sum, size)
+add(feature_sum, size)
+add(feature_count, 1)
+while (sum(feature_count) > max_entries or sum(feature_sum) > feature_bytes) and evict(KEYS[5]) do end
+while sum(ns_sum) > namespace_bytes and evict(KEYS[4]) do end
+while sum('#total') > total_bytes and evict(KEYS[4]) do end
+local kept = 1
+if sum('#total') > total_bytes or sum(ns_sum) > namespace_bytes then
+  drop(member)
+  kept = 0
+end
+for i = 1, 5 do
+  if redis.call('PTTL', KEYS[i]) < ttl then redis.call('PEXPIRE', KEYS[i], ttl) end
+end
+return {kept, evicted}
 """
 
 
+def redis_member(key: CacheKey) -> str:
+    return f"{key.namespace}/{key.feature}/{key.digest}"
+
+
 def redis_keys(prefix: str, key: CacheKey) -> list[str]:
-    """The feature's three keys; the braces put them in one hash slot, should the Redis be a cluster."""
-    base = f"{prefix}:cache:{{{key.namespace}/{key.feature}}}"
-    return [f"{base}:entries", f"{base}:sizes", f"{base}:expiry"]
+    """The five keys a store of this answer touches (see above)."""
+    base = f"{prefix}:cache"
+    ns = key.namespace
+    return [f"{base}:entries", f"{base}:sizes", f"{base}:expiry", f"{base}:age:{ns}", f"{base}:age:{ns}/{key.feature}"]
 
 
 class StoreDown(Exception):
@@ -225,17 +344,20 @@ class RedisStore:
 
     async def get(self, key: CacheKey) -> Entry | None:
         try:
-            found = await self._script("get", redis_keys(self.prefix, key), [key.digest])
+            entries, _, expiry, *_ = redis_keys(self.prefix, key)
+            found = await self._script("get", [entries, expiry], [redis_member(key)])
         except StoreDown:
             return None
         return Entry.decode(found) if isinstance(found, bytes) else None
 
-    async def put(self, key: CacheKey, entry: Entry, policy: ResponseCache) -> Stored:
-        if not fits(entry, policy):
+    async def put(self, key: CacheKey, entry: Entry, bounds: Bounds) -> Stored:
+        if not bounds.fits(entry):
             return Stored(False)
-        args: list[Any] = [key.digest, entry.encode(), policy.ttl_seconds * 1000, policy.max_entries]
+        sizes = [bounds.max_entries, bounds.feature_bytes, bounds.namespace_bytes, bounds.total_bytes]
+        args: list[Any] = [redis_member(key), entry.encode(), bounds.ttl_seconds * 1000, *sizes]
         try:
-            kept, evicted = await self._script("put", redis_keys(self.prefix, key), [*args, policy.max_bytes])
+            keys = redis_keys(self.prefix, key)
+            kept, evicted = await self._script("put", keys, [*args, key.namespace, key.feature])
         except StoreDown:
             return Stored(False)
         return Stored(bool(kept), int(evicted))
@@ -279,8 +401,9 @@ class ResponseCacher:
     """The request path's side of the cache: look up and keep answers, counting hits, misses, stores and
     evictions per namespace and feature."""
 
-    def __init__(self, store: AnswerStore, metrics: GatewayMetrics) -> None:
+    def __init__(self, store: AnswerStore, metrics: GatewayMetrics, budget: CacheBudget | None = None) -> None:
         self.store = store
+        self.budget = budget or CacheBudget()
         self.metrics = metrics
         self._tasks: set[asyncio.Task[None]] = set()
         self._leading: dict[CacheKey, Leading] = {}
@@ -317,12 +440,12 @@ class ResponseCacher:
 
     def keep(self, key: CacheKey, entry: Entry, policy: ResponseCache) -> None:
         """Stores in the background: the answer has been sent (or is being sent) already."""
-        task = asyncio.get_running_loop().create_task(self._keep(key, entry, policy))
+        task = asyncio.get_running_loop().create_task(self._keep(key, entry, self.budget.bounds(policy)))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _keep(self, key: CacheKey, entry: Entry, policy: ResponseCache) -> None:
-        stored = await self.store.put(key, entry, policy)
+    async def _keep(self, key: CacheKey, entry: Entry, bounds: Bounds) -> None:
+        stored = await self.store.put(key, entry, bounds)
         if stored.kept:
             self.metrics.cache_stores.labels(key.namespace, key.feature).inc()
         if stored.evicted:
@@ -337,7 +460,8 @@ class ResponseCacher:
 
     def record(self, caching: Caching) -> Recorder:
         """What a relayed stream feeds its chunks to, so that it can be kept when it ends well."""
-        caching.recorder = Recorder(caching.policy.max_bytes)
+        # The admin's bound on one answer, never the feature's own alone: a stream is held in memory.
+        caching.recorder = Recorder(self.budget.bounds(caching.policy).entry_bytes)
         return caching.recorder
 
     def keep_stream(self, caching: Caching) -> None:

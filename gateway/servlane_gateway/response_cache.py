@@ -14,7 +14,8 @@ itself stands for), `user` (an end-user id for abuse tracking: it does not chang
 share the answers of a feature) and `stream_options` (streams are kept with their usage chunk and that is
 cut on replay when not asked for). `stream` stays in: a stream and a JSON answer cannot be turned into
 one another exactly (ids, chunking), so each is kept apart. Keys are scoped by namespace and feature, so
-one namespace never reads another's answers, and the bounds hold per feature.
+one namespace never reads another's answers; the feature's bounds hold per feature, clamped by the admin's
+(`CacheBudget`: a cap, a share per namespace, a size per answer), which no feature can raise.
 
 Kept: 200 answers only, whose choices all finished with a reason other than `error` or `abort`; a stream
 only when it ended with `data: [DONE]` and carried no error event.
@@ -26,6 +27,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from servlane_api.aifeature import ResponseCache
 from servlane_core.routing.routes import Backend, Route
@@ -200,5 +202,81 @@ class Caching:
     recorder: Recorder | None = None
 
 
-def fits(entry: Entry, policy: ResponseCache) -> bool:
-    return len(entry.body) <= policy.max_bytes
+DEFAULT_CACHE_MAX_BYTES = 256 << 20  # per gateway process in memory; in all with a Redis
+DEFAULT_MAX_ENTRY_BYTES = 4 << 20  # larger answers are relayed, never kept
+NAMESPACE_SHARE_DIVISOR = 4  # without a namespace share set: a quarter of the cap
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What one store of a feature's answer may take: the feature's own bounds clamped by the admin's."""
+
+    ttl_seconds: int
+    max_entries: int  # of the feature
+    feature_bytes: int  # of the feature: min(its maxBytes, its namespace's share, the cap)
+    namespace_bytes: int  # of all the features of its namespace together
+    total_bytes: int  # of every namespace together
+    entry_bytes: int  # of one answer
+
+    def fits(self, entry: Entry) -> bool:
+        return len(entry.body) <= self.entry_bytes
+
+
+@dataclass(frozen=True)
+class CacheBudget:
+    """The admin's bounds over the cache (gateway settings), which no AIFeature can raise: a cap on every
+    namespace's answers together, each namespace's share of it, and the size of one answer.
+
+    A namespace's answers evict only that namespace's own (oldest first), so the share is what a namespace
+    can hold at most and what no other can take from it once held. The cap is hard too: a store that would
+    pass it evicts older answers of the storing namespace only, and is refused when they do not make room,
+    so namespaces that filled their shares make others wait for expiry, never lose answers to them. With
+    the default share (a quarter of the cap) any four namespaces can fill theirs.
+    """
+
+    max_bytes: int = DEFAULT_CACHE_MAX_BYTES
+    namespace_max_bytes: int | None = None  # None: max_bytes // NAMESPACE_SHARE_DIVISOR
+    max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES
+
+    @property
+    def namespace_share(self) -> int:
+        share = self.namespace_max_bytes
+        return min(self.max_bytes // NAMESPACE_SHARE_DIVISOR if share is None else share, self.max_bytes)
+
+    def bounds(self, policy: ResponseCache) -> Bounds:
+        feature_bytes = min(policy.max_bytes, self.namespace_share, self.max_bytes)
+        return Bounds(
+            ttl_seconds=policy.ttl_seconds,
+            max_entries=policy.max_entries,
+            feature_bytes=feature_bytes,
+            namespace_bytes=self.namespace_share,
+            total_bytes=self.max_bytes,
+            entry_bytes=min(self.max_entry_bytes, feature_bytes),
+        )
+
+
+def redis_database(url: str) -> int:
+    """The database a Redis URL selects, as redis-py reads it: `?db=N`, else the path `/N`, else 0."""
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    path = parts.path.strip("/") if parts.scheme != "unix" else ""
+    value = query.get("db") or path or "0"
+    if not value.isdigit():
+        raise ValueError("the Redis URL's database is not a number")
+    return int(value)
+
+
+def redis_location(url: str) -> tuple[str | None, int | None, str, int]:
+    """Which database of which server a URL names (host, port, socket path, database): never its password."""
+    parts = urlsplit(url)
+    socket = parts.path if parts.scheme == "unix" else ""
+    return parts.hostname, parts.port, socket, redis_database(url)
+
+
+def with_database(url: str, database: int) -> str:
+    """The same Redis URL (its password kept) selecting another database."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "db"]
+    if parts.scheme == "unix":
+        return urlunsplit(parts._replace(query=urlencode([*query, ("db", str(database))])))
+    return urlunsplit(parts._replace(path=f"/{database}", query=urlencode(query)))

@@ -22,6 +22,13 @@ from servlane_api.children import DEFAULT_CLUSTER_DOMAIN
 from servlane_api.runtime_config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_LIST_ITEMS
 from servlane_core.routing.overrides import parse_override_env, parse_override_items
 from servlane_gateway.ratelimit import DEFAULT_RESERVED_COMPLETION_TOKENS
+from servlane_gateway.response_cache import (
+    DEFAULT_CACHE_MAX_BYTES,
+    DEFAULT_MAX_ENTRY_BYTES,
+    redis_database,
+    redis_location,
+    with_database,
+)
 from servlane_gateway.upstream import DEFAULT_MAX_IDLE_SECONDS, DEFAULT_MAX_LIFETIME_SECONDS
 
 ENV_PREFIX = "SERVLANE_GATEWAY_"
@@ -103,6 +110,35 @@ class GatewaySettings(BaseModel):
         description="Seconds a request's place in flight is held in Redis without renewal: the places of a "
         "replica that dies free themselves within this.",
     )
+    cache_max_bytes: int = Field(
+        default=DEFAULT_CACHE_MAX_BYTES,
+        ge=0,
+        description="Most bytes of response-cache answers, every namespace together: per gateway process in "
+        "memory, in all in Redis. No AIFeature's maxBytes goes above it; 0: nothing is cached.",
+    )
+    cache_namespace_max_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Most bytes of response-cache answers of one namespace, all its features together (its "
+        "answers evict only its own); default: a quarter of --cache-max-bytes.",
+    )
+    cache_max_entry_bytes: int = Field(
+        default=DEFAULT_MAX_ENTRY_BYTES,
+        ge=0,
+        description="Largest answer the response cache keeps (a stream is held in memory up to this).",
+    )
+    cache_redis_url: SecretStr | None = Field(
+        default=None,
+        description="A Redis of the response cache's own (redis://, rediss://, unix://, its password in it: "
+        "--redis-password is the limits'); unset: the rate limits' --redis-url at --cache-redis-database, else "
+        "memory.",
+    )
+    cache_redis_database: int | None = Field(
+        default=None,
+        ge=0,
+        description="The database of the rate limits' Redis that the response cache uses when it has no "
+        "--cache-redis-url, never the limits' own; default: the limits' database + 1.",
+    )
     connect_timeout: float = Field(default=5.0, gt=0)
     first_byte_timeout: float = Field(default=300.0, gt=0)
     idle_timeout: float = Field(default=60.0, gt=0)
@@ -174,12 +210,20 @@ class GatewaySettings(BaseModel):
             raise ValueError("the trace URL template must be an http(s) URL containing {trace_id}")
         return value
 
-    @field_validator("redis_url", "redis_password", "batch_database_url", mode="before")
+    @field_validator(
+        "redis_url",
+        "redis_password",
+        "batch_database_url",
+        "cache_redis_url",
+        "cache_redis_database",
+        "cache_namespace_max_bytes",
+        mode="before",
+    )
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value
 
-    @field_validator("redis_url")
+    @field_validator("redis_url", "cache_redis_url")
     @classmethod
     def _redis_scheme(cls, value: SecretStr | None) -> SecretStr | None:
         # The message never repeats the URL: it may hold a password.
@@ -188,8 +232,9 @@ class GatewaySettings(BaseModel):
         try:
             parts = urlsplit(value.get_secret_value())
             parts.port  # noqa: B018 - parsed here so a bad port fails the settings, not the start
+            redis_location(value.get_secret_value())
         except ValueError:
-            raise ValueError("the Redis URL does not parse (its port?)") from None
+            raise ValueError("the Redis URL does not parse (its port? its database?)") from None
         if parts.scheme not in ("redis", "rediss", "unix"):
             raise ValueError("the Redis URL must start with redis://, rediss:// or unix://")
         return value
@@ -209,6 +254,34 @@ class GatewaySettings(BaseModel):
         if bad:
             raise ValueError(f"not namespace names: {', '.join(map(repr, bad))}")
         return value
+
+    @property
+    def cache_redis(self) -> str | None:
+        """The response cache's Redis URL: its own, else the rate limits' at its database; None: memory."""
+        if self.cache_redis_url is not None:
+            return self.cache_redis_url.get_secret_value()
+        if self.redis_url is not None:
+            limits = self.redis_url.get_secret_value()
+            database = self.cache_redis_database
+            return with_database(limits, redis_database(limits) + 1 if database is None else database)
+        return None
+
+    @model_validator(mode="after")
+    def _cache_apart_from_limits(self) -> GatewaySettings:
+        # Fail closed: answers written into the limits' database could make Redis evict limit buckets, or
+        # be counted with them. The messages never repeat a URL: it may hold a password.
+        cache = self.cache_redis
+        if cache is not None and self.redis_url is not None:
+            try:
+                same = redis_location(cache) == redis_location(self.redis_url.get_secret_value())
+            except ValueError:
+                raise ValueError("a Redis URL's database is not a number") from None
+            if same:
+                raise ValueError(
+                    "the response cache's Redis database is the rate limits' own: set --cache-redis-database "
+                    "(or --cache-redis-url) to another"
+                )
+        return self
 
     @model_validator(mode="after")
     def _one_source(self) -> GatewaySettings:

@@ -6,6 +6,7 @@ a Redis that does not answer means no caching, never a failed request."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import uuid
 from collections.abc import Iterator
@@ -15,11 +16,13 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from servlane_api import metric_names as m
-from servlane_gateway.cache_store import MemoryStore, RedisStore
+from servlane_api.aifeature import MAX_RESPONSE_CACHE_BYTES, ResponseCache
+from servlane_gateway.cache_store import MemoryStore, RedisStore, Stored
 from servlane_gateway.gateway_metrics import CACHE_COALESCED, CACHE_EVICTIONS, CACHE_HITS, CACHE_MISSES, CACHE_STORES
-from servlane_gateway.response_cache import CACHE_HEADER
+from servlane_gateway.response_cache import CACHE_HEADER, CacheBudget, CacheKey, Entry
 from tests.gateway.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel, route_in
 from tests.gateway.test_gateway_shared_limits import PASSWORD, RedisServer, free_port
 from tests.polling import wait_until
@@ -325,6 +328,117 @@ def test_redis_bounds_each_feature_by_entries(
         stored(gw, i)
     assert gw.sample(CACHE_EVICTIONS, feature="chat") == 1
     assert [ask(gw, text, temperature=0).headers[CACHE_HEADER] for text in texts[::-1]] == ["hit", "hit", "miss"]
+
+
+def stored_in(gw: Gateway, namespace: str, count: int) -> None:
+    def kept() -> bool:
+        return gw.sample(CACHE_STORES, namespace=namespace, feature="chat") >= count
+
+    wait_until(f"{count} answers of {namespace} kept", kept, 10)
+
+
+def redis_db(server: RedisServer, database: int) -> redis.Redis:
+    return redis.Redis(host="127.0.0.1", port=server.port, password=PASSWORD, db=database, socket_timeout=2)
+
+
+def test_a_namespace_beyond_its_share_in_redis_evicts_neither_anothers_answers_nor_the_limits(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, redis_server: RedisServer
+) -> None:
+    prefix = f"test-{uuid.uuid4().hex[:8]}"
+    gw = start_gateway(
+        [
+            model_in("team-a", "chat-v1", upstreams["v1"].url),
+            model_in("team-b", "chat-v1", upstreams["v1"].url),
+            cached_feature(namespace="team-a"),
+            cached_feature(namespace="team-b", maxBytes=MAX_RESPONSE_CACHE_BYTES),  # asks for the most
+        ],
+        redis_url=redis_server.url,  # the limits in database 0, so the cache in 1
+        redis_key_prefix=prefix,
+        feature_requests_per_minute=10_000,  # limit buckets in the same Redis
+        cache_max_bytes=64 << 10,
+        cache_namespace_max_bytes=4 << 10,  # a dozen answers or so of the fake upstream
+    )
+    limits, cache = redis_db(redis_server, 0), redis_db(redis_server, 1)
+    try:
+        text_a = unique()
+        ask(gw, text_a, model="team-a/chat", temperature=0)
+        stored_in(gw, "team-a", 1)
+        limit_keys = set(limits.scan_iter(f"{prefix}:*"))
+        assert limit_keys  # the buckets of team-a's request
+        texts_b = [unique() for _ in range(40)]
+        for i, text in enumerate(texts_b, start=1):
+            assert ask(gw, text, model="team-b/chat", temperature=0).status_code == 200
+            stored_in(gw, "team-b", i)
+        assert gw.sample(CACHE_EVICTIONS, namespace="team-b", feature="chat") > 0  # its own answers went
+        assert gw.sample(CACHE_EVICTIONS, namespace="team-a", feature="chat") == 0
+        assert ask(gw, text_a, model="team-a/chat", temperature=0).headers[CACHE_HEADER] == "hit"
+        assert ask(gw, texts_b[0], model="team-b/chat", temperature=0).headers[CACHE_HEADER] == "miss"
+        sums = cache.hgetall(f"{prefix}:cache:sizes")
+        assert 0 < int(sums[b"#ns:team-b"]) <= 4 << 10  # its share, whatever it asked for
+        assert limit_keys <= set(limits.scan_iter(f"{prefix}:*"))  # no bucket evicted
+        assert not any(b":cache:" in key for key in limits.scan_iter(f"{prefix}:*"))  # answers in their own database
+        assert int(redis_server_info(limits)["evicted_keys"]) == 0  # Redis' eviction never needed
+    finally:
+        limits.close()
+        cache.close()
+
+
+def redis_server_info(client: redis.Redis) -> dict[str, Any]:
+    return dict(client.info("stats"))
+
+
+def test_redis_refuses_past_the_cap_rather_than_evict_another_namespace(redis_server: RedisServer) -> None:
+    store = RedisStore(redis_server.url, prefix=f"test-{uuid.uuid4().hex[:8]}")
+    bounds = CacheBudget(max_bytes=4000, namespace_max_bytes=2000, max_entry_bytes=1000).bounds(
+        ResponseCache(enabled=True, max_bytes=MAX_RESPONSE_CACHE_BYTES, max_entries=1000)
+    )
+    body = Entry(False, "application/json", b"x" * 800)  # 800 bytes and its header line: under 900 stored
+    held = [CacheKey(ns, "chat", d) for ns in ("team-a", "team-b") for d in ("1", "2")]
+
+    async def run() -> None:
+        await store.start()
+        try:
+            for key in held:
+                assert (await store.put(key, body, bounds)).kept
+            assert await store.put(CacheKey("team-c", "chat", "1"), body, bounds) == Stored(False)
+            assert [await store.get(key) for key in held] == [body] * 4
+            assert await store.get(CacheKey("team-b", "chat", "1")) == body
+            assert await store.get(CacheKey("team-c", "chat", "1")) is None  # nor does team-c read others' digests
+            assert await store.get(CacheKey("team-c", "other", "2")) is None
+            three = [CacheKey("team-a", f"feature-{d}", d) for d in ("3", "4", "5")]
+            results = [await store.put(key, body, bounds) for key in three]  # beyond its share, in other features
+            assert all(r.kept for r in results)
+            assert sum(r.evicted for r in results) == 3  # its own only
+            assert [await store.get(key) for key in held[2:]] == [body] * 2
+        finally:
+            await store.aclose()
+
+    asyncio.run(run())
+
+
+def test_redis_a_namespace_beyond_its_share_evicts_only_its_own_across_its_features(
+    redis_server: RedisServer,
+) -> None:
+    store = RedisStore(redis_server.url, prefix=f"test-{uuid.uuid4().hex[:8]}")
+    roomy = CacheBudget(max_bytes=1 << 20, namespace_max_bytes=2000, max_entry_bytes=1000)  # the cap far off
+    bounds = roomy.bounds(ResponseCache(enabled=True, max_bytes=MAX_RESPONSE_CACHE_BYTES))
+    body = Entry(False, "application/json", b"x" * 800)
+    team_a = CacheKey("team-a", "chat", "1")
+    team_b = [CacheKey("team-b", f"feature-{i}", str(i)) for i in range(6)]  # each feature under its bound
+
+    async def run() -> None:
+        await store.start()
+        try:
+            assert (await store.put(team_a, body, bounds)).kept
+            results = [await store.put(key, body, bounds) for key in team_b]
+            assert all(r.kept for r in results)
+            assert sum(r.evicted for r in results) == 4  # two of ~850 bytes fit in its 2000
+            assert [await store.get(key) is not None for key in team_b] == [False] * 4 + [True] * 2
+            assert await store.get(team_a) == body
+        finally:
+            await store.aclose()
+
+    asyncio.run(run())
 
 
 def test_a_redis_that_does_not_answer_means_no_caching_not_failures(

@@ -5,26 +5,41 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from pydantic import ValidationError
 
 from servlane_api import AIFeature, AIModel
-from servlane_api.aifeature import ResponseCache
+from servlane_api.aifeature import MAX_RESPONSE_CACHE_BYTES, ResponseCache
 from servlane_core.routing.model_version import answer_version
 from servlane_core.routing.routes import Backend, Route, build_route_table
-from servlane_gateway.cache_store import MemoryStore, Stored, redis_keys
+from servlane_gateway.app import answer_store_for
+from servlane_gateway.cache_store import MemoryStore, RedisStore, ResponseCacher, Stored, redis_keys, redis_member
+from servlane_gateway.gateway_metrics import GatewayMetrics
 from servlane_gateway.response_cache import (
+    DEFAULT_CACHE_MAX_BYTES,
+    Bounds,
+    CacheBudget,
     CacheKey,
+    Caching,
     Entry,
     Recorder,
     cache_key,
     json_keepable,
     lookup_key,
+    redis_database,
+    redis_location,
     refusal,
     stream_keepable,
+    with_database,
 )
+from servlane_gateway.settings import GatewaySettings
 from tests.gateway.gateway_harness import aifeature, aimodel
+
+ROOT = Path(__file__).resolve().parents[2]
 
 CHAT = "chat/completions"
 HI = [{"role": "user", "content": "hi"}]
@@ -204,10 +219,15 @@ def k(digest: str, namespace: str = "prod", feature: str = "chat") -> CacheKey:
     return CacheKey(namespace, feature, digest)
 
 
+def bounds(policy: ResponseCache) -> Bounds:
+    """The feature's bounds under the default budget (far above these tests' sizes)."""
+    return CacheBudget().bounds(policy)
+
+
 def test_memory_store_expires_entries_after_their_ttl() -> None:
     clock = Clock()
     store = MemoryStore(clock)
-    policy = ResponseCache(enabled=True, ttl_seconds=10)
+    policy = bounds(ResponseCache(enabled=True, ttl_seconds=10))
 
     async def run() -> None:
         assert await store.put(k("a"), entry(3), policy) == Stored(True)
@@ -221,8 +241,8 @@ def test_memory_store_expires_entries_after_their_ttl() -> None:
 
 def test_memory_store_bounds_each_feature_by_entries_and_bytes() -> None:
     store = MemoryStore(Clock())
-    by_entries = ResponseCache(enabled=True, max_entries=2)
-    by_bytes = ResponseCache(enabled=True, max_bytes=2048)
+    by_entries = bounds(ResponseCache(enabled=True, max_entries=2))
+    by_bytes = bounds(ResponseCache(enabled=True, max_bytes=2048))
 
     async def run() -> None:
         await store.put(k("a"), entry(10), by_entries)
@@ -245,14 +265,144 @@ def test_memory_store_keeps_namespaces_apart() -> None:
     store = MemoryStore(Clock())
 
     async def run() -> None:
-        await store.put(k("same", namespace="team-a"), entry(1), ON)
+        await store.put(k("same", namespace="team-a"), entry(1), bounds(ON))
         assert await store.get(k("same", namespace="team-b")) is None
         assert await store.get(k("same", namespace="team-a")) == entry(1)
 
     asyncio.run(run())
 
 
-def test_redis_keys_are_per_namespace_and_feature_in_one_slot() -> None:
+def test_redis_members_and_age_sets_carry_the_namespace() -> None:
     keys = redis_keys("gw", k("d", namespace="team-a", feature="chat"))
-    assert keys == ["gw:cache:{team-a/chat}:entries", "gw:cache:{team-a/chat}:sizes", "gw:cache:{team-a/chat}:expiry"]
-    assert redis_keys("gw", k("d", namespace="team-b")) != redis_keys("gw", k("d", namespace="team-a"))
+    assert keys == [
+        "gw:cache:entries",
+        "gw:cache:sizes",
+        "gw:cache:expiry",
+        "gw:cache:age:team-a",
+        "gw:cache:age:team-a/chat",
+    ]
+    assert redis_member(k("d", namespace="team-a")) == "team-a/chat/d"
+    assert redis_member(k("d", namespace="team-b")) != redis_member(k("d", namespace="team-a"))
+
+
+# --- the admin's budget: what no feature can raise, and what one namespace can do to another -------------
+
+SMALL = CacheBudget(max_bytes=4000, namespace_max_bytes=2000, max_entry_bytes=1000)
+GREEDY = ResponseCache(enabled=True, max_bytes=MAX_RESPONSE_CACHE_BYTES, max_entries=1_000_000)
+
+
+def test_the_admins_budget_clamps_every_features_bounds() -> None:
+    budget = CacheBudget(max_bytes=1 << 20, max_entry_bytes=64 << 10)
+    big = budget.bounds(GREEDY)
+    assert big.namespace_bytes == (1 << 20) // 4  # the default share: a quarter of the cap
+    assert big.feature_bytes == big.namespace_bytes  # no feature holds more than its namespace's share
+    assert (big.total_bytes, big.entry_bytes) == (1 << 20, 64 << 10)
+    small = budget.bounds(ResponseCache(enabled=True, max_bytes=4096))
+    assert (small.feature_bytes, small.entry_bytes) == (4096, 4096)  # the feature's own when lower
+    assert CacheBudget(max_bytes=1000, namespace_max_bytes=5000).namespace_share == 1000  # never above the cap
+    nothing = CacheBudget(max_bytes=0).bounds(ON)
+    assert not nothing.fits(entry(1))
+    assert CacheBudget().max_bytes == DEFAULT_CACHE_MAX_BYTES == 256 << 20
+
+
+def test_memory_store_a_namespace_beyond_its_share_evicts_only_its_own() -> None:
+    store = MemoryStore(Clock())
+    bounds = SMALL.bounds(GREEDY)
+
+    async def run() -> None:
+        assert await store.put(k("a", namespace="team-a"), entry(900), bounds) == Stored(True)
+        b_keys = [k(f"b{i}", namespace="team-b", feature=f"f{i % 2}") for i in range(10)]
+        results = [await store.put(key, entry(900), bounds) for key in b_keys]  # five times its share
+        assert all(r.kept for r in results)
+        assert sum(r.evicted for r in results) == 8  # its own, across its two features
+        assert [await store.get(key) is not None for key in b_keys] == [False] * 8 + [True] * 2
+        assert store.namespace_bytes("team-b") == 1800
+        assert await store.get(k("a", namespace="team-a")) == entry(900)  # untouched
+        assert await store.put(k("big", namespace="team-b"), entry(1001), bounds) == Stored(False)  # one answer's bound
+
+    asyncio.run(run())
+
+
+def test_memory_store_refuses_past_the_cap_rather_than_evict_another_namespace() -> None:
+    clock = Clock()
+    store = MemoryStore(clock)
+    bounds = SMALL.bounds(GREEDY)  # the TTL: 300 s
+    held = [k(d, namespace=ns) for ns in ("team-a", "team-b") for d in ("1", "2")]
+
+    async def run() -> None:
+        for key in held:
+            assert (await store.put(key, entry(900), bounds)).kept
+        assert await store.put(k("1", namespace="team-c"), entry(900), bounds) == Stored(False)
+        assert [await store.get(key) is not None for key in held] == [True] * 4
+        assert store.total == 3600
+        clock.now += 300  # theirs expire: idle namespaces free the cap without another store of theirs
+        assert await store.put(k("1", namespace="team-c"), entry(900), bounds) == Stored(True)
+        assert store.total == 900
+
+    asyncio.run(run())
+
+
+def test_memory_store_at_the_cap_a_namespace_makes_room_from_its_own_answers() -> None:
+    store = MemoryStore(Clock())
+    bounds = SMALL.bounds(GREEDY)
+    others = [k("1", namespace="team-b"), k("2", namespace="team-b"), k("1", namespace="team-c")]
+
+    async def run() -> None:
+        await store.put(k("1", namespace="team-a"), entry(900), bounds)
+        for key in others:
+            await store.put(key, entry(900), bounds)
+        # 4500 bytes would pass the cap, though team-a is within its share: its own oldest goes, no other's.
+        assert await store.put(k("2", namespace="team-a"), entry(900), bounds) == Stored(True, evicted=1)
+        assert await store.get(k("1", namespace="team-a")) is None
+        assert [await store.get(key) is not None for key in others] == [True] * 3
+        assert store.total == 3600
+
+    asyncio.run(run())
+
+
+def test_a_stream_is_recorded_only_up_to_the_admins_bound_on_one_answer() -> None:
+    cacher = ResponseCacher(MemoryStore(Clock()), GatewayMetrics(), CacheBudget(max_entry_bytes=2048))
+    recorder = cacher.record(Caching(k("s"), GREEDY))  # the feature alone would hold 256 MiB in memory
+    assert recorder.limit == 2048
+
+
+def test_an_aifeature_stored_under_the_old_maximum_still_routes() -> None:
+    old = aifeature("chat", [("chat-v1", 100)])
+    old["spec"]["responseCache"] = {"enabled": True, "maxBytes": 1 << 32}  # the maximum was 4 GiB
+    assert AIFeature.model_validate(old).spec.response_cache.max_bytes == MAX_RESPONSE_CACHE_BYTES
+    crd = yaml.safe_load((ROOT / "crds" / "aifeatures.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec["properties"]["responseCache"]["properties"]["maxBytes"]["maximum"] == 256 << 20
+
+
+def test_the_caches_database_is_set_in_the_url_its_password_kept() -> None:
+    assert [redis_database(u) for u in ("redis://:pw@r:6379/3", "redis://r", "unix:///s.sock?db=2")] == [3, 0, 2]
+    assert with_database("redis://:p%40w@r:6379/0", 1) == "redis://:p%40w@r:6379/1"
+    assert with_database("rediss://u:pw@r", 4) == "rediss://u:pw@r/4"
+    assert redis_database(with_database("unix:///s.sock?db=2&x=1", 5)) == 5
+    assert redis_location("redis://:a@r:1/0") == redis_location("redis://:b@r:1")  # the password is no place
+    with pytest.raises(ValueError, match="not a number"):
+        redis_database("redis://r/zero")
+
+
+def test_the_cache_never_shares_the_rate_limits_database(tmp_path: Path) -> None:
+    routes = {"routes_file": tmp_path / "routes.yaml"}
+    assert GatewaySettings(**routes, redis_url="redis://:pw@r:6379/2").cache_redis == "redis://:pw@r:6379/3"
+    assert GatewaySettings(**routes).cache_redis is None  # memory
+    own = GatewaySettings(**routes, redis_url="redis://:pw@r:6379/0", cache_redis_url="redis://c:6379/0")
+    assert own.cache_redis == "redis://c:6379/0"
+    for same in ({"cache_redis_database": 2}, {"cache_redis_url": "redis://r:6379/2"}):
+        with pytest.raises(ValidationError) as refused:
+            GatewaySettings(**routes, redis_url="redis://:pw@r:6379/2", **same)
+        message = refused.value.errors()[0]["msg"]
+        assert "the rate limits' own" in message
+        assert "pw" not in message
+
+
+def test_a_cache_redis_of_its_own_never_gets_the_limits_password(tmp_path: Path) -> None:
+    routes = {"routes_file": tmp_path / "routes.yaml", "redis_url": "redis://r:6379/0", "redis_password": "limits"}
+    shared = answer_store_for(GatewaySettings(**routes))
+    own = answer_store_for(GatewaySettings(**routes, cache_redis_url="redis://c:6379/0"))
+    assert isinstance(shared, RedisStore)
+    assert isinstance(own, RedisStore)
+    assert (shared._password, own._password) == ("limits", None)

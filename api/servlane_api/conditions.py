@@ -12,6 +12,10 @@ from servlane_api._base import ApiModel
 ConditionStatus = Literal["True", "False", "Unknown"]
 
 
+# Ready=False reason while an object named like one of the model's children belongs to someone else.
+CHILD_CONFLICT = "ChildConflict"
+
+
 class Condition(ApiModel):
     type: str = Field(description="Condition type, e.g. Ready, Progressing, Degraded.")
     status: ConditionStatus

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast, get_args
 
 import kopf
@@ -12,14 +12,16 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from servlane_api.aimodel import AIModel, Phase
-from servlane_api.conditions import now_rfc3339
+from servlane_api.conditions import CHILD_CONFLICT, now_rfc3339
 from servlane_operator import operator_metrics
-from servlane_operator.builders import endpoint_url, plan_children, replicas_handover
+from servlane_operator.builders import ChildPlan, endpoint_url, plan_children, replicas_handover
+from servlane_operator.builders.deployment import replaces_all_pods
+from servlane_operator.builders.ownership import Ownership, child_actions, ownership
 from servlane_operator.kube import Kube
 from servlane_operator.labels import REPLICAS_HANDOVER_MANAGER, child_name
 from servlane_operator.observed import DeploymentView, PodView
 from servlane_operator.settings import OperatorSettings
-from servlane_operator.status import build_status
+from servlane_operator.status import build_status, carried_conflicts
 
 ModelKey = tuple[str, str]
 AIMODEL_PHASES = get_args(Phase)
@@ -44,6 +46,7 @@ def _status_body(
     *,
     observed_generation: int | None,
     settings: OperatorSettings,
+    conflicts: Sequence[str],
 ) -> dict[str, Any]:
     status = build_status(
         model,
@@ -52,6 +55,7 @@ def _status_body(
         observed_generation=observed_generation,
         endpoint=endpoint_url(model, settings.cluster_domain),
         now=now_rfc3339(),
+        conflicts=conflicts,
     )
     body = status.model_dump(by_alias=True, mode="json")
     if observed_generation is None:
@@ -92,54 +96,84 @@ async def reconcile(
     known_deployment: DeploymentView | None = None,
     replicas_override: int | None = None,
 ) -> None:
-    """Apply the model's children (server-side apply, one field manager) and write its status."""
+    """Apply the model's children (server-side apply, one field manager) and write its status.
+    Children whose name someone else's object holds are left alone and reported (builders/ownership.py)."""
     started = time.perf_counter()
     model = parse_model(body)
-    plan = plan_children(model, settings, replicas_override)
+    uid = str(model.metadata.get("uid", ""))
     try:
-        await _keep_replicas_for_the_hpa(kube, plan.apply, known_deployment)
+        # The periodic resync asks the API server again about children known absent (someone may have
+        # created one since).
+        plan = plan_children(model, settings, replicas_override)
+        live = await _read_children(kube, model, plan, recheck=trigger == "resync")
+        live_deployment = live.get("Deployment")
+        ours = live_deployment if ownership(live_deployment, uid) is Ownership.OWNED else None
+        spec_changed = model.metadata.get("generation") != model.status.observed_generation
+        replace_all = replaces_all_pods(DeploymentView.parse(ours) if ours else None, spec_changed)
+        if replace_all:
+            plan = plan_children(model, settings, replicas_override, replace_all=True)
+        actions = child_actions(plan.apply, plan.delete, live, uid)
+        if ours is not None:
+            await _keep_replicas_for_the_hpa(kube, actions.apply, DeploymentView.parse(ours))
         # The children do not depend on one another (an HPA waits for its Deployment on its own): one
         # round trip's latency for all of them rather than one after the other.
-        results = await asyncio.gather(*(kube.apply(obj) for obj in plan.apply))
-        applied = {obj["kind"]: result for obj, result in zip(plan.apply, results, strict=True)}
-        for api_version, kind in plan.delete:
-            # The periodic resync asks the API server again (someone may have created it since).
-            await kube.delete(api_version, kind, model.namespace, child_name(model.name), recheck=trigger == "resync")
+        results = await asyncio.gather(*(kube.apply(obj) for obj in actions.apply))
+        applied = {obj["kind"]: result for obj, result in zip(actions.apply, results, strict=True)}
+        for api_version, kind, uid in actions.delete:
+            await kube.delete(api_version, kind, model.namespace, child_name(model.name), uid=uid)
     except ApiException as exc:
         operator_metrics.RECONCILES.labels("AIModel", trigger, "error").inc()
         if exc.status == 422:
             raise kopf.PermanentError(f"the API server rejected a child of {model.name}: {exc.body}") from exc
         raise kopf.TemporaryError(f"applying children failed ({exc.status} {exc.reason})", delay=5) from exc
-    deployment = DeploymentView.parse(applied["Deployment"])
+    deployment = DeploymentView.parse(applied["Deployment"]) if "Deployment" in applied else None
     # Our apply changed the Deployment's spec (a new generation) although the AIModel did not change:
-    # someone had edited a field we own.
-    drifted = known_deployment is not None and known_deployment.generation != deployment.generation
+    # someone had edited a field we own (a strategy we switched ourselves is no edit).
+    drifted = (
+        known_deployment is not None
+        and deployment is not None
+        and known_deployment.generation != deployment.generation
+        and known_deployment.replaces_all == replace_all
+    )
     if drifted and trigger == "resync":
         operator_metrics.DRIFT_CORRECTED.labels("Deployment").inc()
         kopf.info(_body(body), reason="DriftCorrected", message="Restored hand-edited fields of the Deployment.")
+    if actions.conflicts:
+        kopf.warn(_body(body), reason=CHILD_CONFLICT, message="; ".join(actions.conflicts))
     generation = int(model.metadata.get("generation", 0))
-    status = _status_body(model, deployment, pods, observed_generation=generation, settings=settings)
+    status = _status_body(
+        model, deployment, pods, observed_generation=generation, settings=settings, conflicts=actions.conflicts
+    )
     await write_status(kube, body, model, status)
     operator_metrics.RECONCILES.labels("AIModel", trigger, "ok").inc()
     operator_metrics.RECONCILE_SECONDS.labels("AIModel").observe(time.perf_counter() - started)
 
 
-async def _keep_replicas_for_the_hpa(
-    kube: Kube, objects: Iterable[dict[str, Any]], known: DeploymentView | None
-) -> None:
-    """Before an apply that stops setting replicas, a second manager takes them (replicas_handover.py).
-    `known` (the index's copy, passed on resync) saves a read; without it the live Deployment is read,
-    which happens only when the model's replicas belong to an HPA."""
-    desired = next(obj for obj in objects if obj["kind"] == "Deployment")
-    if "replicas" in desired["spec"]:
+async def _read_children(
+    kube: Kube, model: AIModel, plan: ChildPlan, *, recheck: bool
+) -> dict[str, dict[str, Any] | None]:
+    """Each child's live object by kind (None: absent), read concurrently. A child to delete that this
+    process knows absent is not read (left out) unless `recheck`."""
+    name = child_name(model.name)
+    wanted = [(obj["apiVersion"], obj["kind"]) for obj in plan.apply] + [
+        (api_version, kind)
+        for api_version, kind in plan.delete
+        if recheck or not kube.known_absent(kind, model.namespace, name)
+    ]
+    found = await asyncio.gather(*(kube.get(api_version, kind, model.namespace, name) for api_version, kind in wanted))
+    live = {kind: obj for (_, kind), obj in zip(wanted, found, strict=True)}
+    for _, kind in plan.delete:
+        if kind in live and live[kind] is None:
+            kube.remember_absent(kind, model.namespace, name)
+    return live
+
+
+async def _keep_replicas_for_the_hpa(kube: Kube, objects: Iterable[dict[str, Any]], live: DeploymentView) -> None:
+    """Before an apply that stops setting replicas, a second manager takes them (replicas_handover.py)."""
+    desired = next((obj for obj in objects if obj["kind"] == "Deployment"), None)
+    if desired is None or "replicas" in desired["spec"]:
         return
-    if known is None:
-        meta = desired["metadata"]
-        live = await kube.get(desired["apiVersion"], "Deployment", meta["namespace"], meta["name"])
-        if live is None:
-            return
-        known = DeploymentView.parse(live)
-    handover = replicas_handover(desired, known.desired, known.replicas_appliers)
+    handover = replicas_handover(desired, live.desired, live.replicas_appliers)
     if handover is not None:
         # No force: the count is the live one, so only a concurrent change can conflict (then retry).
         await kube.apply(handover, field_manager=REPLICAS_HANDOVER_MANAGER, force=False)
@@ -158,5 +192,6 @@ async def refresh_status(
     Called on every child event (with the AIModel from the index) and on every AIModel event (with the
     event's own copy), so whichever arrives last settles the status: writes race, the last event wins."""
     model = parse_model(body)
-    status = _status_body(model, deployment, pods, observed_generation=None, settings=settings)
+    conflicts = carried_conflicts(model.status)
+    status = _status_body(model, deployment, pods, observed_generation=None, settings=settings, conflicts=conflicts)
     await write_status(kube, body, model, status)

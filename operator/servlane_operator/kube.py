@@ -88,23 +88,35 @@ class Kube:
             self._call, "PATCH", path, body=obj, content_type="application/apply-patch+yaml", query=query
         )
 
-    async def delete(self, api_version: str, kind: str, namespace: str, name: str, *, recheck: bool = True) -> bool:
+    def known_absent(self, kind: str, namespace: str, name: str) -> bool:
+        """This process deleted (or found absent) the object and has not applied it since."""
+        return (kind, namespace, name) in self._known_absent
+
+    def remember_absent(self, kind: str, namespace: str, name: str) -> None:
+        key = (kind, namespace, name)
+        if len(self._known_absent) >= _MAX_KNOWN_ABSENT:
+            self._known_absent.clear()
+        self._known_absent.add(key)
+
+    async def delete(
+        self, api_version: str, kind: str, namespace: str, name: str, *, recheck: bool = True, uid: str | None = None
+    ) -> bool:
         """Deletes if present; True when something was deleted. recheck=False trusts that a child this
-        process deleted (or found absent) before, and has not applied since, is still absent."""
+        process deleted (or found absent) before, and has not applied since, is still absent. With `uid`,
+        only that very object is deleted (a precondition): one recreated meanwhile under the name fails (409)."""
         key = (kind, namespace, name)
         if not recheck and key in self._known_absent:
             return False
+        body = {"preconditions": {"uid": uid}} if uid else None
         try:
-            await asyncio.to_thread(self._call, "DELETE", resource_path(api_version, kind, namespace, name))
+            await asyncio.to_thread(self._call, "DELETE", resource_path(api_version, kind, namespace, name), body=body)
         except ApiException as exc:
             if exc.status != 404:
                 raise
             deleted = False
         else:
             deleted = True
-        if len(self._known_absent) >= _MAX_KNOWN_ABSENT:
-            self._known_absent.clear()
-        self._known_absent.add(key)
+        self.remember_absent(*key)
         return deleted
 
     async def patch_status(

@@ -28,6 +28,13 @@ class DeploymentView:
     resource_version: str = ""
     # Field managers that server-side applied spec.replicas (the operator's while a budget pins it).
     replicas_appliers: frozenset[str] = frozenset()
+    # Its strategy replaces every pod at once (builders.deployment.REPLACE_ALL), as when none was ready.
+    replaces_all: bool = False
+
+    @property
+    def rolling_out(self) -> bool:
+        """A rollout has not finished: the controller has not seen the spec yet, or old pods remain."""
+        return self.observed_generation < self.generation or self.replicas > self.updated
 
     @classmethod
     def parse(cls, body: Mapping[str, Any]) -> DeploymentView:
@@ -47,7 +54,14 @@ class DeploymentView:
             deadline_exceeded=deadline,
             resource_version=str(meta.get("resourceVersion", "")),
             replicas_appliers=replicas_appliers(meta.get("managedFields") or []),
+            replaces_all=replaces_all(spec.get("strategy") or {}),
         )
+
+
+def replaces_all(strategy: Mapping[str, Any]) -> bool:
+    """Whether a Deployment strategy lets every old pod go at once, with no new pod beside them."""
+    rolling = strategy.get("rollingUpdate") or {}
+    return str(rolling.get("maxSurge")) == "0" and str(rolling.get("maxUnavailable")) == "100%"
 
 
 def replicas_appliers(managed_fields: Iterable[Mapping[str, Any]]) -> frozenset[str]:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from servlane_api.aimodel import AIModel, AIModelStatus, Phase
-from servlane_api.conditions import Condition, merge_conditions
+from servlane_api.conditions import CHILD_CONFLICT, Condition, merge_conditions
 from servlane_api.runtime_exit import ENGINE_DIED, MODEL_LOAD_FAILED
 from servlane_operator.observed import ContainerExit, DeploymentView, PodView
 
@@ -60,7 +60,19 @@ def _tail(text: str, limit: int) -> str:
     return flat if len(flat) <= limit else "…" + flat[-(limit - 1) :]
 
 
-def decide(model: AIModel, deployment: DeploymentView | None, pods: Sequence[PodView]) -> Verdict:
+def carried_conflicts(status: AIModelStatus) -> list[str]:
+    """The child conflicts the last reconcile reported: status refreshes between reconciles keep them
+    (only a reconcile reads the children's owners, and clears them once the names are free or ours)."""
+    ready = next((c for c in status.conditions if c.type == "Ready"), None)
+    return [ready.message] if ready is not None and ready.reason == CHILD_CONFLICT else []
+
+
+def decide(
+    model: AIModel, deployment: DeploymentView | None, pods: Sequence[PodView], conflicts: Sequence[str] = ()
+) -> Verdict:
+    if conflicts:
+        # Someone else's object holds a child's name: the model cannot be served as specified until it goes.
+        return Verdict("Degraded", CHILD_CONFLICT, "; ".join(conflicts), False, False, True)
     if deployment is None:
         return Verdict("Pending", "Creating", "The Deployment is being created.", False, True, False)
     rolled_out = deployment.observed_generation >= deployment.generation and deployment.updated >= deployment.desired
@@ -90,9 +102,11 @@ def build_status(
     observed_generation: int | None,
     endpoint: str,
     now: str,
+    conflicts: Sequence[str] = (),
 ) -> AIModelStatus:
-    """The new status; conditions keep their transition time when their status did not change."""
-    verdict = decide(model, deployment, pods)
+    """The new status; conditions keep their transition time when their status did not change.
+    `conflicts`: children left alone because someone else's object holds their name (builders.ownership)."""
+    verdict = decide(model, deployment, pods, conflicts)
 
     def cond(kind: str, on: bool, reason_when_on: str, reason_when_off: str) -> Condition:
         return Condition(

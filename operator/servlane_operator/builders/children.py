@@ -22,9 +22,12 @@ class ChildPlan:
     delete: list[tuple[str, str]]
 
 
-def plan_children(model: AIModel, settings: OperatorSettings, replicas_override: int | None = None) -> ChildPlan:
-    """`replicas_override` (a fixed-GPU-budget canary's share) pins the replicas and suspends the HPA."""
-    apply = [build_deployment(model, settings, replicas_override), build_service(model)]
+def plan_children(
+    model: AIModel, settings: OperatorSettings, replicas_override: int | None = None, *, replace_all: bool = False
+) -> ChildPlan:
+    """`replicas_override` (a fixed-GPU-budget canary's share) pins the replicas and suspends the HPA;
+    `replace_all` (deployment.replaces_all_pods) replaces the pods at once when none is ready."""
+    apply = [build_deployment(model, settings, replicas_override, replace_all=replace_all), build_service(model)]
     delete: list[tuple[str, str]] = []
     hpa = build_hpa(model) if replicas_override is None else None
     if hpa is None:

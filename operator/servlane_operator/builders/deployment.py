@@ -21,6 +21,7 @@ from servlane_operator.builders.adapters import adapter_volumes, serves_adapters
 from servlane_operator.builders.common import child_metadata
 from servlane_operator.builders.hpa import wants_hpa
 from servlane_operator.labels import model_labels, selector_labels
+from servlane_operator.observed import DeploymentView
 from servlane_operator.settings import OperatorSettings
 
 RUNTIME_UID = 10001  # the runtime image's user (Dockerfile.runtime)
@@ -56,6 +57,7 @@ def build_runtime_config(model: AIModel) -> RuntimeConfig:
         dtype=options.dtype,
         max_model_len=options.max_model_len,
         gpu_memory_utilization=options.gpu_memory_utilization,
+        cpu_kv_cache_gib=options.cpu_kv_cache_gib,
         quantization=options.quantization,
         tool_call_parser=options.tool_call_parser,
         tensor_parallel_size=max(1, spec.resources.gpus),
@@ -173,7 +175,29 @@ def _probes() -> dict[str, Any]:
     }
 
 
-def _strategy(model: AIModel) -> dict[str, Any]:
+# Every old pod may go at once and no new one waits beside them: what a rollout does when no pod is ready.
+REPLACE_ALL = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": "100%"}}
+
+
+def replaces_all_pods(live: DeploymentView | None, spec_changed: bool) -> bool:
+    """Whether the Deployment should replace all its pods at once rather than surge or go one by one.
+
+    A surge (or one-by-one) rollout protects ready pods. With none ready there is nothing to protect, and
+    on a node without room for a surge pod the new pod would stay Pending behind a crash-looping one for
+    ever (maxUnavailable 0 keeps the old one), so no edit could repair the model. A rollout under way
+    keeps the strategy it started with until it completes, unless the spec changes again: a readiness
+    blip under load must not tear the old pods down mid-rollout, and a ready pod appearing mid-replacement
+    changes nothing. Flipping the strategy alone changes no pod template, so no pod restarts for it."""
+    if live is None:
+        return False
+    if live.rolling_out and not spec_changed:
+        return live.replaces_all
+    return live.ready == 0
+
+
+def _strategy(model: AIModel, replace_all: bool) -> dict[str, Any]:
+    if replace_all:
+        return REPLACE_ALL
     # With GPUs a surge pod would wait for a GPU that the old pod holds: replace in place instead.
     if model.spec.resources.gpus:
         return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
@@ -241,11 +265,12 @@ def _pod_spec(model: AIModel, settings: OperatorSettings) -> dict[str, Any]:
 
 
 def build_deployment(
-    model: AIModel, settings: OperatorSettings, replicas_override: int | None = None
+    model: AIModel, settings: OperatorSettings, replicas_override: int | None = None, *, replace_all: bool = False
 ) -> dict[str, Any]:
+    """`replace_all` (from replaces_all_pods) when no pod is ready: the pods are replaced, not surged."""
     spec: dict[str, Any] = {
         "selector": {"matchLabels": selector_labels(model.name)},
-        "strategy": _strategy(model),
+        "strategy": _strategy(model, replace_all),
         # Model downloads and loads are slow: give rollouts time before calling them failed.
         "progressDeadlineSeconds": 1800,
         "revisionHistoryLimit": 3,

@@ -288,14 +288,17 @@ def same_work(row: dict[str, Any]) -> dict[str, Any]:
     return check
 
 
-def self_reported_added_latency(gateway_url: str) -> dict[str, float]:
-    text = httpx.get(f"{gateway_url}/metrics").text
+def self_reported_added_latency(metrics_url: str) -> dict[str, float]:
+    text = httpx.get(metrics_url).text
     for family in text_string_to_metric_families(text):
         if family.name == contract.ADDED_LATENCY:
             samples = {s.name: s.value for s in family.samples if not s.name.endswith("_bucket")}
             count = samples[f"{contract.ADDED_LATENCY}_count"]
             return {"count": count, "mean_ms": 1000 * samples[f"{contract.ADDED_LATENCY}_sum"] / max(count, 1)}
     return {}
+
+
+GATEWAY_METRICS: dict[str, str] = {}  # gateway URL -> its /metrics URL (on the metrics port)
 
 
 def start_processes(
@@ -305,15 +308,17 @@ def start_processes(
     env = os.environ | {"PYTHONPATH": os.pathsep.join(paths)}
     # Another version of the gateway package (e.g. `git archive` of an older commit) for before/after runs.
     gw_env = env | {"PYTHONPATH": os.pathsep.join([str(gateway_src), *paths])} if gateway_src else env
-    stub_port, gw_port = free_port(), free_port()
+    stub_port, gw_port, gw_metrics_port = free_port(), free_port(), free_port()
     urls = {"direct": f"http://127.0.0.1:{stub_port}", "gateway": f"http://127.0.0.1:{gw_port}"}
+    GATEWAY_METRICS[urls["gateway"]] = f"http://127.0.0.1:{gw_metrics_port}/metrics"  # a port of its own
     (tmp / "routes.json").write_text(json.dumps(routes(urls["direct"])))
     (tmp / "keys").write_text(f"bench: {API_KEY}\n")
     processes = [
         subprocess.Popen([sys.executable, __file__, "--serve-stub", str(stub_port)], env=env, stdout=NULL, stderr=NULL),
         subprocess.Popen(
             [sys.executable, "-m", "servlane_gateway", "--routes-file", str(tmp / "routes.json"),
-             "--keys-file", str(tmp / "keys"), "--host", "127.0.0.1", "--port", str(gw_port), "--log-level", "warning"],
+             "--keys-file", str(tmp / "keys"), "--host", "127.0.0.1", "--port", str(gw_port), "--log-level", "warning",
+             "--metrics-port", str(gw_metrics_port)],
             env=gw_env, stdout=NULL, stderr=NULL,
         ),
     ]  # fmt: skip
@@ -511,7 +516,7 @@ def main() -> None:
                         name: summarize(measured) for name, measured in cell_rounds.items()
                     }
                     same.setdefault(mode, {})[str(connections)] = same_work(row)
-            self_reported = self_reported_added_latency(urls["gateway"])
+            self_reported = self_reported_added_latency(GATEWAY_METRICS[urls["gateway"]])
         finally:
             stop_processes(processes)
     added = added_latency(runs)

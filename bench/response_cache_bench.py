@@ -173,8 +173,12 @@ def counters(runtime: str, gateway: str, feature: str) -> dict[str, float]:
     return {
         "runtime_requests": metric_sum(runtime, "servlane_runtime_requests_total", endpoint=CHAT_PATH),
         "runtime_completion_tokens": metric_sum(runtime, "servlane_runtime_tokens_total", kind="completion"),
-        "gateway_hits": metric_sum(gateway, "servlane_gateway_response_cache_hits_total", feature=feature),
-        "gateway_misses": metric_sum(gateway, "servlane_gateway_response_cache_misses_total", feature=feature),
+        "gateway_hits": metric_sum(
+            GATEWAY_METRICS[gateway], "servlane_gateway_response_cache_hits_total", feature=feature
+        ),
+        "gateway_misses": metric_sum(
+            GATEWAY_METRICS[gateway], "servlane_gateway_response_cache_misses_total", feature=feature
+        ),
     }
 
 
@@ -379,10 +383,14 @@ def start_redis(tmp: Path, procs: Processes) -> str | None:
     return f"redis://:{password}@127.0.0.1:{port}/0"
 
 
+GATEWAY_METRICS: dict[str, str] = {}  # gateway URL -> the base URL of its metrics port
+
+
 def start_gateway(tmp: Path, procs: Processes, name: str, redis_url: str | None) -> str:
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     argv = [sys.executable, "-m", "servlane_gateway", "--routes-file", str(tmp / "routes.json"), "--host"]
-    argv += ["127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    argv += ["127.0.0.1", "--port", str(port), "--log-level", "warning", "--metrics-port", str(metrics_port)]
+    GATEWAY_METRICS[f"http://127.0.0.1:{port}"] = f"http://127.0.0.1:{metrics_port}"
     env = dict(os.environ)
     if redis_url:  # by environment, so the password is not on a command line
         env |= {"SERVLANE_GATEWAY_REDIS_URL": redis_url, "SERVLANE_GATEWAY_REDIS_KEY_PREFIX": "bench"}

@@ -324,16 +324,27 @@ def dump_namespace(kube: Kube, namespace: str, out: Path) -> None:
     print(f"\n--- dump of namespace {namespace} in {out} ---\n" + "\n".join(events[-30:]))
 
 
+_METRICS_URLS: dict[str, str] = {}
+
+
+def metrics_url_of(gateway_url: str) -> str:
+    """The /metrics URL of a gateway that watching_gateway started (on its metrics port, not the API's)."""
+    return _METRICS_URLS[gateway_url]
+
+
 @contextlib.contextmanager
 def watching_gateway(kube: Kube, log_name: str, *args: str) -> Iterator[str]:
     """`python -m servlane_gateway --watch` against the test cluster (admin kubeconfig), its output in
-    ARTIFACTS/<log_name>; yields its base URL once /ready answers 200, stops its process group after."""
-    port = free_port()
+    ARTIFACTS/<log_name>; yields its base URL once /ready answers 200, stops its process group after.
+    Its /metrics, on a port of its own: metrics_url_of(that URL)."""
+    port, metrics_port = free_port(), free_port()
     log = open(ARTIFACTS / log_name, "ab")  # noqa: SIM115 - handed to the process
     env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig)}
     command = [sys.executable, "-m", "servlane_gateway", "--watch", *args, "--port", str(port), "--host", "127.0.0.1"]
+    command += ["--metrics-port", str(metrics_port)]
     proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
+    _METRICS_URLS[url] = f"http://127.0.0.1:{metrics_port}/metrics"
 
     def ready() -> bool:
         try:

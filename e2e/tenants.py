@@ -16,7 +16,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.harness import ROOT, Kube, wait_until
-from localcluster.cluster import stop_process_groups
+from localcluster.cluster import free_port, stop_process_groups
 
 MODELS = ("v1", "v2")  # the AIModels every team has, under the same names
 Samples = dict[frozenset[tuple[str, str]], float]  # a metric's samples by their labels
@@ -61,17 +61,19 @@ class GatewayProcess:
     url: str
     log: Path
     proc: subprocess.Popen[bytes]
+    metrics_url: str  # /metrics is on a port of its own
 
     @classmethod
     def start(cls, kube: Kube, port: int, log: Path, args: list[str]) -> GatewayProcess:
+        metrics_port = free_port()
         command = [sys.executable, "-m", "servlane_gateway", "--watch", "--host", "127.0.0.1", "--port", str(port),
-                   "--first-byte-timeout", "10", *args]  # fmt: skip
+                   "--metrics-port", str(metrics_port), "--first-byte-timeout", "10", *args]  # fmt: skip
         with log.open("ab") as out:
             proc = subprocess.Popen(
                 command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
                 env={**os.environ, "KUBECONFIG": str(kube.kubeconfig)},
             )  # fmt: skip
-        gateway = cls(f"http://127.0.0.1:{port}", log, proc)
+        gateway = cls(f"http://127.0.0.1:{port}", log, proc, f"http://127.0.0.1:{metrics_port}/metrics")
         wait_until("gateway ready", gateway._ready, timeout=30)
         return gateway
 
@@ -107,7 +109,7 @@ class GatewayProcess:
 
     def samples(self, name: str) -> Samples:
         """Every sample of the metric `name` (with its suffix, e.g. ..._total) by its labels."""
-        text = httpx.get(self.url + "/metrics", timeout=5).text
+        text = httpx.get(self.metrics_url, timeout=5).text
         return {
             frozenset(s.labels.items()): s.value
             for family in text_string_to_metric_families(text)

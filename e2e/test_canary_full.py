@@ -17,6 +17,7 @@ CANARY_PROMETHEUS_SCRAPE_INTERVAL_SECONDS and CANARY_ANALYSIS_INTERVAL_SECONDS.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -134,9 +135,10 @@ class RuntimeProcess:
 class Gateway:
     url: str
     proc: subprocess.Popen[bytes]
+    metrics_url: str
 
     def route_weights(self, feature: str = "chat") -> dict[str, float]:
-        text = httpx.get(self.url + "/metrics", timeout=5).text
+        text = httpx.get(self.metrics_url, timeout=5).text
         return {
             s.labels["model"]: s.value
             for family in text_string_to_metric_families(text)
@@ -189,6 +191,12 @@ def gateway_port() -> int:
     return free_port()
 
 
+@functools.cache
+def metrics_port_of(gateway_port: int) -> int:
+    """The metrics port of the gateways on `gateway_port` (one for the module, like gateway_port)."""
+    return free_port()
+
+
 @pytest.fixture(scope="module")
 def prometheus(gateway_port: int, workdir: Path) -> Iterator[PrometheusProcess]:
     """The module's Prometheus, scraping the gateway. A scenario may kill it (a metrics outage); the next
@@ -204,7 +212,7 @@ def prometheus(gateway_port: int, workdir: Path) -> Iterator[PrometheusProcess]:
     (data / "prometheus.yml").write_text(
         f"global:\n  scrape_interval: {every}\n  evaluation_interval: {every}\n"
         "scrape_configs:\n  - job_name: gateway\n"
-        f"    static_configs:\n      - targets: ['127.0.0.1:{gateway_port}']\n"
+        f"    static_configs:\n      - targets: ['127.0.0.1:{metrics_port_of(gateway_port)}']\n"
     )
     server = PrometheusProcess(binary, data, free_port())
     try:
@@ -243,13 +251,14 @@ def start_gateway(kube: Kube, ns: str, port: int, backends: dict[str, str], work
         for arg in ("--endpoint-override", f"http://model-{model}.{ns}.svc.cluster.local:8000={url}")
     ]
     command = [sys.executable, "-m", "servlane_gateway", "--watch", "--namespaces", ns, "--host", "127.0.0.1",
-               "--port", str(port), "--first-byte-timeout", "10", *overrides]  # fmt: skip
+               "--port", str(port), "--metrics-port", str(metrics_port_of(port)), "--first-byte-timeout", "10",
+               *overrides]  # fmt: skip
     with (workdir / "gateway.log").open("ab") as log:
         proc = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
             env={**os.environ, "KUBECONFIG": str(kube.kubeconfig)},
         )  # fmt: skip
-    gateway = Gateway(f"http://127.0.0.1:{port}", proc)
+    gateway = Gateway(f"http://127.0.0.1:{port}", proc, f"http://127.0.0.1:{metrics_port_of(port)}/metrics")
 
     def ready() -> bool:
         if proc.poll() is not None:

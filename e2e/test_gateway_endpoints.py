@@ -30,6 +30,7 @@ from e2e.harness import (
     GROUP,
     VERSION,
     Kube,
+    metrics_url_of,
     unavailable,
     wait_until,
     watching_gateway,
@@ -181,7 +182,7 @@ class Load:
 
 
 def metric(url: str, name: str, **labels: str) -> float:
-    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+    with urllib.request.urlopen(metrics_url_of(url), timeout=5) as r:
         text = r.read().decode()
     total = 0.0
     for line in text.splitlines():

@@ -44,10 +44,11 @@ def route_weights(metrics_text: str) -> RouteWeights:
     return shares
 
 
-def read_route_weights(gateway_url: str) -> RouteWeights | None:
-    """The gateway's route weights now; None while it does not answer (starting, restarting)."""
+def read_route_weights(metrics_url: str) -> RouteWeights | None:
+    """The gateway's route weights now (from its /metrics URL); None while it does not answer (starting,
+    restarting)."""
     try:
-        response = httpx.get(gateway_url + "/metrics", timeout=5)
+        response = httpx.get(metrics_url, timeout=5)
     except httpx.HTTPError:
         return None
     return route_weights(response.text) if response.status_code == 200 else None
@@ -96,7 +97,7 @@ def wait_until_served(
             return f"no feature or model named {name!r}"
         models = [m for m in state.models if m.name in backends]
         loaded = any(m.phase == "Ready" for m in models)
-        if loaded and _routable(state, name, read_weights(state.gateway.url)):
+        if loaded and _routable(state, name, read_weights(state.gateway.metrics_url)):
             return None
         if elapsed > timeout:
             return f"{name} is not ready after {timeout:.0f}s; see `servlane status`"

@@ -48,6 +48,7 @@ class FeatureState(BaseModel):
 
 class GatewayProcessState(BaseModel):
     url: str  # base URL; the OpenAI API is under /v1
+    metrics_url: str = ""  # its /metrics, on a port of its own (the API port has none)
     pid: int | None = None
     restarts: int = 0
     log_file: str

@@ -64,9 +64,12 @@ class Supervisor:
         self.features: dict[str, FeatureController] = {}
         self.gateway_port = options.port or free_port()
         self.gateway_url = f"http://127.0.0.1:{self.gateway_port}"
+        metrics_port = free_port()  # /metrics on a port of its own (the API port has none)
+        self.gateway_metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         gateway_argv = [
             sys.executable, "-m", "servlane_gateway", "--routes-file", str(self.state_dir / ROUTES_FILE),
             "--host", options.host, "--port", str(self.gateway_port), "--log-level", "warning",
+            "--metrics-port", str(metrics_port),
         ]  # fmt: skip
         # The Batch API keeps its files and batches in SQLite under the state directory (survives restarts).
         env = {"SERVLANE_GATEWAY_BATCH_DATABASE_URL": f"sqlite:///{self.state_dir.resolve() / BATCH_DATABASE}"}
@@ -75,7 +78,7 @@ class Supervisor:
         env["SERVLANE_GATEWAY_BATCH_ALLOW_WITHOUT_KEYS"] = "true"
         env |= os.environ  # a database URL set by the user wins
         self.gateway = ManagedProcess("gateway", gateway_argv, env, self.state_dir / "logs/gateway.log")
-        self.reader = ScrapeReader([self.gateway_url + "/metrics"])
+        self.reader = ScrapeReader([self.gateway_metrics_url])
         self._signature: object = None
         self._manifest_error: str | None = None
         self._stopping: set[asyncio.Task[None]] = set()
@@ -197,6 +200,7 @@ class Supervisor:
             manifest_error=self._manifest_error,
             gateway=GatewayProcessState(
                 url=self.gateway_url,
+                metrics_url=self.gateway_metrics_url,
                 pid=self.gateway.pid,
                 restarts=self.gateway.restarts,
                 log_file=str(self.gateway.log_path),

@@ -1,4 +1,4 @@
-"""The gateway's FastAPI app: OpenAI endpoints, /v1/models, /health, /ready and /metrics."""
+"""The gateway's FastAPI app: OpenAI endpoints, /v1/models, /health, /ready; and /metrics on its own port."""
 
 from __future__ import annotations
 
@@ -11,9 +11,6 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE
-from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -33,6 +30,7 @@ from servlane_gateway.forwarding import GatewayState, handle
 from servlane_gateway.gateway_metrics import GatewayMetrics
 from servlane_gateway.kube_watch import KubeRouteSource, own_namespace
 from servlane_gateway.proxy import Timeouts
+from servlane_gateway.metrics_listener import MetricsEndpoint, arrived_on
 from servlane_gateway.ratelimit import Limiter, Limits, RateLimiter
 from servlane_gateway.redis_limits import RedisLimiter
 from servlane_gateway.response_cache import CacheBudget
@@ -161,11 +159,17 @@ class GatewayApp(FastAPI):
 
     traced: TracingMiddleware | None = None  # set when tracing is on: a server span around each OpenAI request
 
+    metrics_listener: tuple[int, MetricsEndpoint] | None = None  # (port, what it answers): see create_app
     def trace_with(self, tracer: Any) -> None:
         self.traced = TracingMiddleware(self._serve, tracer)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.traced is not None:
+        if self.metrics_listener is not None and scope["type"] == "http":
+            port, endpoint = self.metrics_listener
+            if arrived_on(scope, port):
+                await endpoint(scope, receive, send)
+                return
             await self.traced(scope, receive, send)  # type: ignore[arg-type]
             return
         await self._serve(scope, receive, send)
@@ -315,17 +319,9 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
         # The shared limit store is deliberately not checked: its outage hits every replica at once, and
         # taking them all out of the Service would turn the limited requests' 503 + Retry-After into
         # connection errors and fail the requests no limit applies to as well.
-        return JSONResponse({"status": "ready"})
-
-    scraped = state.metrics.scrape_registry()
-
-    @app.get("/metrics")
-    async def metrics(request: Request) -> Response:
-        # OpenMetrics when the scraper asks for it (Prometheus does): only that format carries the exemplars
-        # that link a latency bucket to a trace (one worker process only: the multiprocess files hold none).
-        if "application/openmetrics-text" in request.headers.get("accept", ""):
-            text = openmetrics_latest(scraped)  # type: ignore[no-untyped-call]
-            return Response(text, media_type=OPENMETRICS_CONTENT_TYPE)
-        return Response(generate_latest(scraped), media_type=CONTENT_TYPE_LATEST)
+        return JSONResponse({"status": "ready", "keys_file": keys_file})
 
     return app
+    # Not a route: /metrics answers only on the metrics port (metrics_listener), OpenMetrics with the exemplars
+    # that link a latency bucket to a trace when asked (one worker process only: the multiprocess files hold none).
+    app.metrics_listener = (settings.metrics_port, MetricsEndpoint(state.metrics.scrape_registry()))

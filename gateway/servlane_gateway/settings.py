@@ -41,6 +41,13 @@ class GatewaySettings(BaseModel):
 
     host: str = "0.0.0.0"
     port: int = Field(default=8080, ge=0, le=65535)
+    metrics_port: int = Field(
+        default=9090,
+        ge=1,
+        le=65535,
+        description="Port of /metrics (the API port has none): what it lists (every namespace's traffic, trace "
+        "ids) is for the scraper alone, which a NetworkPolicy can then admit to this port only.",
+    )
     workers: int = Field(
         default=0,
         ge=0,
@@ -308,6 +315,13 @@ class GatewaySettings(BaseModel):
             return "rate limits are kept in memory (no --redis-url), which only one process can apply exactly"
         url = self.batch_database_url
         if url is not None and url.get_secret_value().startswith("sqlite"):
+    @model_validator(mode="after")
+    def _metrics_port_of_its_own(self) -> GatewaySettings:
+        # On the API port, /metrics would be readable by every client and inseparable from /v1 by a NetworkPolicy.
+        if self.metrics_port == self.port:
+            raise ValueError(f"--metrics-port {self.metrics_port} is the API port: /metrics needs a port of its own")
+        return self
+
             return "the Batch API's SQLite database takes one process (PostgreSQL takes several)"
         return None
 

@@ -9,7 +9,8 @@ across the processes, and how:
 - rate limits and quotas: in Redis when one is set, shared by processes and replicas alike; limits kept in
   memory allow one process only (the settings refuse more; the automatic count picks 1);
 - metrics: prometheus_client's multiprocess mode (one file per process in a directory emptied at start), so
-  /metrics in any worker reports the pod's sums. With several workers there are no exemplars (trace links),
+  /metrics (on the metrics port, which every worker accepts on as on the API port) in any worker reports
+  the pod's sums. With several workers there are no exemplars (trace links),
   and the series of a removed route or pod stay until the gateway restarts (the weights are filtered to
   the models routed to now: gateway_metrics._CurrentWeightsOnly).
 Per worker, on purpose: the in-flight counts least-load picks by, the upstream connection pools, a response
@@ -26,6 +27,7 @@ import math
 import os
 import shutil
 import signal
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -33,10 +35,14 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 from pydantic import SecretStr
+from uvicorn.supervisors import Multiprocess
 
 from servlane_gateway.app import create_app
 from servlane_gateway.http_server import GatewayHttpProtocol
+from servlane_gateway.metrics_listener import APP_FACTORY, bind_listeners
 from servlane_gateway.settings import GatewaySettings
+
+STARTUP_FAILURE = 3  # uvicorn's own exit status for an app that failed to start
 
 log = logging.getLogger(__name__)
 
@@ -137,26 +143,33 @@ def tune_garbage_collection() -> None:
 
 def serve(settings: GatewaySettings) -> None:
     count, why = worker_count(settings, read_cpu_limit(), usable_cpus())
-    log.info("serving on %s:%d from %d process(es): %s", settings.host, settings.port, count, why)
+    log.info(
+        "serving on %s:%d (/metrics on port %d) from %d process(es): %s",
+        settings.host,
+        settings.port,
+        settings.metrics_port,
+        count,
+        why,
+    )
+    # Every process accepts on both sockets; the app answers each by the port a request arrived on.
+    sockets = bind_listeners(settings.host, settings.port, settings.metrics_port)
     if count == 1:
         app = create_app(settings)
         tune_garbage_collection()
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, **server_options())
+        server = uvicorn.Server(uvicorn.Config(app, log_level=settings.log_level, **server_options()))
+        server.run(sockets=sockets)
+        if not server.started:  # the app's startup failed: exit non-zero, as uvicorn.run does
+            sys.exit(STARTUP_FAILURE)
         return
     metrics_dir = fresh_metrics_dir()
     os.environ[METRICS_DIR_ENV] = str(metrics_dir)
     os.environ[SETTINGS_ENV] = settings_json(settings)
     os.environ[SUPERVISOR_ENV] = str(os.getpid())
     try:
-        uvicorn.run(
-            "servlane_gateway.workers:worker_app",
-            factory=True,
-            workers=count,
-            host=settings.host,
-            port=settings.port,
-            log_level=settings.log_level,
-            **server_options(),
+        config = uvicorn.Config(
+            APP_FACTORY, factory=True, workers=count, log_level=settings.log_level, **server_options()
         )
+        Multiprocess(config, sockets=sockets).run()
     finally:
         os.environ.pop(SETTINGS_ENV, None)
         if metrics_dir.name.startswith("servlane-gateway-metrics-"):  # ours, not the deployer's

@@ -17,8 +17,8 @@ REMOVED_RUNTIME_IMAGE_MESSAGE = (
     f"SERVLANE_RUNTIME_IMAGE_CPU (all other models, a CPU image) instead, and unset {REMOVED_RUNTIME_IMAGE_VAR}."
 )
 # The job of the chart's ServiceMonitor for a release named servlane: the Prometheus operator names a
-# ServiceMonitor's job after the Service, here the gateway's.
-DEFAULT_PROMETHEUS_GATEWAY_JOB = "servlane-gateway"
+# ServiceMonitor's job after the Service, here the gateway's metrics Service.
+DEFAULT_PROMETHEUS_GATEWAY_JOB = "servlane-gateway-metrics"
 
 
 class OperatorSettings(BaseModel):
@@ -58,7 +58,9 @@ class OperatorSettings(BaseModel):
     gateway_metrics_urls: list[str] = Field(
         default_factory=list, description="Gateway /metrics URLs to scrape without Prometheus; empty: find the pods."
     )
-    gateway_metrics_port: int = Field(default=8080, description="Port of the gateway pods' /metrics.")
+    gateway_metrics_port: int = Field(
+        default=9090, description="Port of the gateway pods' /metrics (the gateway's --metrics-port)."
+    )
     gateway_namespace: str | None = Field(
         default=None, description="Namespace of the gateway pods (a Role suffices to find them); None: all."
     )

@@ -112,6 +112,7 @@ class GatewayProcess:
         self._log = Path(self._dir.name) / "gateway.log"
         self._command = [sys.executable, "-m", "servlane_gateway", "--routes-file", str(routes)]
         self._command += ["--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]
+        self._command += ["--metrics-port", str(free_port())]  # not the default: other gateways may run beside it
         self._proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> GatewayProcess:

@@ -12,7 +12,7 @@ import pytest
 from servlane_gateway.app import create_app
 from servlane_gateway.settings import GatewaySettings
 from servlane_gateway.workers import server_options
-from tests.gateway.gateway_harness import Gateway, ServedApp, StartGateway, Upstream
+from tests.gateway.gateway_harness import Gateway, ServedApp, StartGateway, Upstream, loopback_socket
 from tests.gateway.gateway_upstream import create_upstream
 
 
@@ -39,11 +39,15 @@ def _gateways(tmp_path: Path, server: dict[str, Any]) -> Iterator[StartGateway]:
         if keys is not None:
             (tmp_path / "keys").write_text(keys)
             settings["keys_file"] = tmp_path / "keys"
-        config = GatewaySettings(routes_file=routes_file, reload_poll_seconds=0.02, **settings)
+        metrics = loopback_socket()  # the gateway's metrics port, a second listener of its server
+        metrics_port = metrics.getsockname()[1]
+        config = GatewaySettings(
+            routes_file=routes_file, reload_poll_seconds=0.02, metrics_port=metrics_port, **settings
+        )
         app = create_app(config)
-        served = ServedApp(app, **server).__enter__()
+        served = ServedApp(app, extra_sockets=(metrics,), **server).__enter__()
         running.append(served)
-        return Gateway(served.url, app.state.gateway, routes_file)
+        return Gateway(served.url, app.state.gateway, routes_file, f"http://127.0.0.1:{metrics_port}/metrics")
 
     yield start
     for served in running:

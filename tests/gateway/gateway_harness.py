@@ -31,6 +31,7 @@ class Gateway:
     url: str
     state: GatewayState
     routes_file: Path
+    metrics_url: str = ""  # /metrics on the gateway's metrics port (the API port has none)
 
     def client(self, api_key: str = "unused", **kwargs: Any) -> openai.OpenAI:
         kwargs.setdefault("timeout", 10)
@@ -76,16 +77,17 @@ def picked(route: Route, sticky: str | None) -> str:
 class ServedApp:
     """An ASGI app served by uvicorn on 127.0.0.1 in a daemon thread."""
 
-    def __init__(self, app: Any, **options: Any) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
+    def __init__(self, app: Any, extra_sockets: tuple[socket.socket, ...] = (), **options: Any) -> None:
+        """`extra_sockets`: more listeners of the same server (the gateway's metrics port: loopback_socket())."""
+        self.sock = loopback_socket()
+        self.extra_sockets = extra_sockets
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         options = {"access_log": False} | options
         config = uvicorn.Config(app, log_level="critical", lifespan="on", **options)
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        sockets = [self.sock, *extra_sockets]
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": sockets}, daemon=True)
 
     def __enter__(self) -> ServedApp:
         self.thread.start()
@@ -97,7 +99,16 @@ class ServedApp:
     def __exit__(self, *_: object) -> None:
         self.server.should_exit = True
         self.thread.join(10)
-        self.sock.close()
+        for sock in (self.sock, *self.extra_sockets):
+            sock.close()
+
+
+def loopback_socket() -> socket.socket:
+    """A socket bound to a free port of 127.0.0.1, for uvicorn to listen on."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
 
 
 def refused_url() -> str:

@@ -42,6 +42,7 @@ class GatewayProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         argv = [sys.executable, "-m", "servlane_gateway", "--routes-file", str(routes), "--keys-file", str(keys)]
         argv += ["--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]
+        argv += ["--metrics-port", str(free_port())]  # not the default: other gateways may run beside it
         argv += ["--batch-lease-seconds", "2", "--batch-poll-seconds", "0.1", "--batch-concurrency-per-feature", "16"]
         env = os.environ | {"SERVLANE_GATEWAY_BATCH_DATABASE_URL": database_url}  # as the chart passes it
         self.process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

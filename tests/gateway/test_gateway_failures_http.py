@@ -116,8 +116,10 @@ def test_keys_401_404_and_model_list_per_key(upstreams: dict[str, Upstream], sta
     assert [x.id for x in gw.client(api_key="sk-bravo").models.list()] == ["chat"]
     assert gw.client(api_key="sk-alpha").chat.completions.create(model="other", messages=say("hi")).choices
     assert gw.sample(m.REQUESTS, feature="", model="", code="401") == 2
-    assert gw.sample(m.REQUESTS, feature="other", model="", code="404") == 1
-    exposition = httpx.get(f"{gw.url}/metrics").text
+    # Out of scope is counted as a name that exists nowhere: never on the feature of a team it may not call.
+    assert gw.sample(m.REQUESTS, feature="", model="", code="404") == 1
+    assert gw.sample(m.REQUESTS, feature="other", model="", code="404") == 0
+    exposition = httpx.get(gw.metrics_url).text
     assert "sk-" not in exposition
     assert m.REQUESTS in exposition
     assert m.ADDED_LATENCY + "_count" in exposition
@@ -178,7 +180,7 @@ def test_health_ready_and_metrics(gateway: Gateway) -> None:
     assert httpx.get(f"{gateway.url}/health").json() == {"status": "ok"}
     assert httpx.get(f"{gateway.url}/ready").status_code == 200
     gateway.client().chat.completions.create(model="chat", messages=say("hi"))
-    text = httpx.get(f"{gateway.url}/metrics").text
+    text = httpx.get(gateway.metrics_url).text  # on the metrics port: the API port has no /metrics
     assert f'{m.REQUESTS}{{code="200",feature="chat",model="chat-v1",namespace="default"}} 1.0' in text
     assert f'{m.LATENCY}_bucket{{feature="chat",le="0.005",model="chat-v1",namespace="default"}}' in text
     assert f'{m.WEIGHT}{{feature="other",model="chat-v2",namespace="default"}} 100.0' in text

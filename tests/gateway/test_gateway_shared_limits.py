@@ -296,17 +296,20 @@ class GatewayProcess:
         routes, keys = tmp_path / "replica-routes.json", tmp_path / "replica-keys"
         routes.write_text(json.dumps(objects(upstreams)))
         keys.write_text(KEYS)
-        self.port = free_port()
+        self.port, metrics_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         argv = [sys.executable, "-m", "servlane_gateway", "--routes-file", str(routes), "--keys-file", str(keys)]
         argv += [
             "--host",
+        self.metrics_base = f"http://127.0.0.1:{metrics_port}"  # /metrics is on its own port
             "127.0.0.1",
             "--port",
             str(self.port),
             "--redis-key-prefix",
             prefix,
             "--log-level",
+            "--metrics-port",
+            str(metrics_port),
             "warning",
         ]
         for name, value in limits.items():

@@ -50,7 +50,10 @@ class GatewayProcess:
         routes.write_text(json.dumps(objects))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        metrics_port = free_port()
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"  # its own port: the API port has none
         argv = [sys.executable, "-m", "servlane_gateway", "--routes-file", str(routes), "--port", str(self.port)]
+        argv += ["--metrics-port", str(metrics_port)]
         # One worker: exemplars (asserted below) are not kept by prometheus_client's multiprocess files.
         argv += ["--host", "127.0.0.1", "--log-level", "warning", "--workers", "1"]
         self.log = workdir / "gateway.log"
@@ -68,14 +71,14 @@ class GatewayProcess:
 
 
 @pytest.fixture(scope="module")
-def gateway(jaeger: Jaeger, tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def gateway(jaeger: Jaeger, tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     config = RuntimeConfig(model_source=str(tiny_llama_dir), served_model_name="tiny", engine="transformers")
     with SubprocessServer(config, traced_env(jaeger)) as runtime:
         runtime.wait_ready()
         objects = [aimodel("model-tiny", runtime.v1, served="tiny"), aifeature("chat", [("model-tiny", 100)])]
         process = GatewayProcess(tmp_path_factory.mktemp("gateway"), objects, traced_env(jaeger))
         try:
-            yield process.url
+            yield process
         finally:
             process.stop()
 
@@ -99,8 +102,8 @@ GATEWAY, RUNTIME = "servlane-gateway", "servlane-runtime"
 CHAT = "POST /v1/chat/completions"
 
 
-def test_a_chat_through_the_gateway_is_one_trace(gateway: str, jaeger: Jaeger) -> None:
-    client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused", max_retries=0)
+def test_a_chat_through_the_gateway_is_one_trace(gateway: GatewayProcess, jaeger: Jaeger) -> None:
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
     raw = client.chat.completions.with_raw_response.create(model="chat", messages=HI, max_tokens=4)
     assert raw.status_code == 200
     trace_id = raw.headers["x-trace-id"]
@@ -127,16 +130,16 @@ def test_a_chat_through_the_gateway_is_one_trace(gateway: str, jaeger: Jaeger) -
     assert "first_token" in one(spans, RUNTIME, "generate").events
 
     # The metrics link to the trace: the request's latency bucket carries it as an OpenMetrics exemplar.
-    scraped = httpx.get(f"{gateway}/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    scraped = httpx.get(gateway.metrics_url, headers={"Accept": "application/openmetrics-text; version=1.0.0"})
     assert scraped.headers["content-type"].startswith("application/openmetrics-text")
     linked = [line for line in scraped.text.splitlines() if f'trace_id="{trace_id}"' in line]
     assert linked, "no exemplar names the trace"
     assert all('feature="chat"' in line and "_bucket{" in line for line in linked), linked
-    assert f'trace_id="{trace_id}"' not in httpx.get(f"{gateway}/metrics").text  # the classic format has none
+    assert f'trace_id="{trace_id}"' not in httpx.get(gateway.metrics_url).text  # the classic format has none
 
 
-def test_an_error_names_its_trace(gateway: str, jaeger: Jaeger) -> None:
-    response = httpx.post(f"{gateway}/v1/chat/completions", json={"model": "no-such-model", "messages": HI})
+def test_an_error_names_its_trace(gateway: GatewayProcess, jaeger: Jaeger) -> None:
+    response = httpx.post(f"{gateway.url}/v1/chat/completions", json={"model": "no-such-model", "messages": HI})
     assert response.status_code == 404
     trace_id = response.headers["x-trace-id"]
     spans = wait_for_trace(jaeger, trace_id, {(GATEWAY, CHAT), (GATEWAY, "route")})

@@ -207,12 +207,12 @@ def test_any_worker_reports_the_whole_pods_metrics_and_they_share_one_budget(
             for _ in range(5):
                 codes.append(chat(gateway.url))
             # While the other worker is stopped, this one still counts its requests.
-            assert requests_counted(gateway.url) == codes.count(200)
+            assert requests_counted(gateway.metrics_base) == codes.count(200)
     assert codes == [200] * 9 + [429], codes
     # Each worker answered some of the 9: every scrape, whoever answers it, counts all of them.
     for worker in (first, second):
         with only([first, second], serving=worker):
-            assert requests_counted(gateway.url) == 9
+            assert requests_counted(gateway.metrics_base) == 9
 
 
 def alive(pid: int) -> bool:
@@ -270,8 +270,12 @@ def test_a_model_no_longer_routed_to_leaves_the_weights_whichever_worker_answers
 ) -> None:
     """The multiprocess files keep every series ever written; a rolled-back canary must not linger at 0."""
     gateway, _ = two_workers
-    assert weights(gateway.url) == {"chat-v1": 100.0}
+    assert weights(gateway.metrics_base) == {"chat-v1": 100.0}
     moved = [aimodel("chat-v2", upstreams["v2"].url), aifeature("chat", [("chat-v2", 100)])]
     (tmp_path / "replica-routes.json").write_text(json.dumps(moved))
     # Several scrapes in a row, each on a new connection: both workers must have moved on.
-    wait_until("only chat-v2 weighted", lambda: all(weights(gateway.url) == {"chat-v2": 100.0} for _ in range(6)), 20)
+
+    def moved_on() -> bool:
+        return all(weights(gateway.metrics_base) == {"chat-v2": 100.0} for _ in range(6))
+
+    wait_until("only chat-v2 weighted", moved_on, 20)

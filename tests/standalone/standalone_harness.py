@@ -90,7 +90,7 @@ class Serve:
 
     def gateway_weights(self, feature: str) -> dict[str, float]:
         """The weights the gateway applies now (its route_weight gauge), model -> percent."""
-        text = httpx.get(self.must_state().gateway.url + "/metrics", timeout=5).text
+        text = httpx.get(self.must_state().gateway.metrics_url, timeout=5).text
         return {
             sample.labels["model"]: sample.value
             for family in text_string_to_metric_families(text)

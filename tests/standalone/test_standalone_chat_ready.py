@@ -38,7 +38,7 @@ def _state(phase: str, namespace: str = "default") -> SupervisorState:
         port=1, endpoint="http://127.0.0.1:1/v1", log_file="x.log",
     )  # fmt: skip
     feature = FeatureState(name="chat", namespace=namespace, target="tiny-chat", generation=1, status=AIFeatureStatus())
-    gateway = GatewayProcessState(url="http://127.0.0.1:2", log_file="g.log")
+    gateway = GatewayProcessState(url="http://127.0.0.1:2", metrics_url="http://127.0.0.1:3/metrics", log_file="g.log")
     return SupervisorState(
         supervisor_pid=os.getpid(), running=True, inputs=[], updated_at="", gateway=gateway,
         models=[model], features=[feature],
@@ -65,7 +65,7 @@ def test_a_loaded_model_is_not_ready_until_the_gateway_routes_its_feature() -> N
     problem = wait_until_served(lambda: _state("Ready"), "chat", timeout=30, out=out, read_weights=weights)
     assert problem is None
     assert len(asked) == 3, "ready before the gateway gave the feature weight"
-    assert asked[0] == "http://127.0.0.1:2"
+    assert asked[0] == "http://127.0.0.1:3/metrics"  # the metrics port, not the API's
     assert "waiting for the gateway" in out.getvalue()
 
 

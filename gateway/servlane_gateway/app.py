@@ -145,6 +145,8 @@ def batch_service_for(settings: GatewaySettings, state: GatewayState) -> BatchSe
         lease=settings.batch_lease_seconds,
         poll=settings.batch_poll_seconds,
         max_file_bytes=settings.batch_max_file_bytes,
+        max_owner_bytes=settings.batch_max_owner_bytes,
+        allow_without_keys=settings.batch_allow_without_keys,
     )
 
 

@@ -176,6 +176,18 @@ class GatewaySettings(BaseModel):
     )
     batch_poll_seconds: float = Field(default=1.0, gt=0, description="How often idle workers look for batch work.")
     batch_max_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1, description="Largest batch input file.")
+    batch_max_owner_bytes: int = Field(
+        default=10 * 1024 * 1024 * 1024,
+        ge=1,
+        description="Most bytes of files (inputs and results) one API key may keep in the Batch API's database; "
+        "an upload past it is refused (403 storage_quota_exceeded) until files are deleted.",
+    )
+    batch_allow_without_keys: bool = Field(
+        default=False,
+        description="Serve the Batch API without a keys file. Dangerous: batches belong to the key that "
+        "created them, so without keys every caller is the same owner and can read everyone's files and "
+        "results. Only for a gateway with a single user (servlane serve sets it).",
+    )
     console_enabled: bool = Field(
         default=True, description="Serve the read-only console at /console (behind the same keys as /v1/models)."
     )

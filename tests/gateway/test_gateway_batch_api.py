@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import json
+import logging
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -245,18 +247,145 @@ def test_servlane_serve_gives_its_gateway_a_sqlite_database_in_the_state_directo
     supervisor = Supervisor(ServeOptions(inputs=[], state_dir=tmp_path, port=free_port()))
     expected = f"sqlite:///{tmp_path.resolve() / BATCH_DATABASE}"
     assert supervisor.gateway.env["SERVLANE_GATEWAY_BATCH_DATABASE_URL"] == expected
+    assert supervisor.gateway.env["SERVLANE_GATEWAY_BATCH_ALLOW_WITHOUT_KEYS"] == "true"  # one user, no keys
     monkeypatch.setenv("SERVLANE_GATEWAY_BATCH_DATABASE_URL", "postgresql://db/batch")  # the user's own wins
     supervisor = Supervisor(ServeOptions(inputs=[], state_dir=tmp_path, port=free_port()))
     assert supervisor.gateway.env["SERVLANE_GATEWAY_BATCH_DATABASE_URL"] == "postgresql://db/batch"
 
 
-def test_without_api_keys_the_batch_api_is_open_like_the_other_endpoints(
+def test_without_api_keys_the_batch_api_is_refused_unless_the_gateway_says_it_has_one_user(
     upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
 ) -> None:
-    gw = start_gateway(objects(upstreams), batch_database_url=f"sqlite:///{tmp_path / 'b.db'}", batch_poll_seconds=0.05)
-    done = finished(gw.client("anything"), submit(gw.client("anything"), [request_line("a")]).id)
+    # Owners are keys: without keys every caller would be one owner, reading everyone's inputs and results.
+    shared = start_gateway(objects(upstreams), batch_database_url=f"sqlite:///{tmp_path / 'a.db'}")
+    calls: list[Callable[[openai.OpenAI], object]] = [
+        lambda c: c.files.list(),
+        lambda c: c.files.create(file=("in.jsonl", io.BytesIO(request_line("a").encode())), purpose="batch"),
+        lambda c: c.files.content("file-x"),
+        lambda c: c.batches.list(),
+        lambda c: c.batches.retrieve("batch_x"),
+    ]
+    for call in calls:
+        with pytest.raises(openai.PermissionDeniedError) as caught:
+            call(shared.client("anything"))
+        assert caught.value.code == "batch_api_needs_keys"
+        assert "API keys" in caught.value.message
+    assert shared.client("anything").chat.completions.create(model="chat", messages=[{"role": "user", "content": "x"}])
+
+    one_user = start_gateway(
+        objects(upstreams),
+        batch_database_url=f"sqlite:///{tmp_path / 'b.db'}",
+        batch_poll_seconds=0.05,
+        batch_allow_without_keys=True,
+    )
+    done = finished(one_user.client("anything"), submit(one_user.client("anything"), [request_line("a")]).id)
     assert done.status == "completed"
-    assert [b.id for b in gw.client("something-else").batches.list().data] == [done.id]  # one shared owner
+    assert [b.id for b in one_user.client("something-else").batches.list().data] == [done.id]  # one owner
+
+
+def test_one_deeply_nested_line_is_its_own_error_and_stops_no_other_batch(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    gw = gateway(start_gateway, upstreams, tmp_path)
+    alpha, bravo = gw.client("sk-alpha"), gw.client("sk-bravo")
+    deep = json.dumps({"custom_id": "deep", "method": "POST", "url": CHAT, "body": "BODY"})
+    deep = deep.replace('"BODY"', "[" * 100_000 + "]" * 100_000)
+    hostile = submit(alpha, [deep, request_line("fine")])
+    other = submit(bravo, [request_line("b")])
+    assert finished(bravo, other.id).status == "completed"  # the other owner's batch is not held up
+    done = finished(alpha, hostile.id)
+    assert done.status == "completed"
+    assert [o["custom_id"] for o in jsonl_of(alpha, done.output_file_id)] == ["fine"]
+    [error] = jsonl_of(alpha, done.error_file_id)
+    assert error["error"]["code"] == "too_deeply_nested"
+    assert error["error"]["message"].startswith("Line 1: ")
+
+
+def chunked_upload_answer(gw: Gateway, key: str, file_bytes: int) -> bytes:
+    """What the gateway answers to a chunked upload (no Content-Length) that sends `file_bytes` of its file and
+    then neither more nor its end: the answer must come while the body is still incomplete."""
+    boundary = "b0undary"
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n'
+        "Content-Type: application/octet-stream\r\n\r\n"
+    ).encode()
+    part = head + b"x" * file_bytes
+    host, port = gw.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=20) as sock:
+        sock.sendall(
+            b"POST /v1/files HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n"
+            + f"Authorization: Bearer {key}\r\nContent-Type: multipart/form-data; boundary={boundary}\r\n\r\n".encode()
+            + f"{len(part):x}\r\n".encode()
+            + part
+            + b"\r\n"
+        )
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            received = sock.recv(65536)
+            if not received:
+                break
+            answer += received
+        return answer
+
+
+def test_an_upload_past_the_cap_is_refused_as_it_arrives_whatever_content_length_says(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    gw = gateway(start_gateway, upstreams, tmp_path, batch_max_file_bytes=1000)
+    answer = chunked_upload_answer(
+        gw, "sk-alpha", 200_000
+    )  # chunked: no Content-Length to check up front
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    head = b'--x\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n\r\n'
+    whole = httpx.post(
+        f"{gw.url}/v1/files",
+        content=iter([head, b"y" * 200_000, b"\r\n--x--\r\n"]),  # a generator: sent chunked, to its end
+        headers={
+            "authorization": "Bearer sk-alpha",
+            "content-type": "multipart/form-data; boundary=x",
+        },
+        timeout=20,
+    )
+    assert whole.status_code == 413
+    assert whole.json()["error"]["code"] == "file_too_large"
+    assert gw.client("sk-alpha").files.list().data == []
+
+
+def test_an_owner_cannot_upload_past_its_storage_quota(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    gw = gateway(start_gateway, upstreams, tmp_path, batch_max_owner_bytes=1500)
+    alpha = gw.client("sk-alpha")
+    first = alpha.files.create(file=("a.jsonl", io.BytesIO(b"x" * 1000)), purpose="batch")
+    with pytest.raises(openai.PermissionDeniedError) as caught:
+        alpha.files.create(file=("b.jsonl", io.BytesIO(b"x" * 1000)), purpose="batch")
+    assert caught.value.code == "storage_quota_exceeded"
+    assert "1000" in caught.value.message
+    assert "1500" in caught.value.message
+    gw.client("sk-bravo").files.create(
+        file=("b.jsonl", io.BytesIO(b"x" * 1000)), purpose="batch"
+    )  # its own
+    alpha.files.delete(first.id)
+    alpha.files.create(file=("b.jsonl", io.BytesIO(b"x" * 1000)), purpose="batch")
+
+
+def test_no_secret_of_the_database_url_reaches_the_logs_when_it_does_not_answer(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    secrets = ("hunter2", "p4ssword", "k3ypass", "t0ken")
+    nowhere = (
+        f"postgresql://batch:hunter2@127.0.0.1:{free_port()}/batch"
+        "?password=p4ssword&sslpassword=k3ypass&auth_token=t0ken&application_name=servlane"
+    )
+    caplog.set_level(logging.DEBUG)
+    gw = start_gateway(objects(upstreams), keys=KEYS, batch_database_url=nowhere)
+    with pytest.raises(openai.InternalServerError):
+        gw.client("sk-alpha").batches.list()
+    wait_until("the failure to be logged", lambda: "is not usable" in caplog.text, 20)
+    assert "application_name=servlane" in caplog.text  # the URL is there, to say which database
+    leaked = [s for s in secrets if s in caplog.text]
+    assert not leaked, caplog.text
 
 
 def test_the_keys_quota_holds_for_batch_requests_which_wait_their_turn_instead_of_failing(

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from servlane_core.protocol.limits import RequestLimits
 from servlane_gateway.batch import rules
 
 CHAT = "/v1/chat/completions"
@@ -146,3 +147,58 @@ def test_quotas_and_overload_are_waited_out_transient_failures_retried_a_few_tim
     assert not rules.should_retry(400, 1)
     assert not rules.should_retry(404, 1)
     assert not rules.should_retry(200, 1)
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (nested(100_000), "too_deeply_nested"),  # json.loads raised RecursionError, past the error handling
+        (nested(30), "too_deeply_nested"),  # deeper than an interactive request may be
+        ({"model": "chat", "input": list(range(20))}, "too_many_items"),
+    ],
+)
+def test_a_line_is_held_to_the_limits_of_an_interactive_request_and_is_its_own_error(body: object, code: str) -> None:
+    text = raw("BODY").replace('"BODY"', body) if isinstance(body, str) else raw(body)
+    limits = RequestLimits(max_json_depth=20, max_list_items=10)
+    content = "\n".join([line("a"), text, line("b")]).encode()
+    validated = rules.validate(content, CHAT, everything, limits)
+    assert [r.custom_id for r in validated.requests] == ["a", "b"]
+    [error] = validated.errors
+    assert (error.line, error.code) == (2, code)
+    assert validated.fatal is None
+
+
+def test_a_line_longer_than_the_body_limit_is_its_own_error() -> None:
+    limits = RequestLimits(max_body_bytes=200)
+    validated = rules.validate(
+        f"{raw({'model': 'chat', 'x': 'y' * 300})}\n{line('a')}".encode(), CHAT, everything, limits
+    )
+    assert [(e.line, e.code) for e in validated.errors] == [(1, "request_too_large")]
+    assert [r.custom_id for r in validated.requests] == ["a"]
+
+
+def test_the_interactive_depth_limit_counts_the_body_not_the_lines_envelope() -> None:
+    limits = RequestLimits(max_json_depth=3)
+    ok = {"model": "chat", "messages": [{"role": "user"}]}  # body, messages, message: 3 levels
+    assert isinstance(rules.parse_line(raw(ok), 1, CHAT, limits), rules.RequestLine)
+    too_deep = {"model": "chat", "messages": [{"role": ["user"]}]}
+    assert isinstance(rules.parse_line(raw(too_deep), 1, CHAT, limits), rules.LineError)
+
+
+def test_a_custom_id_longer_than_its_column_is_a_line_error() -> None:
+    parsed = rules.parse_line(line("x" * (rules.MAX_CUSTOM_ID + 1)), 4, CHAT)
+    assert isinstance(parsed, rules.LineError)
+    assert (parsed.code, parsed.param) == ("invalid_request", "custom_id")
+
+
+def test_free_places_go_to_the_owners_with_the_fewest_in_flight_first() -> None:
+    # A holds 8 in flight; B just arrived: the one free place is B's, then they alternate.
+    assert rules.fair_shares(1, {"a": 8}, ["a", "b"]) == {"a": 0, "b": 1}
+    assert rules.fair_shares(10, {"a": 8}, ["a", "b"]) == {"a": 1, "b": 9}
+    assert rules.fair_shares(4, {}, ["a", "b", "a"]) == {"a": 2, "b": 2}
+    assert rules.fair_shares(3, {}, ["b", "a"]) == {"b": 2, "a": 1}  # ties: the oldest work first
+    assert rules.fair_shares(5, {"a": 1}, []) == {}

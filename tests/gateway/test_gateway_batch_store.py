@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import inspect
 
 from servlane_gateway.batch import rules
-from servlane_gateway.batch.store import BatchStore, engine_url, redacted
+from servlane_gateway.batch.store import BatchStore, QuotaExceeded, engine_url, redacted
 from tests.gateway.batch_databases import Postgres, postgres
 
 __all__ = ["postgres"]  # the session fixture, used through `store`
@@ -250,3 +250,62 @@ def test_database_urls() -> None:
     assert engine_url("postgres://h/db") == "postgresql+psycopg://h/db"
     assert engine_url("sqlite:///x.db") == "sqlite:///x.db"
     assert "s3cret" not in redacted("postgresql://u:s3cret@h/db")
+
+
+def test_redacted_urls_keep_no_secret_in_the_userinfo_nor_the_query() -> None:
+    url = (
+        "postgresql://u:s3cret@h:5432/db?sslmode=require&password=p4ss&sslpassword=k3y-pass"
+        "&auth_token=t0ken&client_secret=c1ient&sslkey=/etc/k.pem"
+    )
+    shown = redacted(url)
+    for secret in ("s3cret", "p4ss", "k3y-pass", "t0ken", "c1ient", "/etc/k.pem", "k.pem"):
+        assert secret not in shown, shown
+    assert "sslmode=require" in shown  # what is not secret still helps whoever reads the log
+    assert "h:5432/db" in shown
+
+
+def test_an_owner_cannot_store_past_its_quota_and_result_files_count(tmp_path: Path) -> None:
+    db = BatchStore(f"sqlite:///{tmp_path / 'quota.db'}", max_owner_bytes=1000)
+    db.migrate()
+    try:
+        kept = db.add_file("team-a", "batch", "a.jsonl", b"x" * 600, 1)
+        with pytest.raises(QuotaExceeded) as caught:
+            db.add_file("team-a", "batch", "b.jsonl", bytearray(b"x" * 401), 2)
+        assert (caught.value.used, caught.value.size, caught.value.quota) == (600, 401, 1000)
+        db.add_file("team-b", "batch", "b.jsonl", b"x" * 1000, 3)  # another owner's quota is its own
+        db.add_file("team-a", "batch", "c.jsonl", b"x" * 400, 4)  # exactly up to it
+        assert db.delete_file("team-a", kept["id"])
+        db.add_file("team-a", "batch", "d.jsonl", b"x" * 600, 5)  # deleting frees room
+    finally:
+        db.close()
+
+
+def test_pg_uploads_of_one_owner_at_once_cannot_both_pass_the_quota(postgres: Postgres) -> None:
+    db = BatchStore(postgres.new_database(f"q_{uuid.uuid4().hex[:12]}"), max_owner_bytes=1000)
+    db.migrate()
+    outcomes: list[str] = []
+
+    def upload() -> None:
+        try:
+            db.add_file("team-a", "batch", "in.jsonl", b"x" * 600, 1)
+            outcomes.append("stored")
+        except QuotaExceeded:
+            outcomes.append("refused")
+
+    try:
+        threads = [threading.Thread(target=upload) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert sorted(outcomes) == ["refused"] * 5 + ["stored"]
+    finally:
+        db.close()
+
+
+def test_a_file_is_read_back_in_slices(store: BatchStore) -> None:
+    content = bytes(range(256)) * 10
+    file = store.add_file("o", "batch", "in.jsonl", content, 1)
+    slices = [store.file_slice("o", file["id"], offset, 1000) for offset in range(0, len(content), 1000)]
+    assert b"".join(s or b"" for s in slices) == content
+    assert store.file_slice("other", file["id"], 0, 1000) is None

@@ -24,6 +24,7 @@ def test_the_batch_api_is_off_by_default(helm: Helm) -> None:
 def test_enabled_it_reads_the_database_url_from_the_secret_and_passes_the_worker_settings(helm: Helm) -> None:
     objects = helm.template(
         set_values=(
+            "gateway.apiKeys.existingSecret=keys",
             "gateway.batch.enabled=true",
             "gateway.batch.databaseUrl.secretName=batch-db",
             "gateway.batch.databaseUrl.key=dsn",
@@ -32,6 +33,8 @@ def test_enabled_it_reads_the_database_url_from_the_secret_and_passes_the_worker
         )
     )
     env = gateway_env(objects)
+    assert "SERVLANE_GATEWAY_BATCH_ALLOW_WITHOUT_KEYS" not in env
+    assert env["SERVLANE_GATEWAY_BATCH_MAX_OWNER_BYTES"]["value"] == "10737418240"
     url = env["SERVLANE_GATEWAY_BATCH_DATABASE_URL"]
     assert "value" not in url
     assert url["valueFrom"] == {"secretKeyRef": {"name": "batch-db", "key": "dsn"}}
@@ -54,3 +57,25 @@ def test_the_schema_refuses_the_batch_api_without_a_database_secret_or_with_bad_
         result = helm.run("template", "mp", str(CHART), *args, check=False)
         assert result.returncode != 0, settings
         assert "values don't meet the specifications of the schema" in result.stderr
+
+
+def test_the_batch_api_without_api_keys_is_refused_unless_acknowledged(helm: Helm) -> None:
+    enabled = ("--set", "gateway.batch.enabled=true", "--set", "gateway.batch.databaseUrl.secretName=s")
+    refused = helm.run("template", "mp", str(CHART), *enabled, check=False)
+    assert refused.returncode != 0
+    assert "gateway.batch.enabled needs API keys" in refused.stderr
+    acknowledged = helm.template(
+        set_values=(
+            "gateway.batch.enabled=true",
+            "gateway.batch.databaseUrl.secretName=s",
+            "gateway.batch.allowWithoutKeys=true",
+        )
+    )
+    assert gateway_env(acknowledged)["SERVLANE_GATEWAY_BATCH_ALLOW_WITHOUT_KEYS"]["value"] == "true"
+
+
+def test_the_gateways_tmp_where_uploads_are_spooled_has_a_size_limit(helm: Helm) -> None:
+    for values, limit in (((), "1Gi"), (("gateway.tmpSizeLimit=3Gi",), "3Gi")):
+        pod = one(helm.template(set_values=values), "Deployment", GATEWAY)["spec"]["template"]["spec"]
+        (tmp,) = [v for v in pod["volumes"] if v["name"] == "tmp"]
+        assert tmp["emptyDir"] == {"sizeLimit": limit}

@@ -1,8 +1,10 @@
 """The Batch API's HTTP endpoints, shaped as OpenAI's (`client.files`, `client.batches` of the openai SDK).
 
-Every object belongs to the API key that created it (its name; one shared owner with access control off):
-another key gets the 404 a missing object gets. Without a database the endpoints answer an OpenAI-style
-404 saying the Batch API is not configured, after authentication (so nothing is ever served open).
+Every object belongs to the API key that created it (its name): another key gets the 404 a missing object
+gets. Without a database the endpoints answer an OpenAI-style 404 saying the Batch API is not configured,
+after authentication (so nothing is ever served open). Without API keys there is no owner to tell callers
+apart, so the endpoints answer 403 `batch_api_needs_keys` unless the gateway was told it has one user
+(--batch-allow-without-keys; then everyone is the one owner "").
 """
 
 from __future__ import annotations
@@ -10,18 +12,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, ParamSpec, TypeVar
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 from sqlalchemy.exc import DBAPIError
 from starlette.datastructures import UploadFile as StarletteUpload
+from starlette.types import Message
 
 from servlane_core.protocol.errors import OpenAIError
 from servlane_gateway.batch import rules
-from servlane_gateway.batch.store import BatchStore
+from servlane_gateway.batch.store import BatchStore, QuotaExceeded
 from servlane_gateway.forwarding import GatewayState
 
 log = logging.getLogger(__name__)
@@ -29,6 +32,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 RETRY_AFTER = 5.0
 UPLOAD_CHUNK = 1 << 20
+DOWNLOAD_CHUNK = 4 << 20
 FORM_OVERHEAD = 64 * 1024  # multipart boundaries and the purpose field, on top of the file itself
 UPLOAD_SCHEMA: dict[str, Any] = {
     "requestBody": {
@@ -68,6 +72,39 @@ def too_large(cap: int) -> OpenAIError:
     return OpenAIError(413, f"The file is larger than {cap} bytes.", param="file", code="file_too_large")
 
 
+def needs_keys() -> OpenAIError:
+    message = (
+        "The Batch API needs API keys on this gateway: files and batches belong to the key that created them, "
+        "and without keys every caller would read everyone's (--keys-file; or --batch-allow-without-keys for a "
+        "gateway with a single user)."
+    )
+    return OpenAIError(403, message, type="permission_error", code="batch_api_needs_keys")
+
+
+def over_quota(exc: QuotaExceeded) -> OpenAIError:
+    message = (
+        f"This upload of {exc.size} bytes would take your stored files to {exc.used + exc.size} bytes, past "
+        f"your quota of {exc.quota} bytes ({exc.used} in use): delete files you no longer need."
+    )
+    return OpenAIError(403, message, type="insufficient_quota", param="file", code="storage_quota_exceeded")
+
+
+def capped(request: Request, cap: int) -> Request:
+    """The request, its body counted as it arrives: a 413 as soon as more than `cap` bytes came, whatever
+    Content-Length said or when there is none (chunked), before the rest is received or spooled anywhere."""
+    received = 0
+
+    async def receive() -> Message:
+        nonlocal received
+        message = await request.receive()
+        received += len(message.get("body", b""))
+        if received > cap:
+            raise too_large(cap - FORM_OVERHEAD)
+        return message
+
+    return Request(request.scope, receive)
+
+
 def not_found(kind: str, object_id: str) -> OpenAIError:
     return OpenAIError(404, f"No such {kind}: '{object_id}'.", type="invalid_request_error", param="id")
 
@@ -92,6 +129,7 @@ def batch_router(
     max_file_bytes: int,
     wake: Callable[[], None],
     ready: Callable[[], bool],
+    allow_without_keys: bool = False,
 ) -> APIRouter:
     router = APIRouter()
 
@@ -99,6 +137,8 @@ def batch_router(
         key = state.keys.authenticate(request.headers.get("authorization"))
         if store is None:
             raise not_configured()
+        if key is None and not allow_without_keys:
+            raise needs_keys()
         if not ready():
             raise unavailable()  # its schema is not migrated yet (the database did not answer at start)
         return store, key.name if key is not None else ""
@@ -106,30 +146,31 @@ def batch_router(
     @router.post("/v1/files", openapi_extra=UPLOAD_SCHEMA)
     async def upload(request: Request) -> dict[str, Any]:
         # The form is read here, not by FastAPI before the call: the key is checked first, and a body
-        # announced larger than the cap is refused before any of it is spooled to disk.
+        # announced larger than the cap is refused before any of it is spooled to disk; one that grows past
+        # it (chunked, or a Content-Length that lied) as soon as it does.
         db, owner = owner_of(request)
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > max_file_bytes + FORM_OVERHEAD:
             raise too_large(max_file_bytes)
-        form = await request.form(max_files=1, max_fields=8)
+        form = await capped(request, max_file_bytes + FORM_OVERHEAD).form(max_files=1, max_fields=8)
         try:
             file, purpose = form.get("file"), form.get("purpose")
             if not isinstance(file, StarletteUpload):
                 raise OpenAIError(400, "Missing the file to upload (multipart field 'file').", param="file")
             if purpose != rules.INPUT_PURPOSE:
                 raise OpenAIError(400, f"Only purpose '{rules.INPUT_PURPOSE}' is supported here.", param="purpose")
-            parts: list[bytes] = []
-            size = 0
+            content = bytearray()  # the one copy in memory: the database takes it as it is
             while chunk := await file.read(UPLOAD_CHUNK):
-                size += len(chunk)
-                if size > max_file_bytes:
+                if len(content) + len(chunk) > max_file_bytes:
                     raise too_large(max_file_bytes)
-                parts.append(chunk)
+                content += chunk
             name = file.filename or "upload.jsonl"
         finally:
             await form.close()
-        content = b"".join(parts)
-        return await in_db(db.add_file, owner, rules.INPUT_PURPOSE, name, content, int(time.time()))
+        try:
+            return await in_db(db.add_file, owner, rules.INPUT_PURPOSE, name, content, int(time.time()))
+        except QuotaExceeded as exc:
+            raise over_quota(exc) from None
 
     @router.get("/v1/files")
     async def list_files(
@@ -149,12 +190,22 @@ def batch_router(
         return found
 
     @router.get("/v1/files/{file_id}/content")
-    async def file_content(request: Request, file_id: str) -> Response:
+    async def file_content(request: Request, file_id: str) -> StreamingResponse:
         db, owner = owner_of(request)
-        content = await in_db(db.file_content, owner, file_id)
-        if content is None:
+        found = await in_db(db.get_file, owner, file_id)
+        if found is None:
             raise not_found("file", file_id)
-        return Response(content, media_type="application/octet-stream")
+
+        async def chunks() -> AsyncIterator[bytes]:
+            # Read a slice at a time: a large result file is never held whole by the gateway.
+            for offset in range(0, int(found["bytes"]), DOWNLOAD_CHUNK):
+                chunk = await in_db(db.file_slice, owner, file_id, offset, DOWNLOAD_CHUNK)
+                if chunk is None:  # deleted meanwhile: the answer ends short
+                    return
+                yield chunk
+
+        length = {"content-length": str(found["bytes"])}
+        return StreamingResponse(chunks(), media_type="application/octet-stream", headers=length)
 
     @router.delete("/v1/files/{file_id}")
     async def delete_file(request: Request, file_id: str) -> dict[str, Any]:

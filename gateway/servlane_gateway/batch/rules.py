@@ -9,10 +9,14 @@ backend's (or gateway's) non-2xx answer in `response`.
 
 from __future__ import annotations
 
+import heapq
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from servlane_core.protocol.errors import OpenAIError
+from servlane_core.protocol.limits import RequestLimits, parse_json_object
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
@@ -58,6 +62,8 @@ STAMPS = {
 WAIT_STATUSES = frozenset({429, 503})
 TRANSIENT_STATUSES = frozenset({500, 502, 504})
 MAX_TRANSIENT_ATTEMPTS = 3
+DEFAULT_LIMITS = RequestLimits()  # the gateway passes its own (--max-json-depth, ...)
+MAX_CUSTOM_ID = 1024  # the column's width (schema.requests.custom_id)
 
 
 class TransitionError(ValueError):
@@ -88,6 +94,21 @@ def should_retry(status: int, attempts: int) -> bool:
     if status in WAIT_STATUSES:
         return True
     return status in TRANSIENT_STATUSES and attempts < MAX_TRANSIENT_ATTEMPTS
+
+
+def fair_shares(room: int, in_flight: Mapping[str, int], waiting: Iterable[str]) -> dict[str, int]:
+    """How many requests each owner with work waiting may claim now, out of `room` free places: one place at
+    a time to the owner with the fewest in flight (ties: in `waiting`'s order, oldest work first), so one
+    owner's huge batch never makes another owner's small one wait for it to end."""
+    order = list(dict.fromkeys(waiting))
+    heap = [(in_flight.get(owner, 0), rank, owner) for rank, owner in enumerate(order)]
+    heapq.heapify(heap)
+    shares = dict.fromkeys(order, 0)
+    for _ in range(room if heap else 0):
+        count, rank, owner = heapq.heappop(heap)
+        shares[owner] += 1
+        heapq.heappush(heap, (count + 1, rank, owner))
+    return shares
 
 
 @dataclass(frozen=True)
@@ -121,17 +142,27 @@ class Validated:
         return len(self.requests) + len(self.errors)
 
 
-def parse_line(text: str, number: int, endpoint: str) -> RequestLine | LineError:
-    """One input line, checked the way OpenAI checks it (minus the model, see `validate`)."""
+def parse_line(
+    text: str, number: int, endpoint: str, limits: RequestLimits = DEFAULT_LIMITS
+) -> RequestLine | LineError:
+    """One input line, checked the way OpenAI checks it (minus the model, see `validate`). It is parsed by
+    the parser and within the limits of an interactive request body (size, depth, list lengths): a line
+    nested 100,000 deep is this line's error, never a RecursionError that stops the batch's validation."""
     try:
-        obj = json.loads(text)
-    except ValueError:
-        return LineError(number, "invalid_json_line", "This line is not parseable as valid JSON.")
-    if not isinstance(obj, dict):
-        return LineError(number, "invalid_json_line", "This line is not a JSON object.")
+        obj = parse_json_object(text.encode(), line_limits(limits))
+    except OpenAIError as exc:  # too large, too deep, too long a list, not JSON, not an object
+        if exc.code == "invalid_json":
+            not_object = "must be a JSON object" in exc.message
+            message = "This line is not a JSON object." if not_object else "This line is not parseable as valid JSON."
+            return LineError(number, "invalid_json_line", message)
+        message = exc.message.replace("Request body", "The line").replace("request body", "line")
+        return LineError(number, exc.code or "invalid_request", message, param=exc.param)
     custom_id = obj.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         return LineError(number, "missing_required_parameter", "Missing custom_id.", param="custom_id")
+    if len(custom_id) > MAX_CUSTOM_ID:
+        message = f"The custom_id is longer than {MAX_CUSTOM_ID} characters."
+        return LineError(number, "invalid_request", message, param="custom_id")
     if obj.get("method") != "POST":
         message = "The method must be POST."
         return LineError(number, "invalid_request", message, custom_id=custom_id, param="method")
@@ -149,7 +180,14 @@ def parse_line(text: str, number: int, endpoint: str) -> RequestLine | LineError
     return RequestLine(number, custom_id, body)
 
 
-def validate(content: bytes, endpoint: str, callable_model: Callable[[str], bool]) -> Validated:
+def line_limits(limits: RequestLimits) -> RequestLimits:
+    """A line holds a request body inside its envelope (custom_id, method, url, body): one level deeper."""
+    return limits.model_copy(update={"max_json_depth": limits.max_json_depth + 1})
+
+
+def validate(
+    content: bytes, endpoint: str, callable_model: Callable[[str], bool], limits: RequestLimits = DEFAULT_LIMITS
+) -> Validated:
     """All lines of an input file. Bad lines become errors of their own; the batch fails only when the file
     is not UTF-8 text, holds no line, or not a single line is usable. `callable_model` says whether the
     batch's owner may call a model (the same answer a request would get: unknown and forbidden look alike)."""
@@ -164,7 +202,7 @@ def validate(content: bytes, endpoint: str, callable_model: Callable[[str], bool
     for number, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue
-        parsed = parse_line(raw, number, endpoint)
+        parsed = parse_line(raw, number, endpoint, limits)
         if isinstance(parsed, RequestLine):
             if parsed.custom_id in seen:
                 message = f"The custom_id {parsed.custom_id!r} appears on an earlier line; each must be unique."
@@ -182,6 +220,11 @@ def validate(content: bytes, endpoint: str, callable_model: Callable[[str], bool
         reason = "holds no request line" if not result.errors else "holds no valid request line"
         result.fatal = LineError(max(number, 0), "invalid_file", f"The input file {reason}.")
     return result
+
+
+def unvalidatable(reason: str) -> LineError:
+    """The batch's error when its file could not be validated at all (the gateway's limits, not a line)."""
+    return LineError(0, "invalid_file", f"The input file could not be validated ({reason}).")
 
 
 def error_line(error: LineError, request_id: str) -> dict[str, Any]:
@@ -214,8 +257,13 @@ def expired_line(request_id: str, custom_id: str) -> dict[str, Any]:
     }
 
 
+def json_line(line: dict[str, Any]) -> str:
+    """A result line as stored and as written to the output and error files (compact, no newline)."""
+    return json.dumps(line, separators=(",", ":"))
+
+
 def jsonl(lines: Iterable[dict[str, Any]]) -> bytes:
-    return b"".join(json.dumps(line, separators=(",", ":")).encode() + b"\n" for line in lines)
+    return b"".join(json_line(line).encode() + b"\n" for line in lines)
 
 
 def batch_errors(fatal: LineError) -> dict[str, Any]:

@@ -36,15 +36,20 @@ class BatchService:
         lease: float,
         poll: float,
         max_file_bytes: int,
+        max_owner_bytes: int | None = None,
+        allow_without_keys: bool = False,
     ) -> None:
         self.database_url = database_url
-        self.store = BatchStore(database_url) if database_url else None
+        self.store = BatchStore(database_url, max_owner_bytes) if database_url else None
+        self.open_to_everyone = allow_without_keys and not state.keys.enabled
         self.metrics = BatchMetrics(state.metrics.registry)
         self.worker = (
             BatchWorker(self.store, state, self.metrics, concurrency, lease, poll) if self.store is not None else None
         )
         self.ready = False
-        self.router = batch_router(state, self.store, max_file_bytes, self._wake, lambda: self.ready)
+        self.router = batch_router(
+            state, self.store, max_file_bytes, self._wake, lambda: self.ready, allow_without_keys
+        )
         self._bring_up: asyncio.Task[None] | None = None
         self._first_try = asyncio.Event()
 
@@ -59,6 +64,11 @@ class BatchService:
         if self.store is None:
             log.info("the Batch API is off (no --batch-database-url): /v1/files and /v1/batches say so")
             return
+        if self.open_to_everyone:
+            log.warning(
+                "the Batch API runs without API keys (--batch-allow-without-keys): every caller is the same "
+                "owner and can read every batch's files and results; fine for one user, never for tenants"
+            )
         self._bring_up = asyncio.create_task(self._up())
         # A database that answers is ready before the first request; one that does not delays nothing.
         with suppress(TimeoutError):

@@ -45,6 +45,7 @@ from servlane_gateway.batch.schema import batches, files, line_errors, requests
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 PG_MIGRATION_LOCK = 7_163_201_118  # pg_advisory_lock id: replicas starting together migrate one at a time
+STREAM_ROWS = 1000  # result rows fetched at a time while a batch's files are written
 BATCH_COLUMNS = ("output_file_id", "error_file_id", *rules.STAMPS.values())
 
 
@@ -60,12 +61,26 @@ def engine_url(url: str) -> str:
     return url
 
 
+SECRET_PARAMETER_WORDS = ("password", "secret", "token", "key")  # sslpassword, sslkey, auth_token, ...
+
+
 def redacted(url: str) -> str:
-    """The URL for logs: never its password."""
+    """The URL for logs, errors and status: without its password, nor any query parameter that may hold a
+    secret (libpq takes `password` and `sslpassword` there too; render_as_string hides only the userinfo)."""
     try:
-        return make_url(engine_url(url)).render_as_string(hide_password=True)
+        parsed = make_url(engine_url(url))
+        hidden = {name: "***" for name in parsed.query if any(word in name.lower() for word in SECRET_PARAMETER_WORDS)}
+        return parsed.update_query_dict(hidden).render_as_string(hide_password=True)
     except Exception:
         return "<unparseable database URL>"
+
+
+class QuotaExceeded(Exception):
+    """An upload that would take its owner's stored files past their quota."""
+
+    def __init__(self, used: int, size: int, quota: int) -> None:
+        super().__init__(f"{used} + {size} bytes is past the quota of {quota}")
+        self.used, self.size, self.quota = used, size, quota
 
 
 @dataclass(frozen=True)
@@ -109,8 +124,9 @@ def _sqlite_engine(url: str) -> Engine:
 
 
 class BatchStore:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, max_owner_bytes: int | None = None) -> None:
         self.url = engine_url(url)
+        self.max_owner_bytes = max_owner_bytes  # the most bytes of uploads and results one owner keeps
         self.dialect = make_url(self.url).get_backend_name()
         if self.dialect == "sqlite":
             self.engine = _sqlite_engine(self.url)
@@ -146,7 +162,9 @@ class BatchStore:
 
     # -- files --------------------------------------------------------------------------------------
 
-    def add_file(self, owner: str, purpose: str, filename: str, content: bytes, now: int) -> dict[str, Any]:
+    def add_file(self, owner: str, purpose: str, filename: str, content: bytes | bytearray, now: int) -> dict[str, Any]:
+        """Stores an upload; QuotaExceeded when it would take the owner past `max_owner_bytes` (result files
+        count too, but are always written: the owner deletes files to upload more)."""
         row = {
             "id": new_id("file-"),
             "owner": owner,
@@ -157,8 +175,28 @@ class BatchStore:
             "content": content,
         }
         with self._tx() as conn:
+            if self.max_owner_bytes is not None:
+                self._lock_owner(conn, owner)  # two uploads at once cannot both pass the check
+                used = conn.execute(select(func.coalesce(func.sum(files.c.bytes), 0)).where(files.c.owner == owner))
+                in_use = int(used.scalar() or 0)
+                if in_use + len(content) > self.max_owner_bytes:
+                    raise QuotaExceeded(in_use, len(content), self.max_owner_bytes)
             conn.execute(insert(files).values(row))
         return file_object(row)
+
+    def _lock_owner(self, conn: Connection, owner: str) -> None:
+        """Serialises the owner's uploads until the transaction ends (SQLite: BEGIN IMMEDIATE already does)."""
+        if self.dialect == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:owner))"), {"owner": "batch-files:" + owner})
+
+    def file_slice(self, owner: str, file_id: str, offset: int, size: int) -> bytes | None:
+        """`size` bytes of a file's content from `offset` (0-based); None when it is not the owner's (any more)."""
+        query = select(func.substr(files.c.content, offset + 1, size)).where(
+            files.c.id == file_id, files.c.owner == owner
+        )
+        with self._tx() as conn:
+            row = conn.execute(query).first()
+        return bytes(row[0]) if row is not None else None
 
     def get_file(self, owner: str, file_id: str) -> dict[str, Any] | None:
         columns = [c for c in files.c if c.name != "content"]
@@ -311,7 +349,7 @@ class BatchStore:
                             {
                                 "batch_id": batch_id,
                                 "line": e.line,
-                                "result": json.dumps(rules.error_line(e, new_id("batch_req_"))),
+                                "result": rules.json_line(rules.error_line(e, new_id("batch_req_"))),
                             }
                             for e in validated.errors
                         ],
@@ -383,7 +421,7 @@ class BatchStore:
             written = conn.execute(
                 update(requests)
                 .where(requests.c.batch_id == batch_id, requests.c.line == line, requests.c.done.is_(False))
-                .values(done=True, ok=ok, result=json.dumps(result), lease_owner=None, lease_until=None)
+                .values(done=True, ok=ok, result=rules.json_line(result), lease_owner=None, lease_until=None)
             ).rowcount
             if written != 1:
                 return False
@@ -416,39 +454,36 @@ class BatchStore:
             elif not expired and conn.execute(select(func.count()).where(undone)).scalar():
                 return None
             final = rules.final_status_of_finalizing(batch.status, expired)
-            answered = conn.execute(
-                select(requests.c.ok, requests.c.result)
-                .where(requests.c.batch_id == batch_id, requests.c.done.is_(True))
-                .order_by(requests.c.line)
-            ).all()
-            output = [json.loads(r.result) for r in answered if r.ok]
-            errors = [json.loads(r.result) for r in answered if not r.ok]
-            errors += [
-                json.loads(r.result)
-                for r in conn.execute(
-                    select(line_errors.c.result).where(line_errors.c.batch_id == batch_id).order_by(line_errors.c.line)
-                )
-            ]
+            # The files are written from the stored result lines as they are read (streamed from the
+            # database), not parsed into objects first: memory is the files' bytes, once.
+            output, errors = bytearray(), bytearray()
+            answered = select(requests.c.ok, requests.c.result).where(
+                requests.c.batch_id == batch_id, requests.c.done.is_(True)
+            )
+            for r in conn.execute(answered.order_by(requests.c.line).execution_options(yield_per=STREAM_ROWS)):
+                (output if r.ok else errors).extend(r.result.encode() + b"\n")
+            invalid = select(line_errors.c.result).where(line_errors.c.batch_id == batch_id)
+            for r in conn.execute(invalid.order_by(line_errors.c.line).execution_options(yield_per=STREAM_ROWS)):
+                errors.extend(r.result.encode() + b"\n")
             failed_more = 0
             if final == rules.EXPIRED:
                 left = conn.execute(
                     select(requests.c.line, requests.c.custom_id).where(undone).order_by(requests.c.line)
                 ).all()
                 for r in left:  # recorded as answered, so nothing is sent or written for them any more
-                    expired = rules.expired_line(new_id("batch_req_"), r.custom_id)
-                    errors.append(expired)
+                    expired_result = rules.json_line(rules.expired_line(new_id("batch_req_"), r.custom_id))
+                    errors.extend(expired_result.encode() + b"\n")
                     conn.execute(
                         update(requests)
                         .where(requests.c.batch_id == batch_id, requests.c.line == r.line)
-                        .values(done=True, ok=False, result=json.dumps(expired), lease_owner=None, lease_until=None)
+                        .values(done=True, ok=False, result=expired_result, lease_owner=None, lease_until=None)
                     )
                 failed_more = len(left)
             stamp = int(now)
             values: dict[str, Any] = {"status": final, rules.STAMPS[final]: stamp, "finalizing_at": stamp}
             values["failed"] = batches.c.failed + failed_more
-            for key, lines in (("output_file_id", output), ("error_file_id", errors)):
-                if lines:
-                    content = rules.jsonl(lines)
+            for key, content in (("output_file_id", output), ("error_file_id", errors)):
+                if content:
                     file_id = new_id("file-")
                     conn.execute(
                         insert(files).values(

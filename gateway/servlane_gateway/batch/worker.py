@@ -10,8 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from contextlib import suppress
 from typing import Any
+
+from sqlalchemy.exc import DataError, IntegrityError
 
 from servlane_gateway.batch import metrics as m
 from servlane_gateway.batch import rules
@@ -94,19 +97,33 @@ class BatchWorker:
         active = await asyncio.to_thread(self.store.active_batches)
         self.stopping = {b.id for b in active if b.status == rules.CANCELLING}
         now = time.time()
+        sending = [b for b in active if b.status == rules.IN_PROGRESS and now < b.expires_at]
+        room = 2 * self.concurrency * max(1, len(self.slots)) - len(self.held)
+        claimed_for: set[str] = set()
+        if room > 0 and sending:
+            # Fair across owners: the free places go first to the owners with the fewest in flight; what an
+            # owner cannot use (nothing left to claim) goes to anyone, oldest batch first.
+            owner_of = {b.id: b.owner for b in active}
+            in_flight = Counter(owner_of.get(batch_id, "") for batch_id, _ in self.held)
+            shares = rules.fair_shares(room, in_flight, (b.owner for b in sending))
+            for batch in sending:
+                got = await self._claim(batch, min(shares[batch.owner], room), now)
+                shares[batch.owner] -= got
+                room -= got
+                if got:
+                    claimed_for.add(batch.id)
+            for batch in sending:
+                if room <= 0:
+                    break
+                got = await self._claim(batch, room, now)
+                room -= got
+                if got:
+                    claimed_for.add(batch.id)
+        busy = busy or bool(claimed_for)
         for batch in active:
             mine = any(batch_id == batch.id for batch_id, _ in self.held)
-            if batch.status == rules.IN_PROGRESS and now < batch.expires_at:
-                room = 2 * self.concurrency * max(1, len(self.slots)) - len(self.held)
-                if room > 0:
-                    claimed = await asyncio.to_thread(
-                        self.store.claim_requests, batch.id, self.me, now, self.lease, room
-                    )
-                    for request in claimed:
-                        self.held[(batch.id, request.line)] = asyncio.create_task(self._send(batch, request))
-                    if claimed:
-                        busy = True
-                        continue
+            if batch.id in claimed_for:
+                continue
             if not mine:
                 final = await asyncio.to_thread(self.store.try_finalize, batch.id, time.time())
                 if final is not None:
@@ -115,6 +132,15 @@ class BatchWorker:
                     busy = True
         return busy
 
+    async def _claim(self, batch: Active, limit: int, now: float) -> int:
+        """Claims up to `limit` of the batch's requests and starts sending them; how many it claimed."""
+        if limit <= 0:
+            return 0
+        claimed = await asyncio.to_thread(self.store.claim_requests, batch.id, self.me, now, self.lease, limit)
+        for request in claimed:
+            self.held[(batch.id, request.line)] = asyncio.create_task(self._send(batch, request))
+        return len(claimed)
+
     async def _validate_one(self) -> bool:
         if self.state.table is None:  # the models are not known yet: every line would look uncallable
             return False
@@ -122,14 +148,24 @@ class BatchWorker:
         if claimed is None:
             return False
         content = claimed["content"] or b""
-        # In a thread: a large file must not hold up the event loop that serves interactive requests.
-        owner = claimed["owner"]
-        validated = await asyncio.to_thread(
-            rules.validate, content, claimed["endpoint"], lambda model: self._callable(owner, model)
-        )
-        status = await asyncio.to_thread(
-            self.store.finish_validation, claimed["id"], self.me, validated, int(time.time())
-        )
+        owner, batch_id = claimed["owner"], claimed["id"]
+        try:
+            # In a thread: a large file must not hold up the event loop that serves interactive requests.
+            validated = await asyncio.to_thread(
+                rules.validate, content, claimed["endpoint"], lambda model: self._callable(owner, model),
+                self.state.limits,
+            )  # fmt: skip
+            status = await asyncio.to_thread(
+                self.store.finish_validation, batch_id, self.me, validated, int(time.time())
+            )
+        except (DataError, IntegrityError, ValueError, RecursionError, MemoryError) as exc:
+            # This batch's own fault (its content, not the database being away): it fails alone, now, rather
+            # than stopping this step for every other batch and coming back after each lease.
+            log.exception("batch %s could not be validated; it fails", batch_id)
+            validated = rules.Validated(fatal=rules.unvalidatable(type(exc).__name__))
+            status = await asyncio.to_thread(
+                self.store.finish_validation, batch_id, self.me, validated, int(time.time())
+            )
         if status is not None:
             self.metrics.batches.labels(status).inc()
             self.metrics.invalid_lines.inc(len(validated.errors))

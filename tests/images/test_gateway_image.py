@@ -1,9 +1,15 @@
 """The gateway image: lean (no torch), starts as uid 10001 under a read-only root with a routes file (as a
-mounted ConfigMap would be), answers /health and /ready, and lists the routed model on /v1/models."""
+mounted ConfigMap would be), answers /health and /ready, and lists the routed model on /v1/models.
+
+Every documented setting's optional modules are in the image (tracing, Redis, the PostgreSQL batch store):
+they are imported only when the setting is on, so the development venv's tests cannot notice one missing from
+the image's extras; the gateway also starts with tracing on against an absent collector, as the chart's
+`tracing.enabled` makes it."""
 
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 from pathlib import Path
 
@@ -26,12 +32,35 @@ def test_no_ml_libraries(gateway_image: str) -> None:
     assert python_in(gateway_image, code).strip() == "[]"
 
 
-def test_starts_with_a_routes_file_and_answers_health(gateway_image: str, tmp_path: Path) -> None:
-    routes = tmp_path / "routes.json"
+# What each setting makes the gateway import, done the way the gateway does it: tracing through
+# servlane_core.tracing (the SDK and the OTLP/HTTP exporter), the shared limits and cache through redis.asyncio,
+# the batch store's postgresql:// through SQLAlchemy's psycopg 3 dialect (an engine, no connection) and Alembic,
+# the batch upload through python-multipart, several workers through prometheus_client's multiprocess mode.
+SETTINGS_MODULES = """
+import os
+os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:9"
+from servlane_core.tracing import start_tracing, stop_tracing
+assert start_tracing("servlane-gateway") is not None
+stop_tracing()
+import redis.asyncio, servlane_gateway.redis_limits, servlane_gateway.cache_store
+import sqlalchemy, alembic.command, alembic.config
+from servlane_gateway.batch.store import engine_url
+engine = sqlalchemy.create_engine(engine_url("postgresql://batch@127.0.0.1:9/batch"))
+assert engine.dialect.driver == "psycopg", engine.dialect.driver
+import python_multipart
+import prometheus_client.multiprocess
+print("ok")
+"""
+
+
+def test_every_settings_optional_modules_are_installed(gateway_image: str) -> None:
+    assert python_in(gateway_image, SETTINGS_MODULES).strip().splitlines()[-1] == "ok"
+
+
+def _run_options(routes: Path, port: int) -> list[str]:
     routes.write_text(json.dumps([aimodel("m1", "http://127.0.0.1:9", served="tiny")]))
     routes.chmod(0o644)
-    port = free_port()
-    options = [
+    return [
         "--read-only",
         "--mount=type=tmpfs,destination=/tmp,tmpfs-mode=1777",  # the chart's emptyDir
         "--cap-drop=ALL",
@@ -41,6 +70,32 @@ def test_starts_with_a_routes_file_and_answers_health(gateway_image: str, tmp_pa
         "--publish",
         f"127.0.0.1:{port}:8080",
     ]
+
+
+def test_starts_with_tracing_on_and_no_collector(gateway_image: str, tmp_path: Path) -> None:
+    """The chart's tracing.enabled environment, with the collector's address unreachable (not deployed yet):
+    the gateway serves, and says tracing is on."""
+    port = free_port()
+    tracing = [  # as charts/servlane/templates/_helpers.tpl's servlane.tracingEnv sets it
+        "--env=OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector.invalid:4318",
+        "--env=OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
+        "--env=OTEL_TRACES_SAMPLER=parentbased_traceidratio",
+        "--env=OTEL_TRACES_SAMPLER_ARG=1.0",
+    ]
+    options = _run_options(tmp_path / "routes.json", port) + tracing
+    args = ["--routes-file", "/etc/servlane/routes.json", "--log-level", "info"]
+    with Container(gateway_image, options, args) as gateway:
+        gateway.wait_http_ok(f"http://127.0.0.1:{port}/health", 60, "the gateway's /health with tracing on")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as response:
+            trace_id = response.headers.get("x-trace-id") or ""
+        assert re.fullmatch("[0-9a-f]{32}", trace_id), f"no trace id on a traced request: {trace_id!r}"
+        gateway.assert_running("serving with tracing on")
+        assert "tracing on" in gateway.logs(), gateway.logs()
+
+
+def test_starts_with_a_routes_file_and_answers_health(gateway_image: str, tmp_path: Path) -> None:
+    port = free_port()
+    options = _run_options(tmp_path / "routes.json", port)
     with Container(gateway_image, options, ["--routes-file", "/etc/servlane/routes.json"]) as gateway:
         gateway.wait_http_ok(f"http://127.0.0.1:{port}/health", 60, "the gateway's /health")
         gateway.wait_http_ok(f"http://127.0.0.1:{port}/ready", 30, "the gateway's /ready")

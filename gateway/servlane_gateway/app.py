@@ -162,16 +162,17 @@ class GatewayApp(FastAPI):
     traced: TracingMiddleware | None = None  # set when tracing is on: a server span around each OpenAI request
 
     metrics_listener: tuple[int, MetricsEndpoint] | None = None  # (port, what it answers): see create_app
+
     def trace_with(self, tracer: Any) -> None:
         self.traced = TracingMiddleware(self._serve, tracer)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.traced is not None:
         if self.metrics_listener is not None and scope["type"] == "http":
             port, endpoint = self.metrics_listener
             if arrived_on(scope, port):
                 await endpoint(scope, receive, send)
                 return
+        if self.traced is not None:
             await self.traced(scope, receive, send)  # type: ignore[arg-type]
             return
         await self._serve(scope, receive, send)

@@ -308,6 +308,13 @@ class GatewaySettings(BaseModel):
             raise ValueError("set exactly one of --routes-file or --watch")
         return self
 
+    @model_validator(mode="after")
+    def _metrics_port_of_its_own(self) -> GatewaySettings:
+        # On the API port, /metrics would be readable by every client and inseparable from /v1 by a NetworkPolicy.
+        if self.metrics_port == self.port:
+            raise ValueError(f"--metrics-port {self.metrics_port} is the API port: /metrics needs a port of its own")
+        return self
+
     @property
     def limits_in_memory(self) -> bool:
         """Rate limits are set and kept in each process's memory (no Redis to share them)."""
@@ -327,13 +334,6 @@ class GatewaySettings(BaseModel):
             return "rate limits are kept in memory (no --redis-url), which only one process can apply exactly"
         url = self.batch_database_url
         if url is not None and url.get_secret_value().startswith("sqlite"):
-    @model_validator(mode="after")
-    def _metrics_port_of_its_own(self) -> GatewaySettings:
-        # On the API port, /metrics would be readable by every client and inseparable from /v1 by a NetworkPolicy.
-        if self.metrics_port == self.port:
-            raise ValueError(f"--metrics-port {self.metrics_port} is the API port: /metrics needs a port of its own")
-        return self
-
             return "the Batch API's SQLite database takes one process (PostgreSQL takes several)"
         return None
 

@@ -298,18 +298,18 @@ class GatewayProcess:
         keys.write_text(KEYS)
         self.port, metrics_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.metrics_base = f"http://127.0.0.1:{metrics_port}"  # /metrics is on its own port
         argv = [sys.executable, "-m", "servlane_gateway", "--routes-file", str(routes), "--keys-file", str(keys)]
         argv += [
             "--host",
-        self.metrics_base = f"http://127.0.0.1:{metrics_port}"  # /metrics is on its own port
             "127.0.0.1",
             "--port",
             str(self.port),
+            "--metrics-port",
+            str(metrics_port),
             "--redis-key-prefix",
             prefix,
             "--log-level",
-            "--metrics-port",
-            str(metrics_port),
             "warning",
         ]
         for name, value in limits.items():

@@ -41,7 +41,7 @@ from bench.gateway_bench import ANSWER_BYTES, routes, stop_processes, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 NULL = subprocess.DEVNULL
-KEY = "sk-bench-batch-interference"
+KEY = "sk-bench-batch-interference-0000"
 RANKS = {"high": 0, "normal": 1, "low": 2}
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
 

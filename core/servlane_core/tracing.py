@@ -6,6 +6,13 @@ OTLP/HTTP (protobuf); `OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG` sample (
 always on; the chart sets `parentbased_traceidratio` and the ratio); `OTEL_SERVICE_NAME` names the service.
 Context crosses processes as W3C `traceparent` (OTel's default propagator). The SDK is imported only when
 tracing is on, so a server without it pays nothing.
+
+A caller's `traceparent` is trusted only where the server is told to (`trust_incoming`): under a
+parent-based sampler a sampled parent forces its child's sampling, so a caller that sets the flag on
+every request has every request traced (an exporter's and a collector's worth of load, on the server's
+bill). Untrusted, the server span starts a new trace and links the caller's span instead: the configured
+sampler decides as for any root span. It does not continue the caller's trace id under its own decision:
+TraceIdRatioBased decides by the trace id, which the caller would then choose.
 """
 
 from __future__ import annotations
@@ -143,26 +150,35 @@ def spans_of(scope: MutableMapping[str, Any]) -> RequestSpans:
 class TracingMiddleware:
     """Pure ASGI: a server span around each OpenAI request (continuing a caller's `traceparent`), ended when
     the response is done (a stream's last byte), with the trace id in the `x-trace-id` response header so an
-    error a client reports leads to its trace."""
+    error a client reports leads to its trace. Without `trust_incoming`, the caller's context becomes a
+    link of a new root span (see the module's docstring), never the parent."""
 
-    def __init__(self, app: Any, tracer: Any, prefix: str = "/v1/") -> None:
+    def __init__(self, app: Any, tracer: Any, prefix: str = "/v1/", trust_incoming: bool = True) -> None:
         self.app = app
         self.tracer = tracer
         self.prefix = prefix
+        self.trust_incoming = trust_incoming
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(self.prefix):
             await self.app(scope, receive, send)
             return
-        from opentelemetry import propagate
-        from opentelemetry.trace import SpanKind
+        from opentelemetry import propagate, trace
+        from opentelemetry.context import Context
+        from opentelemetry.trace import Link, SpanKind
 
         carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers") or []}
         name = f"{scope['method']} {scope['path']}"
         attributes = {"http.request.method": scope["method"], "url.path": scope["path"]}
-        span = self.tracer.start_span(
-            name, context=propagate.extract(carrier), kind=SpanKind.SERVER, attributes=attributes
-        )
+        incoming = propagate.extract(carrier)
+        if self.trust_incoming:
+            span = self.tracer.start_span(name, context=incoming, kind=SpanKind.SERVER, attributes=attributes)
+        else:
+            caller = trace.get_current_span(incoming).get_span_context()
+            links = [Link(caller)] if caller.is_valid else None
+            span = self.tracer.start_span(
+                name, context=Context(), kind=SpanKind.SERVER, attributes=attributes, links=links
+            )
         spans = RequestSpans(self.tracer, span)
         scope[SCOPE_KEY] = spans
         trace_id = (spans.trace_id or "").encode()

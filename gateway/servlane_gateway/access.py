@@ -4,20 +4,24 @@ File format (e.g. one Secret key mounted as a file), one entry per line:
 
     NAME: KEY [SCOPE,SCOPE...]
 
-NAME labels the key (logs, rate limits) and is never secret. KEY is the bearer token, or `sha256:<hex>`
-to store only its hash. The optional comma-separated list limits the key to those scopes; without it the
-key may call everything. A scope names models the way a request does, so a key never reaches more than
-its scope reads as: `namespace/name` is exactly that feature (or served model name) in that
-namespace; a plain `name` is what a request for `name` gets, i.e. that name in the gateway's serving
-namespaces only (never `other-namespace/name`); `namespace/*` is everything in that namespace.
+NAME labels the key (logs, rate limits) and is never secret. KEY is the bearer token (at least
+MIN_KEY_LENGTH characters), or `sha256:<hex>` to store only its hash. The optional comma-separated list
+limits the key to those scopes; without it the key may call everything (an admin key). A scope always
+names its namespace: `namespace/name` is exactly that feature (or served model name) in that namespace,
+`namespace/*` everything in that namespace. A plain `name` is refused: it used to follow whatever the
+name resolved to, so another team's new object of that name could take the key's traffic.
+
+The namespaces a key's scopes name, in the order first listed, are the key's own: a plain model name in
+its requests resolves there (servlane_core.routing.name_resolution).
 
 A line whose first non-blank character is `#` is a comment; `#` anywhere else is part of the entry (a
 key may contain `#`: cutting it there would silently make a shorter, weaker key), so comments after an
 entry are an error, not ignored.
 
 Fail closed: with no keys file, access control is off; with a keys file, it is on, and a file without
-a single key refuses every request (an emptied Secret revokes everyone, it never opens the gateway).
-A malformed line is reported by its line number only: its text may hold a key.
+a single key refuses every request (an emptied Secret revokes everyone, it never opens the gateway); a
+file that does not parse refuses every request too (KeyRing.broken), so a revocation with a typo never
+leaves the revoked key valid. A malformed line is reported by its line number only: its text may hold a key.
 """
 
 from __future__ import annotations
@@ -28,11 +32,18 @@ import re
 from dataclasses import dataclass
 
 from servlane_core.protocol.errors import OpenAIError, model_not_found
+from servlane_core.routing.name_resolution import resolve_name, visible_names
 from servlane_core.routing.routes import Route, RouteTable
 
 HASH_PREFIX = "sha256:"
+# A plaintext key shorter than this is refused: guessable, and a paste error (a truncated key) looks like one.
+MIN_KEY_LENGTH = 32
 ENTRY_FORMAT = "expected 'NAME: KEY [SCOPE,...]' (comments only on lines of their own)"
-SCOPE_FORMAT = "a scope is 'name', 'namespace/name' or 'namespace/*'"
+SCOPE_FORMAT = "a scope is 'namespace/name' or 'namespace/*'"
+PLAIN_SCOPE = (
+    "a scope needs its namespace: write 'namespace/name' (or 'namespace/*'); a plain name would follow "
+    "whichever namespace the name resolves to"
+)
 ANY_NAME = "*"
 # A Kubernetes namespace name (DNS-1123 label): a typo such as `Prod/*` is refused, not a scope that never matches.
 NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -40,27 +51,20 @@ NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 @dataclass(frozen=True)
 class Scope:
-    """What one entry of a key's list lets it call; `namespace` None: a plain name (serving namespaces)."""
+    """What one entry of a key's list lets it call: `name` in `namespace` (ANY_NAME: all of it)."""
 
-    namespace: str | None
-    name: str  # ANY_NAME: everything in `namespace`
+    namespace: str
+    name: str
 
-    def covers(self, route: Route, table: RouteTable) -> bool:
-        if self.namespace is None:
-            # Resolved exactly as a request for the plain name is, so `chat` never reaches `other-ns/chat`,
-            # nor a namespace that a serving namespace earlier in the search path shadows.
-            found = table.plain.get(self.name)
-            return found is not None and (found.namespace, found.name) == (route.namespace, route.name)
+    def covers(self, route: Route) -> bool:
         return self.namespace == route.namespace and self.name in (ANY_NAME, route.name)
 
 
 def parse_scope(text: str) -> Scope:
-    """`name`, `namespace/name` or `namespace/*`; ValueError (without the text: it sits next to a key)."""
+    """`namespace/name` or `namespace/*`; ValueError (without the text: it sits next to a key)."""
     namespace, slash, name = text.rpartition("/")
     if not slash:
-        if name == ANY_NAME:
-            raise ValueError(SCOPE_FORMAT)  # everything: leave the list out instead
-        return Scope(None, name)
+        raise ValueError(SCOPE_FORMAT if name == ANY_NAME else PLAIN_SCOPE)
     if not NAMESPACE.fullmatch(namespace) or not name:
         raise ValueError(SCOPE_FORMAT)
     return Scope(namespace, name)
@@ -70,11 +74,17 @@ def parse_scope(text: str) -> Scope:
 class ApiKey:
     name: str
     digest: bytes  # SHA-256 of the key; the key itself is never kept
-    scopes: frozenset[Scope] | None  # None: everything
+    scopes: tuple[Scope, ...] | None  # None: everything
 
-    def allows(self, route: Route, table: RouteTable) -> bool:
-        """Whether this key may call `route` of `table` (the table that resolved the request)."""
-        return self.scopes is None or any(scope.covers(route, table) for scope in self.scopes)
+    @property
+    def namespaces(self) -> tuple[str, ...]:
+        """The namespaces its scopes name, in the order first listed (none for an admin key): where
+        its plain model names resolve."""
+        return tuple(dict.fromkeys(scope.namespace for scope in self.scopes or ()))
+
+    def allows(self, route: Route) -> bool:
+        """Whether this key may call `route`."""
+        return self.scopes is None or any(scope.covers(route) for scope in self.scopes)
 
 
 def hash_key(key: str) -> bytes:
@@ -99,15 +109,17 @@ def parse_key_line(line: str, number: int = 1) -> ApiKey | None:
             digest = b""
         if len(digest) != hashlib.sha256().digest_size:
             raise ValueError(f"line {number}: a sha256: key needs exactly 64 hex digits")
+    elif len(secret) < MIN_KEY_LENGTH:
+        raise ValueError(f"line {number}: a key needs at least {MIN_KEY_LENGTH} characters (or write sha256:<hex>)")
     else:
         digest = hash_key(secret)
-    scopes: frozenset[Scope] | None = None
+    scopes: tuple[Scope, ...] | None = None
     if len(parts) == 2:
         entries = [f for f in parts[1].split(",") if f]
         if not entries or any(f.startswith("#") for f in entries):
             raise ValueError(f"line {number}: {ENTRY_FORMAT}")
         try:
-            scopes = frozenset(parse_scope(f) for f in entries)
+            scopes = tuple(dict.fromkeys(parse_scope(f) for f in entries))
         except ValueError as exc:
             raise ValueError(f"line {number}: {exc}") from None
     return ApiKey(name, digest, scopes)
@@ -136,13 +148,30 @@ def no_keys_refusal() -> OpenAIError:
     )
 
 
+def broken_keys_refusal() -> OpenAIError:
+    """Never the file's content nor its error: both may hold a key."""
+    return OpenAIError(
+        403,
+        "This gateway's API keys file does not parse, so it refuses every request until the file is fixed.",
+        type="permission_error",
+        code="api_keys_invalid",
+    )
+
+
 class KeyRing:
     """The configured keys, or None when no keys file is configured (access control off). A keys file
-    turns access control on whatever it holds: an empty list of keys refuses everyone."""
+    turns access control on whatever it holds: an empty list of keys refuses everyone, and so does a
+    `broken` ring (the file did not parse: KeyRing.broken)."""
 
-    def __init__(self, keys: list[ApiKey] | None = None) -> None:
-        self.enabled = keys is not None
-        self.keys = list(keys or [])
+    def __init__(self, keys: list[ApiKey] | None = None, *, broken: bool = False) -> None:
+        self.enabled = keys is not None or broken
+        self.broken = broken
+        self.keys = [] if broken else list(keys or [])
+
+    @classmethod
+    def unparsable(cls) -> KeyRing:
+        """A keys file that does not parse: every request refused (403 api_keys_invalid)."""
+        return cls(broken=True)
 
     def find(self, presented: str) -> ApiKey | None:
         """The key whose hash matches; every stored hash is compared so timing tells nothing."""
@@ -157,6 +186,8 @@ class KeyRing:
         """The caller's key from `Authorization: Bearer ...`; None when access control is off."""
         if not self.enabled:
             return None
+        if self.broken:
+            raise broken_keys_refusal()
         if not self.keys:
             raise no_keys_refusal()
         scheme, _, token = (authorization or "").partition(" ")
@@ -168,10 +199,28 @@ class KeyRing:
         return key
 
 
-def authorize(key: ApiKey | None, route: Route, table: RouteTable, requested: str) -> None:
-    """404 unless `key` (None: access control off) may call `route`, which `requested` resolved to in `table`.
+def authorize(key: ApiKey | None, route: Route, requested: str) -> None:
+    """404 unless `key` (None: access control off) may call `route`, which `requested` resolved to.
 
     The very answer a missing model gets (as OpenAI does): a 403 would tell one team which names exist in
     another team's namespace."""
-    if key is not None and not key.allows(route, table):
+    if key is not None and not key.allows(route):
         raise model_not_found(requested)
+
+
+def route_for(key: ApiKey | None, table: RouteTable, requested: str) -> Route:
+    """The route a request of `key` for `requested` goes to, authorised; OpenAIError 404 or 400
+    (ambiguous_model) otherwise. A scoped key's plain names resolve in its own namespaces."""
+    if key is None:
+        route = resolve_name(table, requested)
+    else:
+        route = resolve_name(table, requested, key.namespaces, key.allows)
+    authorize(key, route, requested)
+    return route
+
+
+def names_for(key: ApiKey | None, table: RouteTable) -> list[str]:
+    """What /v1/models lists for `key`: each route it may call, named as it would resolve it."""
+    if key is None:
+        return visible_names(table)
+    return visible_names(table, key.namespaces, key.allows)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
@@ -18,9 +19,9 @@ from servlane_core.protocol import openai as p
 from servlane_core.protocol.errors import install_error_handlers
 from servlane_core.protocol.limits import RequestLimits
 from servlane_core.routing.overrides import apply_overrides
-from servlane_core.routing.routes import RouteTable, describe_refused, describe_shadowing, resolve_plain_names
+from servlane_core.routing.routes import RouteTable, describe_ambiguity, describe_refused, resolve_plain_names
 from servlane_core.tracing import TracingMiddleware, start_tracing, stop_tracing
-from servlane_gateway.access import ApiKey, KeyRing, parse_keys
+from servlane_gateway.access import KeyRing, names_for, parse_keys
 from servlane_gateway.batch.service import BatchService
 from servlane_gateway.cache_store import AnswerStore, MemoryStore, RedisStore, ResponseCacher
 from servlane_gateway.console.recent import RequestLog
@@ -29,8 +30,8 @@ from servlane_gateway.endpoints import EndpointRouter, EndpointSliceSource
 from servlane_gateway.forwarding import GatewayState, handle
 from servlane_gateway.gateway_metrics import GatewayMetrics
 from servlane_gateway.kube_watch import KubeRouteSource, own_namespace
-from servlane_gateway.proxy import Timeouts
 from servlane_gateway.metrics_listener import MetricsEndpoint, arrived_on
+from servlane_gateway.proxy import Timeouts
 from servlane_gateway.ratelimit import Limiter, Limits, RateLimiter
 from servlane_gateway.redis_limits import RedisLimiter
 from servlane_gateway.response_cache import CacheBudget
@@ -55,8 +56,9 @@ def log_key_ring(keys: KeyRing, path: Path, reloaded: bool = False) -> None:
 
 
 async def _watch_keys(state: GatewayState, path: Path, poll_seconds: float) -> None:
-    """Secret rotation: a mounted Secret changes in place; reload it. A file that no longer parses keeps the
-    previous keys (logged); one that parses to no keys refuses everyone (an emptied Secret revokes all)."""
+    """Secret rotation: a mounted Secret changes in place; reload it. A file that no longer parses refuses
+    every request until it is fixed (the previous keys may include one that edit meant to revoke), and
+    /ready fails so a rollout of the broken Secret stops; one that parses to no keys refuses everyone too."""
     signature = file_signature(path)
     while True:
         await asyncio.sleep(poll_seconds)
@@ -66,16 +68,13 @@ async def _watch_keys(state: GatewayState, path: Path, poll_seconds: float) -> N
         signature = current
         try:
             keys = load_key_ring(path)
-        except (OSError, ValueError) as exc:
-            log.error("keeping the previous API keys: the keys file %s does not load: %s", path, exc)
-            continue
+        except (OSError, ValueError) as exc:  # the message names a line number at most, never a key
+            log.error("refusing every request: the keys file %s does not load (%s); fix it to serve again", path, exc)
+            keys = KeyRing.unparsable()
         state.keys = keys
-        log_key_ring(keys, path, reloaded=True)
-
-
-def _allowed(key: ApiKey, table: RouteTable, name: str) -> bool:
-    route = table.lookup(name)
-    return route is not None and key.allows(route, table)
+        state.metrics.keys_file_loaded(not keys.broken, time.time())
+        if not keys.broken:
+            log_key_ring(keys, path, reloaded=True)
 
 
 def route_source_for(settings: GatewaySettings) -> RouteSource:
@@ -136,6 +135,19 @@ def cache_budget_for(settings: GatewaySettings) -> CacheBudget:
     return CacheBudget(settings.cache_max_bytes, settings.cache_namespace_max_bytes, settings.cache_max_entry_bytes)
 
 
+def log_cache(cache: ResponseCacher) -> None:
+    """Where the response cache keeps answers and within what: an admin sizing memory reads it here."""
+    store, budget = cache.store, cache.budget
+    where = f"Redis at {store.where}" if isinstance(store, RedisStore) else "this process's memory"
+    log.info(
+        "the response cache keeps at most %d bytes of answers in %s: %d per namespace, %d per answer",
+        budget.max_bytes,
+        where,
+        budget.namespace_share,
+        budget.max_entry_bytes,
+    )
+
+
 def batch_service_for(settings: GatewaySettings, state: GatewayState) -> BatchService:
     url = settings.batch_database_url
     return BatchService(
@@ -160,11 +172,10 @@ class GatewayApp(FastAPI):
     own work, and the handler needs none of them: it answers every outcome itself, errors included."""
 
     traced: TracingMiddleware | None = None  # set when tracing is on: a server span around each OpenAI request
-
     metrics_listener: tuple[int, MetricsEndpoint] | None = None  # (port, what it answers): see create_app
 
-    def trace_with(self, tracer: Any) -> None:
-        self.traced = TracingMiddleware(self._serve, tracer)
+    def trace_with(self, tracer: Any, trust_traceparent: bool = False) -> None:
+        self.traced = TracingMiddleware(self._serve, tracer, trust_incoming=trust_traceparent)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.metrics_listener is not None and scope["type"] == "http":
@@ -219,8 +230,10 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
         reserved_completion_tokens=settings.reserved_completion_tokens,
     )
     state.cache = ResponseCacher(answer_store_for(settings), state.metrics, cache_budget_for(settings))
+    log_cache(state.cache)
     state.metrics.limits_store.labels(state.limiter.mode).set(1)
     if settings.keys_file is not None:
+        state.metrics.keys_file_loaded(True, time.time())  # it parsed: a broken one stops the start above
         log_key_ring(state.keys, settings.keys_file)
     batch = batch_service_for(settings, state)
     tracer = start_tracing("servlane-gateway")
@@ -230,7 +243,8 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
     slices = EndpointSliceSource(settings.namespaces) if isinstance(routes, KubeRouteSource) else None
     serving = plain_name_namespaces(settings, own_namespace)
     log.info(
-        "plain model names resolve in namespace(s) %s, in that order; elsewhere call '<namespace>/<name>'",
+        "plain model names resolve in namespace(s) %s for callers whose API key names no namespace (a name "
+        "several hold is ambiguous: refused); elsewhere call '<namespace>/<name>'",
         ", ".join(serving),
     )
 
@@ -240,8 +254,8 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
         first_table.set()
         table = resolve_plain_names(apply_overrides(table, settings.endpoint_overrides), serving)
         previous = state.table
-        if previous is None or table.shadowed != previous.shadowed:  # once per change, not per watch event
-            for line in describe_shadowing(table):
+        if previous is None or table.ambiguous != previous.ambiguous:  # once per change, not per watch event
+            for line in describe_ambiguity(table):
                 log.warning(line)
         if previous is None or table.refused != previous.refused:
             for line in describe_refused(table):
@@ -290,7 +304,7 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
 
     app = GatewayApp(title="Servlane gateway", lifespan=lifespan)
     if tracer is not None:
-        app.trace_with(tracer)
+        app.trace_with(tracer, settings.trust_traceparent)
     app.state.gateway = state
     install_error_handlers(app)
 
@@ -305,9 +319,8 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
     async def models(request: Request) -> dict[str, Any]:
         key = state.keys.authenticate(request.headers.get("authorization"))
         table = state.table
-        names = table.names() if table else []
-        # Listed exactly when a request for the name would be allowed (the key's scopes resolve like requests).
-        visible = [n for n in names if key is None or (table is not None and _allowed(key, table, n))]
+        # Each model the key may call, named as a request of this key resolves it (ambiguous ones qualified).
+        visible = names_for(key, table) if table is not None else []
         data = [{"id": n, "object": "model", "created": 0, "owned_by": "servlane"} for n in visible]
         return {"object": "list", "data": data}
 
@@ -319,12 +332,17 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
     async def ready() -> JSONResponse:
         if state.table is None:
             return JSONResponse({"status": "waiting for routes"}, status_code=503, headers={"Retry-After": "1"})
+        keys_file = "none" if settings.keys_file is None else "invalid" if state.keys.broken else "valid"
+        if state.keys.broken:
+            # Not ready: a rollout of a broken keys Secret stops here instead of replacing working replicas.
+            detail = {"status": "the API keys file does not parse", "keys_file": keys_file}
+            return JSONResponse(detail, status_code=503, headers={"Retry-After": "5"})
         # The shared limit store is deliberately not checked: its outage hits every replica at once, and
         # taking them all out of the Service would turn the limited requests' 503 + Retry-After into
         # connection errors and fail the requests no limit applies to as well.
         return JSONResponse({"status": "ready", "keys_file": keys_file})
 
-    return app
     # Not a route: /metrics answers only on the metrics port (metrics_listener), OpenMetrics with the exemplars
     # that link a latency bucket to a trace when asked (one worker process only: the multiprocess files hold none).
     app.metrics_listener = (settings.metrics_port, MetricsEndpoint(state.metrics.scrape_registry()))
+    return app

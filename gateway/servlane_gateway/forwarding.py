@@ -1,4 +1,4 @@
-"""One OpenAI request through the gateway: cap, authenticate, route, authorise, limit, forward, count.
+"""One OpenAI request through the gateway: authenticate, cap, route, authorise, limit, forward, count.
 
 The body is parsed once into a dict; the feature's defaults and the backend's served model name are
 written into it and it is serialised once per attempt. The pod of the picked backend is picked by the
@@ -36,7 +36,7 @@ from servlane_core.routing.prompt_prefix import prompt_prefix
 from servlane_core.routing.routes import Backend, Route, RouteTable
 from servlane_core.routing.sticky_share import StickyShareGuard
 from servlane_core.tracing import NO_SPANS, Phase, RequestSpans, spans_of
-from servlane_gateway.access import KeyRing, authorize
+from servlane_gateway.access import KeyRing, route_for
 from servlane_gateway.cache_store import Leading, ResponseCacher
 from servlane_gateway.client_watch import ClientGone, unless_client_leaves
 from servlane_gateway.console.recent import RequestLog
@@ -260,21 +260,22 @@ async def _handle(state: GatewayState, request: Request, endpoint: str, call: Ca
     spans = spans_of(request.scope)
     call.trace_id = spans.trace_id
     with spans.phase("auth"):
-        raw = await read_capped(request, state.limits.max_body_bytes)
+        # The key first, from the headers alone: a caller without a valid key gets its 401 at once,
+        # never after the gateway waited for (and buffered) a body of up to max_body_bytes.
         key = state.keys.authenticate(header(request, b"authorization"))
+        raw = await read_capped(request, state.limits.max_body_bytes)
     call.key_name = key.name if key else None
     priority = priority_of(request)
     with spans.phase("route") as routing:
         body = parse_body(raw, state.limits)
         table = state.table
-        route = table.lookup(body["model"]) if table else None
-        if table is None or route is None:
+        if table is None:
             raise model_not_found(body["model"])
+        route = route_for(key, table, body["model"])  # a scoped key's plain names: in its own namespaces
         call.feature = route.name
         call.namespace = route.namespace
         spans.set(**{"gen_ai.request.model": body["model"], "servlane.namespace": route.namespace})
         spans.set(**{"servlane.feature": route.name, "servlane.key": call.key_name})
-        authorize(key, route, table, body["model"])
         apply_defaults(body, route.defaults, endpoint)  # first: the feature's max_tokens cap sizes the reservation
         reserve = estimate_tokens(body, len(raw), endpoint, state.reserved_completion_tokens)
         call.admission = await state.limiter.acquire(call.key_name, route.namespace, route.name, reserve)

@@ -34,6 +34,10 @@ CACHE_EVICTIONS = "servlane_gateway_response_cache_evictions_total"
 ENDPOINT_IN_FLIGHT = "servlane_gateway_endpoint_in_flight"
 ENDPOINT_PICKS = "servlane_gateway_endpoint_picks_total"
 ENDPOINT_EJECTIONS = "servlane_gateway_endpoint_ejections_total"
+# The API keys file (servlane_gateway.access): 1 while the file in use parses, 0 while a broken one
+# refuses every request; and when it was last (re)loaded, parsed or not.
+KEYS_FILE_VALID = "servlane_gateway_keys_file_valid"
+KEYS_FILE_LOADED = "servlane_gateway_keys_file_loaded_timestamp_seconds"
 # Label value when a request never reached a known route or backend (bounded, unlike client input).
 NONE = ""
 # Request series started at 0 for every route: success, and the backend 4xx a canary analysis compares
@@ -137,6 +141,9 @@ class GatewayMetrics:
             registry=r,
         )  # fmt: skip
 
+        # Created by the first keys_file_loaded(): without a keys file there is no file state to report.
+        self._keys_file: tuple[Gauge, Gauge] | None = None
+
         pod = ["namespace", "model", "pod"]
         self.endpoint_in_flight = Gauge(
             ENDPOINT_IN_FLIGHT, "Requests this gateway has in flight to each pod.", pod, registry=r,
@@ -156,6 +163,24 @@ class GatewayMetrics:
         self._latency_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         self._token_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         self.weighted: set[tuple[str, str, str]] = set()  # (namespace, feature, model) with a weight now
+
+    def keys_file_loaded(self, valid: bool, at: float) -> None:
+        """The API keys file was (re)loaded at Unix time `at`: parsed (`valid`) or not. Across workers,
+        the worst one (min) and the latest load (max)."""
+        if self._keys_file is None:
+            self._keys_file = (
+                Gauge(
+                    KEYS_FILE_VALID, "1 while the API keys file parses; 0 while it does not and every request "
+                    "is refused.", registry=self.registry, multiprocess_mode="min",
+                ),
+                Gauge(
+                    KEYS_FILE_LOADED, "Unix time the API keys file was last loaded (whether it parsed or not).",
+                    registry=self.registry, multiprocess_mode="max",
+                ),
+            )  # fmt: skip
+        state, loaded = self._keys_file
+        state.set(1 if valid else 0)
+        loaded.set(at)
 
     def scrape_registry(self) -> CollectorRegistry:
         """What /metrics serves: this registry, or with worker processes (PROMETHEUS_MULTIPROC_DIR set) the

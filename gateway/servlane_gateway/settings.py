@@ -68,8 +68,9 @@ class GatewaySettings(BaseModel):
     )
     serving_namespaces: list[str] = Field(
         default_factory=list,
-        description="Where plain model names resolve, in order (the first that holds a name answers it); "
-        "other namespaces only as <namespace>/<name>. Default: with --routes-file 'default'; with --watch "
+        description="Where plain model names resolve for callers whose API key names no namespace (a name "
+        "several of them hold is ambiguous: refused, 400); other namespaces only as <namespace>/<name>. "
+        "Default: with --routes-file 'default'; with --watch "
         "--namespaces, those; watching all namespaces, the gateway's own namespace.",
     )
     keys_file: Path | None = Field(default=None, description="API keys file; none: access control off.")
@@ -197,6 +198,12 @@ class GatewaySettings(BaseModel):
     trace_url_template: str | None = Field(
         default=None,
         description="Link from the console to a request's trace, e.g. http://jaeger:16686/trace/{trace_id}.",
+    )
+    trust_traceparent: bool = Field(
+        default=False,
+        description="Continue a caller's W3C traceparent (its sampled flag then forces tracing). Off: each "
+        "request starts a new trace, linked to the caller's, sampled by OTEL_TRACES_SAMPLER alone. Turn on "
+        "only when every caller is trusted (e.g. another traced service of yours).",
     )
     endpoint_overrides: dict[str, str] = Field(
         default_factory=dict,

@@ -23,7 +23,11 @@ from tests.gateway.gateway_harness import Gateway, StartGateway, Upstream, aifea
 from tests.polling import wait_until
 
 __all__ = ["postgres"]  # the session fixture of the replicas test
-KEYS = "team-a: sk-alpha\nteam-b: sk-bravo\nnarrow: sk-narrow chat\n"
+KEYS = (
+    "team-a: sk-alpha-00000000000000000000000\n"
+    "team-b: sk-bravo-00000000000000000000000\n"
+    "narrow: sk-narrow-0000000000000000000000 default/chat\n"
+)
 CHAT: Literal["/v1/chat/completions"] = "/v1/chat/completions"
 
 
@@ -68,7 +72,7 @@ def test_a_batch_runs_through_the_gateway_at_low_priority_and_bad_lines_go_to_th
     upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
 ) -> None:
     gw = gateway(start_gateway, upstreams, tmp_path)
-    client = gw.client("sk-alpha")
+    client = gw.client("sk-alpha-00000000000000000000000")
     lines = [request_line(f"r{i}", f"hello {i}") for i in range(5)]
     lines += ["not json", request_line("r0"), request_line("x", "status=400"), request_line("m", model="missing")]
     seen_before = len(upstreams["v1"].state.headers)
@@ -106,7 +110,7 @@ def test_the_keys_scope_applies_to_each_line(
     upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
 ) -> None:
     gw = gateway(start_gateway, upstreams, tmp_path)
-    client = gw.client("sk-narrow")  # may call `chat` only
+    client = gw.client("sk-narrow-0000000000000000000000")  # may call `chat` only
     done = finished(client, submit(client, [request_line("a"), request_line("b", model="other")]).id)
     assert done.status == "completed"
     assert [o["custom_id"] for o in jsonl_of(client, done.output_file_id)] == ["a"]
@@ -118,7 +122,7 @@ def test_another_key_sees_nothing_of_the_first_keys_files_and_batches(
     upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
 ) -> None:
     gw = gateway(start_gateway, upstreams, tmp_path)
-    alpha, bravo = gw.client("sk-alpha"), gw.client("sk-bravo")
+    alpha, bravo = gw.client("sk-alpha-00000000000000000000000"), gw.client("sk-bravo-00000000000000000000000")
     batch = submit(alpha, [request_line("a")])
     done = finished(alpha, batch.id)
     for file_id in (batch.input_file_id, done.output_file_id or ""):
@@ -138,14 +142,14 @@ def test_another_key_sees_nothing_of_the_first_keys_files_and_batches(
     assert bravo.batches.list().data == []
     assert alpha.files.retrieve(batch.input_file_id).id == batch.input_file_id  # still there for its owner
     with pytest.raises(openai.AuthenticationError):
-        gw.client("sk-nobody").batches.list()
+        gw.client("sk-nobody-0000000000000000000000").batches.list()
 
 
 def test_a_cancelled_batch_stops_sending_and_keeps_what_was_answered(
     upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
 ) -> None:
     gw = gateway(start_gateway, upstreams, tmp_path, batch_concurrency_per_feature=2)
-    client = gw.client("sk-alpha")
+    client = gw.client("sk-alpha-00000000000000000000000")
     batch = submit(client, [request_line(f"r{i}", "delay=0.2") for i in range(40)])
     wait_until(
         "some answers",
@@ -179,14 +183,18 @@ def test_uploads_and_batches_are_checked(
     upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
 ) -> None:
     gw = gateway(start_gateway, upstreams, tmp_path, batch_max_file_bytes=1000)
-    client = gw.client("sk-alpha")
+    client = gw.client("sk-alpha-00000000000000000000000")
     upload = client.files.create(file=("in.jsonl", io.BytesIO(b"x")), purpose="batch")
     with pytest.raises(openai.APIStatusError) as caught:
         client.files.create(file=("big.jsonl", io.BytesIO(b"x" * 1001)), purpose="batch")
     assert caught.value.status_code == 413
     with pytest.raises(openai.AuthenticationError):
-        gw.client("sk-nobody").files.create(file=("in.jsonl", io.BytesIO(b"x")), purpose="batch")
-    missing = httpx.post(f"{gw.url}/v1/files", data={"purpose": "batch"}, headers={"authorization": "Bearer sk-alpha"})
+        gw.client("sk-nobody-0000000000000000000000").files.create(file=("in.jsonl", io.BytesIO(b"x")), purpose="batch")
+    missing = httpx.post(
+        f"{gw.url}/v1/files",
+        data={"purpose": "batch"},
+        headers={"authorization": "Bearer sk-alpha-00000000000000000000000"},
+    )
     assert missing.status_code == 400
     assert missing.json()["error"]["param"] == "file"
     with pytest.raises(openai.BadRequestError, match="endpoint"):
@@ -207,7 +215,7 @@ def test_without_a_database_the_batch_api_says_it_is_not_configured(
 ) -> None:
     gw = start_gateway(objects(upstreams), keys=KEYS)
     with pytest.raises(openai.AuthenticationError):
-        gw.client("sk-wrong").files.list()  # authentication first: nothing is served open
+        gw.client("sk-wrong-00000000000000000000000").files.list()  # authentication first: nothing is served open
     calls: list[Callable[[openai.OpenAI], object]] = [
         lambda c: c.files.list(),
         lambda c: c.batches.retrieve("batch_x"),
@@ -215,7 +223,7 @@ def test_without_a_database_the_batch_api_says_it_is_not_configured(
     ]
     for call in calls:
         with pytest.raises(openai.NotFoundError) as caught:
-            call(gw.client("sk-alpha"))
+            call(gw.client("sk-alpha-00000000000000000000000"))
         assert caught.value.code == "batch_api_not_configured"
 
 
@@ -225,9 +233,11 @@ def test_two_replicas_on_one_postgresql_share_a_batch_and_record_each_result_onc
     url = postgres.new_database(f"replicas_{tmp_path.name[-20:].replace('-', '_').lower()}")
     replicas = [gateway(start_gateway, upstreams, tmp_path, batch_database_url=url, batch_concurrency_per_feature=2)
                 for _ in range(2)]  # fmt: skip
-    client = replicas[0].client("sk-alpha")
+    client = replicas[0].client("sk-alpha-00000000000000000000000")
     batch = submit(client, [request_line(f"r{i}", "delay=0.01") for i in range(200)])
-    done = finished(replicas[1].client("sk-alpha"), batch.id, timeout=60)  # either replica answers for it
+    done = finished(
+        replicas[1].client("sk-alpha-00000000000000000000000"), batch.id, timeout=60
+    )  # either replica answers for it
     assert done.status == "completed"
     assert done.request_counts is not None
     assert done.request_counts.completed == 200
@@ -287,7 +297,7 @@ def test_one_deeply_nested_line_is_its_own_error_and_stops_no_other_batch(
     upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
 ) -> None:
     gw = gateway(start_gateway, upstreams, tmp_path)
-    alpha, bravo = gw.client("sk-alpha"), gw.client("sk-bravo")
+    alpha, bravo = gw.client("sk-alpha-00000000000000000000000"), gw.client("sk-bravo-00000000000000000000000")
     deep = json.dumps({"custom_id": "deep", "method": "POST", "url": CHAT, "body": "BODY"})
     deep = deep.replace('"BODY"', "[" * 100_000 + "]" * 100_000)
     hostile = submit(alpha, [deep, request_line("fine")])
@@ -334,7 +344,7 @@ def test_an_upload_past_the_cap_is_refused_as_it_arrives_whatever_content_length
 ) -> None:
     gw = gateway(start_gateway, upstreams, tmp_path, batch_max_file_bytes=1000)
     answer = chunked_upload_answer(
-        gw, "sk-alpha", 200_000
+        gw, "sk-alpha-00000000000000000000000", 200_000
     )  # chunked: no Content-Length to check up front
     assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
     head = b'--x\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n\r\n'
@@ -342,28 +352,28 @@ def test_an_upload_past_the_cap_is_refused_as_it_arrives_whatever_content_length
         f"{gw.url}/v1/files",
         content=iter([head, b"y" * 200_000, b"\r\n--x--\r\n"]),  # a generator: sent chunked, to its end
         headers={
-            "authorization": "Bearer sk-alpha",
+            "authorization": "Bearer sk-alpha-00000000000000000000000",
             "content-type": "multipart/form-data; boundary=x",
         },
         timeout=20,
     )
     assert whole.status_code == 413
     assert whole.json()["error"]["code"] == "file_too_large"
-    assert gw.client("sk-alpha").files.list().data == []
+    assert gw.client("sk-alpha-00000000000000000000000").files.list().data == []
 
 
 def test_an_owner_cannot_upload_past_its_storage_quota(
     upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
 ) -> None:
     gw = gateway(start_gateway, upstreams, tmp_path, batch_max_owner_bytes=1500)
-    alpha = gw.client("sk-alpha")
+    alpha = gw.client("sk-alpha-00000000000000000000000")
     first = alpha.files.create(file=("a.jsonl", io.BytesIO(b"x" * 1000)), purpose="batch")
     with pytest.raises(openai.PermissionDeniedError) as caught:
         alpha.files.create(file=("b.jsonl", io.BytesIO(b"x" * 1000)), purpose="batch")
     assert caught.value.code == "storage_quota_exceeded"
     assert "1000" in caught.value.message
     assert "1500" in caught.value.message
-    gw.client("sk-bravo").files.create(
+    gw.client("sk-bravo-00000000000000000000000").files.create(
         file=("b.jsonl", io.BytesIO(b"x" * 1000)), purpose="batch"
     )  # its own
     alpha.files.delete(first.id)
@@ -381,7 +391,7 @@ def test_no_secret_of_the_database_url_reaches_the_logs_when_it_does_not_answer(
     caplog.set_level(logging.DEBUG)
     gw = start_gateway(objects(upstreams), keys=KEYS, batch_database_url=nowhere)
     with pytest.raises(openai.InternalServerError):
-        gw.client("sk-alpha").batches.list()
+        gw.client("sk-alpha-00000000000000000000000").batches.list()
     wait_until("the failure to be logged", lambda: "is not usable" in caplog.text, 20)
     assert "application_name=servlane" in caplog.text  # the URL is there, to say which database
     leaked = [s for s in secrets if s in caplog.text]
@@ -392,7 +402,7 @@ def test_the_keys_quota_holds_for_batch_requests_which_wait_their_turn_instead_o
     upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
 ) -> None:
     gw = gateway(start_gateway, upstreams, tmp_path, key_max_in_flight=1, batch_concurrency_per_feature=3)
-    client = gw.client("sk-alpha")
+    client = gw.client("sk-alpha-00000000000000000000000")
     done = finished(client, submit(client, [request_line(f"r{i}", "delay=0.1") for i in range(6)]).id)
     assert done.status == "completed"
     assert done.request_counts is not None
@@ -406,7 +416,7 @@ def test_a_database_that_does_not_answer_leaves_the_gateway_serving_and_the_batc
 ) -> None:
     nowhere = f"postgresql://postgres@127.0.0.1:{free_port()}/batch"  # nothing listens there
     gw = start_gateway(objects(upstreams), keys=KEYS, batch_database_url=nowhere)
-    client = gw.client("sk-alpha")
+    client = gw.client("sk-alpha-00000000000000000000000")
     assert client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hi"}]).choices
     with pytest.raises(openai.InternalServerError) as caught:
         client.batches.list()
@@ -419,7 +429,7 @@ def test_the_console_shows_a_keys_own_batches_with_their_progress(
     upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
 ) -> None:
     gw = gateway(start_gateway, upstreams, tmp_path)
-    alpha = gw.client("sk-alpha")
+    alpha = gw.client("sk-alpha-00000000000000000000000")
     done = finished(alpha, submit(alpha, [request_line(f"r{i}") for i in range(4)] + ["not json"]).id)
     assert done.status == "completed"
 
@@ -428,12 +438,16 @@ def test_the_console_shows_a_keys_own_batches_with_their_progress(
         assert response.status_code == 200
         return response.json()["batches"]
 
-    (shown,) = console_batches("sk-alpha")
+    (shown,) = console_batches("sk-alpha-00000000000000000000000")
     assert (shown["id"], shown["status"], shown["endpoint"]) == (done.id, "completed", CHAT)
     assert (shown["total"], shown["completed"], shown["failed"]) == (5, 4, 1)
     assert shown["requestsPerMinute"] > 0
-    assert console_batches("sk-bravo") == []  # another key's batches are not its business
+    assert console_batches("sk-bravo-00000000000000000000000") == []  # another key's batches are not its business
 
     plain = start_gateway(objects(upstreams), keys=KEYS)  # no database: the console says the Batch API is off
-    response = httpx.get(f"{plain.url}/console/api/state", headers={"authorization": "Bearer sk-alpha"}, timeout=10)
+    response = httpx.get(
+        f"{plain.url}/console/api/state",
+        headers={"authorization": "Bearer sk-alpha-00000000000000000000000"},
+        timeout=10,
+    )
     assert response.json()["batches"] is None

@@ -24,7 +24,7 @@ from tests.gateway.gateway_harness import Upstream, aifeature, aimodel
 from tests.polling import wait_until
 
 __all__ = ["postgres"]
-KEYS = "team-a: sk-alpha\n"
+KEYS = "team-a: sk-alpha-00000000000000000000000\n"
 CHAT: Literal["/v1/chat/completions"] = "/v1/chat/completions"
 TOTAL = 1000
 BAD = ["not json", json.dumps({"custom_id": "u", "method": "POST", "url": "/v1/embeddings", "body": {"model": "chat"}})]
@@ -55,7 +55,9 @@ class GatewayProcess:
         return httpx.get(self.url + "/ready", timeout=2).status_code == 200
 
     def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="sk-alpha", max_retries=0, timeout=20)
+        return openai.OpenAI(
+            base_url=f"{self.url}/v1", api_key="sk-alpha-00000000000000000000000", max_retries=0, timeout=20
+        )
 
     def kill(self) -> None:
         if self.process.poll() is None:

@@ -13,7 +13,9 @@ from servlane_gateway.settings import GatewaySettings, parse_settings
 from tests.gateway.gateway_harness import StartGateway, Upstream
 from tests.gateway.test_gateway_console_objects import console_objects
 
-KEYS = "admin: admin-key\nteam: team-key summary\n"
+ADMIN_KEY = "admin-key-0123456789abcdef0123456789"
+TEAM_KEY = "team-key-0123456789abcdef0123456789"
+KEYS = f"admin: {ADMIN_KEY}\nteam: {TEAM_KEY} default/summary\n"
 HI: Any = [{"role": "user", "content": "hi"}]
 
 
@@ -43,12 +45,12 @@ def test_state_needs_a_key_and_shows_each_key_its_scope_only(
     gw = start_gateway(console_objects(upstreams["v1"].url, upstreams["v2"].url), keys=KEYS)
     assert state(gw.url).status_code == 401
     assert state(gw.url, "wrong").status_code == 401
-    admin = state(gw.url, "admin-key").json()
+    admin = state(gw.url, ADMIN_KEY).json()
     assert {f["name"] for f in admin["features"]} == {"chat", "summary"}
     assert {(m["namespace"], m["name"]) for m in admin["models"]} == {
         ("default", "chat-v1"), ("default", "chat-v2"), ("other", "secret-model")
     }  # fmt: skip
-    team = state(gw.url, "team-key")
+    team = state(gw.url, TEAM_KEY)
     assert team.headers["cache-control"] == "no-store"
     body = team.json()
     assert [f["name"] for f in body["features"]] == ["summary"]

@@ -14,7 +14,7 @@ from servlane_api import metric_names as m
 from tests.gateway.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
 from tests.polling import wait_until
 
-KEYS = "team-a: sk-alpha\nteam-b: sk-bravo chat\n"
+KEYS = "team-a: sk-alpha-00000000000000000000000\nteam-b: sk-bravo-00000000000000000000000 default/chat\n"
 
 
 def say(text: str) -> Any:
@@ -107,14 +107,22 @@ def test_keys_401_404_and_model_list_per_key(upstreams: dict[str, Upstream], sta
     objects = [aimodel("chat-v1", upstreams["v1"].url), aifeature("chat", [("chat-v1", 100)])]
     gw = start_gateway([*objects, aifeature("other", [("chat-v1", 100)])], keys=KEYS)
     with pytest.raises(openai.AuthenticationError):
-        gw.client(api_key="sk-wrong").chat.completions.create(model="chat", messages=say("hi"))
+        gw.client(api_key="sk-wrong-00000000000000000000000").chat.completions.create(model="chat", messages=say("hi"))
     assert httpx.post(f"{gw.url}/v1/chat/completions", json={"model": "chat"}).status_code == 401
     with pytest.raises(openai.NotFoundError) as caught:  # as if it did not exist: no name leaks out of scope
-        gw.client(api_key="sk-bravo").chat.completions.create(model="other", messages=say("hi"))
+        gw.client(api_key="sk-bravo-00000000000000000000000").chat.completions.create(model="other", messages=say("hi"))
     assert caught.value.code == "model_not_found"
-    assert gw.client(api_key="sk-bravo").chat.completions.create(model="chat", messages=say("hi")).choices
-    assert [x.id for x in gw.client(api_key="sk-bravo").models.list()] == ["chat"]
-    assert gw.client(api_key="sk-alpha").chat.completions.create(model="other", messages=say("hi")).choices
+    assert (
+        gw.client(api_key="sk-bravo-00000000000000000000000")
+        .chat.completions.create(model="chat", messages=say("hi"))
+        .choices
+    )
+    assert [x.id for x in gw.client(api_key="sk-bravo-00000000000000000000000").models.list()] == ["chat"]
+    assert (
+        gw.client(api_key="sk-alpha-00000000000000000000000")
+        .chat.completions.create(model="other", messages=say("hi"))
+        .choices
+    )
     assert gw.sample(m.REQUESTS, feature="", model="", code="401") == 2
     # Out of scope is counted as a name that exists nowhere: never on the feature of a team it may not call.
     assert gw.sample(m.REQUESTS, feature="", model="", code="404") == 1
@@ -127,11 +135,15 @@ def test_keys_401_404_and_model_list_per_key(upstreams: dict[str, Upstream], sta
 
 def test_rotated_keys_file_applies(upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path) -> None:
     gw = start_gateway([aimodel("chat-v1", upstreams["v1"].url), aifeature("chat", [("chat-v1", 100)])], keys=KEYS)
-    (tmp_path / "keys").write_text("team-c: sk-charlie\n")
-    wait_until("keys reload", lambda: gw.state.keys.find("sk-charlie") is not None)
-    assert gw.client(api_key="sk-charlie").chat.completions.create(model="chat", messages=say("hi")).choices
+    (tmp_path / "keys").write_text("team-c: sk-charlie-000000000000000000000\n")
+    wait_until("keys reload", lambda: gw.state.keys.find("sk-charlie-000000000000000000000") is not None)
+    assert (
+        gw.client(api_key="sk-charlie-000000000000000000000")
+        .chat.completions.create(model="chat", messages=say("hi"))
+        .choices
+    )
     with pytest.raises(openai.AuthenticationError):
-        gw.client(api_key="sk-alpha").chat.completions.create(model="chat", messages=say("hi"))
+        gw.client(api_key="sk-alpha-00000000000000000000000").chat.completions.create(model="chat", messages=say("hi"))
 
 
 def test_body_cap_is_413(upstreams: dict[str, Upstream], start_gateway: StartGateway) -> None:
@@ -168,12 +180,16 @@ def test_key_request_limit_is_429_with_retry_after(upstreams: dict[str, Upstream
     objects = [aimodel("chat-v1", upstreams["v1"].url), aifeature("chat", [("chat-v1", 100)])]
     gw = start_gateway(objects, keys=KEYS, key_requests_per_minute=2)
     for _ in range(2):
-        gw.client(api_key="sk-alpha").chat.completions.create(model="chat", messages=say("hi"))
+        gw.client(api_key="sk-alpha-00000000000000000000000").chat.completions.create(model="chat", messages=say("hi"))
     with pytest.raises(openai.RateLimitError) as caught:
-        gw.client(api_key="sk-alpha").chat.completions.create(model="chat", messages=say("hi"))
+        gw.client(api_key="sk-alpha-00000000000000000000000").chat.completions.create(model="chat", messages=say("hi"))
     assert "requests per minute for this key" in caught.value.message
     assert 1 <= int(caught.value.response.headers["Retry-After"]) <= 30
-    assert gw.client(api_key="sk-bravo").chat.completions.create(model="chat", messages=say("hi")).choices
+    assert (
+        gw.client(api_key="sk-bravo-00000000000000000000000")
+        .chat.completions.create(model="chat", messages=say("hi"))
+        .choices
+    )
 
 
 def test_health_ready_and_metrics(gateway: Gateway) -> None:

@@ -1,11 +1,14 @@
 """API keys fail closed: a configured keys file without keys refuses everyone (at start and after a rotation
-empties it), malformed lines are reported by number only, and `#` is a comment only at a line's start.
-Key scopes and feature rate limits carry the namespace: same-named features of two namespaces stay apart."""
+empties it), and so does one that stops parsing (until fixed; the gateway reports it not ready and in a
+metric); malformed lines are reported by number only, and `#` is a comment only at a line's start. The key
+is checked from the headers before the body is read. Key scopes and feature rate limits carry the
+namespace: same-named features of two namespaces stay apart."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,8 @@ from servlane_core.protocol.errors import OpenAIError
 from servlane_gateway.access import KeyRing, parse_keys
 from tests.gateway.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
 from tests.polling import wait_until
+
+ALPHA, BRAVO = "sk-alpha-0123456789abcdef0123456789", "sk-bravo-0123456789abcdef0123456789"
 
 
 def chat(gateway: Gateway, key: str | None = None) -> httpx.Response:
@@ -47,7 +52,7 @@ def test_a_keys_file_without_keys_refuses_every_request_and_says_why_at_start(
     with caplog.at_level(logging.ERROR, logger="servlane_gateway.app"):
         gateway = start_gateway(objects(upstreams), keys=text)
     assert any("holds no API key" in r.getMessage() and "refused" in r.getMessage() for r in caplog.records)
-    for key in (None, "sk-anything"):
+    for key in (None, ALPHA):
         assert_refused_by_empty_keys(chat(gateway, key))
         assert_refused_by_empty_keys(models(gateway, key))
     assert len(upstreams["v1"].state.bodies) == before
@@ -64,50 +69,104 @@ def test_a_rotation_that_empties_the_keys_refuses_everyone_and_logs_it(
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    gateway = start_gateway(objects(upstreams), keys="team-a: sk-alpha\n")
-    assert chat(gateway, "sk-alpha").status_code == 200
+    gateway = start_gateway(objects(upstreams), keys=f"team-a: {ALPHA}\n")
+    assert chat(gateway, ALPHA).status_code == 200
     keys_file = tmp_path / "keys"
     with caplog.at_level(logging.ERROR, logger="servlane_gateway.app"):
         replacement = keys_file.with_suffix(".new")
         replacement.write_text("# all keys revoked\n")
         replacement.replace(keys_file)  # a new inode, as a Secret update swaps the mounted file
-        wait_until("the emptied keys file to apply", lambda: chat(gateway, "sk-alpha").status_code == 403, 10)
-    assert_refused_by_empty_keys(chat(gateway, "sk-alpha"))
+        wait_until("the emptied keys file to apply", lambda: chat(gateway, ALPHA).status_code == 403, 10)
+    assert_refused_by_empty_keys(chat(gateway, ALPHA))
     assert any("holds no API key" in r.getMessage() for r in caplog.records)
 
-    replacement.write_text("team-b: sk-bravo\n")
+    replacement.write_text(f"team-b: {BRAVO}\n")
     replacement.replace(keys_file)
-    wait_until("the new key to apply", lambda: chat(gateway, "sk-bravo").status_code == 200, 10)
-    assert chat(gateway, "sk-alpha").status_code == 401
+    wait_until("the new key to apply", lambda: chat(gateway, BRAVO).status_code == 200, 10)
+    assert chat(gateway, ALPHA).status_code == 401
 
 
-def test_a_malformed_rotation_keeps_the_previous_keys_and_logs_only_line_numbers(
+def keys_file_metrics(gateway: Gateway) -> tuple[float | None, float | None]:
+    registry = gateway.state.metrics.registry
+    valid = registry.get_sample_value("servlane_gateway_keys_file_valid")
+    return valid, registry.get_sample_value("servlane_gateway_keys_file_loaded_timestamp_seconds")
+
+
+def test_a_rotation_that_does_not_parse_refuses_everyone_until_fixed_and_logs_only_line_numbers(
     upstreams: dict[str, Upstream],
     start_gateway: StartGateway,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    gateway = start_gateway(objects(upstreams), keys="team-a: sk-alpha\n")
+    """A revocation with a typo must not leave the revoked key valid: no key works until the file parses."""
+    gateway = start_gateway(objects(upstreams), keys=f"team-a: {ALPHA}\nteam-b: {BRAVO}\n")
+    assert httpx.get(gateway.url + "/ready", timeout=10).json() == {"status": "ready", "keys_file": "valid"}
+    valid, loaded_at = keys_file_metrics(gateway)
+    assert valid == 1
+    assert loaded_at is not None
     keys_file = tmp_path / "keys"
     with caplog.at_level(logging.ERROR, logger="servlane_gateway.app"):
         replacement = keys_file.with_suffix(".new")
-        replacement.write_text("team-a: sk-alpha\nsk-leaked-secret-without-a-name\n")
+        replacement.write_text(f"team-a: {ALPHA}\nteam-b {BRAVO}\n")  # revoking nothing; a colon lost
         replacement.replace(keys_file)
-        wait_until("the reload to be refused", lambda: any("line 2" in r.getMessage() for r in caplog.records), 10)
-    assert "sk-leaked" not in caplog.text
-    assert chat(gateway, "sk-alpha").status_code == 200
+        wait_until("the broken keys file to apply", lambda: chat(gateway, ALPHA).status_code == 403, 10)
+    for key in (ALPHA, BRAVO, None):
+        refused = chat(gateway, key)
+        assert refused.status_code == 403
+        error = refused.json()["error"]
+        assert (error["type"], error["code"]) == ("permission_error", "api_keys_invalid")
+        assert ALPHA not in refused.text
+        assert models(gateway, key).status_code == 403
+    assert any("line 2" in r.getMessage() for r in caplog.records)
+    assert ALPHA not in caplog.text
+    assert BRAVO not in caplog.text
+    ready = httpx.get(gateway.url + "/ready", timeout=10)
+    assert (ready.status_code, ready.json()["keys_file"]) == (503, "invalid")
+    valid, reloaded_at = keys_file_metrics(gateway)
+    assert valid == 0
+    assert reloaded_at is not None
+    assert reloaded_at >= loaded_at
+
+    replacement.write_text(f"team-a: {ALPHA}\n")  # fixed (and team-b revoked)
+    replacement.replace(keys_file)
+    wait_until("the fixed keys file to apply", lambda: chat(gateway, ALPHA).status_code == 200, 10)
+    assert chat(gateway, BRAVO).status_code == 401
+    assert httpx.get(gateway.url + "/ready", timeout=10).status_code == 200
+    assert keys_file_metrics(gateway)[0] == 1
+
+
+def test_the_key_is_checked_before_the_body_is_read(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway
+) -> None:
+    """A caller without a valid key gets its 401 without the gateway waiting for (or buffering) its body."""
+    gateway = start_gateway(objects(upstreams), keys=f"team-a: {ALPHA}\n")
+    host, port = gateway.url.removeprefix("http://").rsplit(":", 1)
+    for authorization in (b"", b"authorization: Bearer sk-wrong\r\n"):
+        with socket.create_connection((host, int(port)), timeout=5) as conn:
+            # Headers announcing a body that never comes.
+            head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+            conn.sendall(head + authorization + b"content-length: 100000\r\n\r\n")
+            answer = conn.recv(4096)  # a timeout here: the gateway waited for the body
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:100]
+    # Too large a body with a bad key is the 401 too, not a 413 that answers before the key is checked.
+    too_large = httpx.post(
+        gateway.url + "/v1/chat/completions", content=b"x" * (gateway.state.limits.max_body_bytes + 1), timeout=10
+    )
+    assert too_large.status_code == 401
 
 
 @pytest.mark.parametrize(
     ("text", "line"),
     [
-        ("ok: sk-1\nsk-secret-no-name\n", 2),
-        ("ok: sk-1\n\n# c\nname-only-sk-secret:\n", 4),
-        ("a: sk-secret-1 chat embed\n", 1),
+        (f"ok: {ALPHA}\nsk-secret-no-name\n", 2),
+        (f"ok: {ALPHA}\n\n# c\nname-only-sk-secret:\n", 4),
+        ("a: sk-secret-0123456789abcdef0123456789 chat embed\n", 1),
         ("a: sha256:abcdsecret\n", 1),
-        ("a: sk-1\nb: sk-2\na: sk-secret-3\n", 3),
-        ("a: sk-secret-1 # a comment after the entry\n", 1),
-        ("a: sk-secret-1 #comment\n", 1),  # would otherwise read as the feature list ['#comment']
+        (f"a: {ALPHA}\nb: {BRAVO}\na: sk-secret-0123456789abcdef0123456789\n", 3),
+        ("a: sk-secret-0123456789abcdef0123456789 # a comment after the entry\n", 1),
+        ("a: sk-secret-0123456789abcdef0123456789 #comment\n", 1),  # else the scope list ['#comment']
+        (f"ok: {ALPHA}\nb: sk-secret-short\n", 2),
+        (f"ok: {ALPHA}\nb: {BRAVO} chat\n", 2),  # a plain scope: see test_gateway_access
     ],
 )
 def test_malformed_lines_are_reported_by_number_never_by_content(text: str, line: int) -> None:
@@ -118,8 +177,9 @@ def test_malformed_lines_are_reported_by_number_never_by_content(text: str, line
 
 def test_a_hash_inside_a_key_is_part_of_the_key() -> None:
     digest = hashlib.sha256(b"sk-ops#2").hexdigest()
-    keys = KeyRing(parse_keys(f"# comment\n  # indented comment\na: sk-a#b#c\nops: sha256:{digest} chat\n"))
-    assert keys.authenticate("Bearer sk-a#b#c").name == "a"  # type: ignore[union-attr]
+    key = "sk-a#b#c-0123456789abcdef0123456789"
+    keys = KeyRing(parse_keys(f"# comment\n  # indented comment\na: {key}\nops: sha256:{digest} prod/chat\n"))
+    assert keys.authenticate(f"Bearer {key}").name == "a"  # type: ignore[union-attr]
     assert keys.authenticate("Bearer sk-ops#2").name == "ops"  # type: ignore[union-attr]
     with pytest.raises(OpenAIError) as caught:
         keys.authenticate("Bearer sk-a")  # the part before '#' is not a key
@@ -147,14 +207,20 @@ def call(gateway: Gateway, model: str, key: str | None = None) -> int:
 
 
 def test_key_scopes_carry_the_namespace(upstreams: dict[str, Upstream], start_gateway: StartGateway) -> None:
-    keys = "plain: sk-plain chat\nexact: sk-exact team-b/chat\nteam-b: sk-team-b team-b/*\n"
+    exact, team_b = "sk-exact-0123456789abcdef0123456789", "sk-team-b-0123456789abcdef0123456789"
+    keys = f"team-a: {ALPHA} team-a/chat\nexact: {exact} team-b/chat\nteam-b: {team_b} team-b/*\n"
     gateway = start_gateway(two_teams(upstreams), keys=keys, serving_namespaces=["team-a"])
     # Out of a key's scope is 404, as for a name that exists nowhere (no name leaks across namespaces).
-    assert [call(gateway, m, "sk-plain") for m in ("chat", "team-a/chat", "team-b/chat")] == [200, 200, 404]
-    assert [call(gateway, m, "sk-exact") for m in ("chat", "team-a/chat", "team-b/chat")] == [404, 404, 200]
-    assert [call(gateway, m, "sk-team-b") for m in ("chat", "team-b/chat", "team-b/m")] == [404, 200, 200]
-    listed = {key: [e["id"] for e in models(gateway, key).json()["data"]] for key in ("sk-plain", "sk-team-b")}
-    assert listed == {"sk-plain": ["chat"], "sk-team-b": ["team-b/chat", "team-b/m"]}
+    assert [call(gateway, m, ALPHA) for m in ("chat", "team-a/chat", "team-b/chat")] == [200, 200, 404]
+    assert [call(gateway, m, exact) for m in ("chat", "team-a/chat", "team-b/chat")] == [200, 404, 200]
+    assert [call(gateway, m, team_b) for m in ("chat", "team-b/chat", "team-b/m", "team-a/chat")] == [
+        200,
+        200,
+        200,
+        404,
+    ]
+    listed = {key: [e["id"] for e in models(gateway, key).json()["data"]] for key in (ALPHA, team_b)}
+    assert listed == {ALPHA: ["chat"], team_b: ["chat", "m"]}  # each its own namespace's, by plain name
 
 
 def test_same_named_features_of_two_namespaces_do_not_share_a_rate_limit(

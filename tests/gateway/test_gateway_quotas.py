@@ -18,7 +18,7 @@ from servlane_gateway.ratelimit import Limits, RateLimiter, estimate_tokens
 from tests.gateway.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
 from tests.polling import wait_until
 
-KEYS = "team-a: sk-alpha\nteam-b: sk-bravo\n"
+KEYS = "team-a: sk-alpha-00000000000000000000000\nteam-b: sk-bravo-00000000000000000000000\n"
 CHAT = "/v1/chat/completions"
 
 
@@ -185,22 +185,28 @@ def test_a_key_with_its_in_flight_cap_full_gets_429_with_retry_after(
     held_body = {"model": "chat", "messages": say("hold chunks=2"), "stream": True}
     with httpx.Client(base_url=gw.url, timeout=10) as client:
         with released_at_end(upstreams["v1"]):
-            held = [open_held(client, held_body, "sk-alpha") for _ in range(2)]
+            held = [open_held(client, held_body, "sk-alpha-00000000000000000000000") for _ in range(2)]
             assert [r.status_code for r in held] == [200, 200]
             assert gw.state.limiter.in_flight("key", "team-a") == 2
-            third = client.post(CHAT, json={"model": "chat", "messages": say("hi")}, headers=bearer("sk-alpha"))
+            third = client.post(
+                CHAT, json={"model": "chat", "messages": say("hi")}, headers=bearer("sk-alpha-00000000000000000000000")
+            )
             assert third.status_code == 429, third.text
             assert third.headers["Retry-After"] == "1"
             error = third.json()["error"]
             assert error["retry_after"] == 1
             assert error["code"] == "rate_limit_exceeded"
             assert "2 concurrent requests for this key" in error["message"]
-            other = client.post(CHAT, json={"model": "chat", "messages": say("hi")}, headers=bearer("sk-bravo"))
+            other = client.post(
+                CHAT, json={"model": "chat", "messages": say("hi")}, headers=bearer("sk-bravo-00000000000000000000000")
+            )
             assert other.status_code == 200  # another key's places are its own
         for response in held:
             assert events(response.finish())[-1] == "[DONE]"
         wait_until("the streams to end", lambda: gw.state.limiter.in_flight("key", "team-a") == 0, 10)
-        again = client.post(CHAT, json={"model": "chat", "messages": say("hi")}, headers=bearer("sk-alpha"))
+        again = client.post(
+            CHAT, json={"model": "chat", "messages": say("hi")}, headers=bearer("sk-alpha-00000000000000000000000")
+        )
         assert again.status_code == 200, again.text
     assert gw.sample(m.REQUESTS, feature="chat", model="", code="429") == 1
 

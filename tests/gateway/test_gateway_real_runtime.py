@@ -33,7 +33,7 @@ pytestmark = pytest.mark.slow
 tiny_llama_dir = shared_models.tiny_llama_dir
 
 HI: Any = [{"role": "user", "content": "Hello! How are you today?"}]
-KEYS = "team-a: sk-alpha\nteam-b: sk-bravo split\n"
+KEYS = "team-a: sk-alpha-00000000000000000000000\nteam-b: sk-bravo-00000000000000000000000 default/split\n"
 
 
 class Runtime(SubprocessServer):
@@ -205,28 +205,34 @@ def test_client_errors_never_reach_the_runtimes(runtimes: dict[str, Runtime], st
     gw = start_gateway(objects_for(runtimes, *features), keys=KEYS, max_body_bytes=4096)
     before = sum(r.metric("servlane_runtime_requests_total") for r in runtimes.values())
     with pytest.raises(openai.NotFoundError) as not_found:
-        gw.client("sk-alpha").chat.completions.create(model="no-such-model", messages=HI, max_tokens=1)
+        gw.client("sk-alpha-00000000000000000000000").chat.completions.create(
+            model="no-such-model", messages=HI, max_tokens=1
+        )
     assert not_found.value.code == "model_not_found"
     with pytest.raises(openai.AuthenticationError) as unauthenticated:
-        gw.client("sk-wrong").chat.completions.create(model="split", messages=HI, max_tokens=1)
+        gw.client("sk-wrong-00000000000000000000000").chat.completions.create(model="split", messages=HI, max_tokens=1)
     assert unauthenticated.value.code == "invalid_api_key"
     with pytest.raises(openai.NotFoundError) as forbidden:  # out of the key's scope: as if it did not exist
-        gw.client("sk-bravo").chat.completions.create(model="other", messages=HI, max_tokens=1)
+        gw.client("sk-bravo-00000000000000000000000").chat.completions.create(model="other", messages=HI, max_tokens=1)
     assert forbidden.value.code == "model_not_found"
     huge: Any = [{"role": "user", "content": "x" * 5000}]
     with pytest.raises(openai.APIStatusError) as too_large:
-        gw.client("sk-alpha").chat.completions.create(model="split", messages=huge, max_tokens=1)
+        gw.client("sk-alpha-00000000000000000000000").chat.completions.create(
+            model="split", messages=huge, max_tokens=1
+        )
     assert too_large.value.status_code == 413
     after = sum(r.metric("servlane_runtime_requests_total") for r in runtimes.values())
     assert after == before
-    allowed = gw.client("sk-bravo").chat.completions.create(model="split", messages=HI, max_tokens=1)
+    allowed = gw.client("sk-bravo-00000000000000000000000").chat.completions.create(
+        model="split", messages=HI, max_tokens=1
+    )
     assert answered_by(allowed) in {"tiny-a", "tiny-b"}
 
 
 def test_rate_limit_is_429_with_retry_after(runtimes: dict[str, Runtime], start_gateway: StartGateway) -> None:
     objects = objects_for(runtimes, aifeature("split", [("model-a", 100)]))
     gw = start_gateway(objects, key_requests_per_minute=2, keys=KEYS)
-    client = gw.client("sk-alpha")
+    client = gw.client("sk-alpha-00000000000000000000000")
     for _ in range(2):
         client.chat.completions.create(model="split", messages=HI, max_tokens=1)
     with pytest.raises(openai.RateLimitError) as limited:

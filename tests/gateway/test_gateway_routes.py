@@ -16,8 +16,8 @@ from servlane_core.routing.routes import (
     Route,
     RouteTable,
     build_route_table,
+    describe_ambiguity,
     describe_refused,
-    describe_shadowing,
 )
 from servlane_gateway.kube_watch import RouteObjectStore
 from servlane_gateway.sources import flatten_documents, load_routes_file, parse_objects
@@ -183,17 +183,19 @@ SEVERAL = (
 )
 
 
-def test_a_plain_name_resolves_only_in_the_serving_namespaces_in_their_order() -> None:
-    table = table_of(*SEVERAL, serving=("team-c", "team-b"))
-    assert route_in(table, "chat").namespace == "team-c"  # the first serving namespace, not the alphabetical
-    assert route_in(table, "search").namespace == "team-c"
-    assert route_in(table, "v1").namespace == "team-b"
-    assert table.shadowed == {"chat": ("team-b",)}  # team-a is not serving: it shadows nothing
-    (line,) = describe_shadowing(table)
-    assert "'team-c', the first serving namespace" in line
-    assert "'team-b' also hold it" in line
-    assert "team-a" not in line
-    assert table.names() == ["chat", "search", "v1", "team-a/chat", "team-b/chat"]
+def test_a_plain_name_several_serving_namespaces_hold_is_ambiguous_whatever_their_order() -> None:
+    """No namespace wins a plain name by its place in the list: a new object never takes over traffic."""
+    for serving in (("team-c", "team-b"), ("team-b", "team-c")):
+        table = table_of(*SEVERAL, serving=serving)
+        assert table.lookup("chat") is None
+        assert table.ambiguous == {"chat": serving}  # team-a is not serving: not a holder
+        assert route_in(table, "search").namespace == "team-c"
+        assert route_in(table, "v1").namespace == "team-b"
+        (line,) = describe_ambiguity(table)
+        assert f"'{serving[0]}', '{serving[1]}'" in line
+        assert "refused as ambiguous" in line
+        assert "team-a" not in line
+        assert table.names() == ["search", "v1", "team-a/chat", "team-b/chat", "team-c/chat"]
 
 
 def test_outside_the_serving_namespaces_only_namespace_slash_name_works() -> None:
@@ -203,7 +205,7 @@ def test_outside_the_serving_namespaces_only_namespace_slash_name_works() -> Non
     for namespace in ("team-a", "team-b", "team-c"):
         assert route_in(table, f"{namespace}/chat").namespace == namespace
     assert route_in(table, "team-c/search").namespace == "team-c"
-    assert table.shadowed == {}
+    assert table.ambiguous == {}
     assert table_of(*SEVERAL, serving=()).lookup("chat") is None
 
 

@@ -35,7 +35,7 @@ from tests.gateway.gateway_harness import Gateway, StartGateway, Upstream, aifea
 from tests.gateway.test_gateway_quotas import events, open_held, released_at_end
 from tests.polling import wait_until
 
-KEYS = "team-a: sk-alpha\nteam-b: sk-bravo\n"
+KEYS = "team-a: sk-alpha-00000000000000000000000\nteam-b: sk-bravo-00000000000000000000000\n"
 CHAT = "/v1/chat/completions"
 PASSWORD = "s3cret-redis-pass"
 T = TypeVar("T")
@@ -116,7 +116,7 @@ def replicas(
     return [first, second]
 
 
-def chat(gw: Gateway, key: str = "sk-alpha", text: str = "hi") -> httpx.Response:
+def chat(gw: Gateway, key: str = "sk-alpha-00000000000000000000000", text: str = "hi") -> httpx.Response:
     body = {"model": "chat", "messages": [{"role": "user", "content": text}]}
     return httpx.post(gw.url + CHAT, json=body, headers={"authorization": f"Bearer {key}"}, timeout=10)
 
@@ -155,7 +155,7 @@ def test_a_key_requests_per_minute_limit_holds_across_both_replicas(
     for gw in (a, b):  # the 5th, whichever replica gets it (alone, each would still admit 2 more)
         wait = assert_rate_limited(chat(gw), "requests per minute for this key")
         assert 1 <= wait <= 15  # one request per 15 s refills at 4 per minute
-    assert chat(b, key="sk-bravo").status_code == 200  # another key has its own budget
+    assert chat(b, key="sk-bravo-00000000000000000000000").status_code == 200  # another key has its own budget
     for gw in (a, b):
         assert gw.sample(m.LIMITS_STORE, mode="redis") == 1
         assert gw.sample(m.LIMITS_STORE, mode="memory") == 0
@@ -187,7 +187,7 @@ def test_a_feature_token_quota_is_shared_with_reservations_and_reconciled(
         with released_at_end(upstreams["v1"]):
             # 1000 -> 1000-r (a) -> 1000-2r (b) -> 1000-3r < 0 (a): r ~ 420, so the 4th and 5th are refused,
             # on either replica. Per replica, each would have admitted 3 of its own.
-            sent = [open_held(c, body, "sk-alpha") for c in (ca, cb, ca, cb, ca)]
+            sent = [open_held(c, body, "sk-alpha-00000000000000000000000") for c in (ca, cb, ca, cb, ca)]
             assert [r.status_code for r in sent] == [200, 200, 200, 429, 429]
             for refused in sent[3:]:
                 assert "tokens per minute for this feature" in refused.response.json()["error"]["message"]
@@ -223,12 +223,15 @@ def test_a_key_in_flight_cap_is_shared(
 
     with httpx.Client(base_url=a.url, timeout=10) as ca, httpx.Client(base_url=b.url, timeout=10) as cb:
         with released_at_end(upstreams["v1"]):
-            held = [open_held(ca, held_body, "sk-alpha"), open_held(cb, held_body, "sk-alpha")]
+            held = [
+                open_held(ca, held_body, "sk-alpha-00000000000000000000000"),
+                open_held(cb, held_body, "sk-alpha-00000000000000000000000"),
+            ]
             assert [r.status_code for r in held] == [200, 200]
             assert in_flight() == 2
             for gw in (a, b):  # one place on each replica: alone, each would admit one more
                 assert assert_rate_limited(chat(gw), "2 concurrent requests for this key") == 1
-            assert chat(a, key="sk-bravo").status_code == 200
+            assert chat(a, key="sk-bravo-00000000000000000000000").status_code == 200
         for response in held:
             assert events(response.finish())[-1] == "[DONE]"
     wait_until("both places released", lambda: in_flight() == 0, 10)
@@ -262,9 +265,9 @@ def test_a_replica_killed_mid_request_frees_its_place_within_the_lease(
             httpx.Client(base_url=survivor.url, timeout=10) as on_survivor,
         ):
             with released_at_end(upstreams["v1"]):
-                mine = open_held(on_survivor, held_body, "sk-alpha")
+                mine = open_held(on_survivor, held_body, "sk-alpha-00000000000000000000000")
                 admitted = time.monotonic()
-                theirs = open_held(on_doomed, held_body, "sk-alpha")
+                theirs = open_held(on_doomed, held_body, "sk-alpha-00000000000000000000000")
                 assert [mine.status_code, theirs.status_code] == [200, 200]
                 assert_rate_limited(chat(survivor), "2 concurrent requests for this key")  # the cap is shared
                 doomed.kill()  # SIGKILL: no settle, no goodbye; its lease is no longer renewed
@@ -368,7 +371,9 @@ def test_a_redis_that_stops_answering_means_503_with_retry_after_until_it_is_bac
             assert (error["type"], error["code"], error["retry_after"]) == ("server_error", STORE_UNAVAILABLE, 3)
             # The replica stays in the Service: unlimited requests, and the 503 JSON itself, still get through.
             assert httpx.get(gw.url + "/ready", timeout=5).status_code == 200
-            assert chat(gw, key="sk-wrong").status_code == 401  # what needs no limit check is still answered
+            assert (
+                chat(gw, key="sk-wrong-00000000000000000000000").status_code == 401
+            )  # what needs no limit check is still answered
 
             server.start()  # the same port: the gateway's pool reconnects
             wait_until("requests admitted again", lambda: chat(gw).status_code == 200, 20)

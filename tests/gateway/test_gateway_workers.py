@@ -153,7 +153,10 @@ def chat(url: str) -> int:
     """A chat request on a new connection (any worker may take it); its status code."""
     body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
     return httpx.post(
-        url + "/v1/chat/completions", json=body, headers={"authorization": "Bearer sk-alpha"}, timeout=10
+        url + "/v1/chat/completions",
+        json=body,
+        headers={"authorization": "Bearer sk-alpha-00000000000000000000000"},
+        timeout=10,
     ).status_code
 
 

@@ -131,6 +131,9 @@ def test_trace_urls_fill_the_template_only_with_a_trace_id() -> None:
     assert trace_url("http://j/trace/{trace_id}", "x/../y") is None
 
 
+KEY = "k" * 32  # the shortest key a keys file takes
+
+
 def view_for(keys: str | None, log: RequestLog | None = None) -> dict[str, Any]:
     key = parse_keys(keys)[0] if keys else None
     log = log or RequestLog(clock=Clock())
@@ -142,7 +145,7 @@ def names(items: list[dict[str, Any]]) -> set[str]:
 
 
 def test_without_keys_or_with_an_unscoped_key_everything_shows() -> None:
-    for keys in (None, "admin: k"):
+    for keys in (None, f"admin: {KEY}"):
         view = view_for(keys)
         assert names(view["features"]) == {"default/chat", "other/secret"}
         assert names(view["models"]) == {"default/v1", "default/v2", "other/s1", "default/lonely"}
@@ -154,14 +157,14 @@ def test_a_scoped_key_sees_only_its_features_their_models_and_their_requests() -
     log.add("default", "chat", "v2", 500, 0.1, trace_id="aa")
     log.add("other", "secret", "s1", 500, 0.1, trace_id="bb")
     log.add("", "", "", 500, 0.1, trace_id="cc")  # never routed
-    view = view_for("team: k chat", log)
+    view = view_for(f"team: {KEY} default/chat", log)
     assert names(view["features"]) == {"default/chat"}
     assert names(view["models"]) == {"default/v1", "default/v2"}  # behind chat; not `lonely`, not other/s1
     assert [r["traceId"] for r in view["recent"]] == ["aa"]
     assert view["recent"][0]["traceUrl"] == "http://jaeger/trace/aa"
     assert "secret" not in str(view)
     assert "other" not in str(view)
-    direct = view_for("team: k other/s1", log)
+    direct = view_for(f"team: {KEY} other/s1", log)
     assert names(direct["features"]) == set()
     assert names(direct["models"]) == {"other/s1"}
     assert [r["traceId"] for r in direct["recent"]] == []  # its requests went through the feature

@@ -7,10 +7,12 @@ has an endpoint. Every AIModel can also be called directly by its served model n
 adapters by the adapter's name; a feature targets an adapter as `model:adapter` (servlane_api.targets).
 
 Names: `namespace/name` always addresses exactly one feature (or, failing that, one AIModel by its
-served name) in that namespace. A plain `name` resolves only within the serving namespaces, an ordered
-list the gateway is configured with (a search path: the first serving namespace that holds the name
-answers it). Objects outside the serving namespaces are reachable only as `namespace/name`, so a new
-object in some other namespace can never take over a plain name that clients already use. A served
+served name) in that namespace. A plain `name` resolves only within the serving namespaces the gateway
+is configured with, and only when exactly one of them holds it: a name held by several is ambiguous and
+refused (servlane_core.routing.name_resolution), never given to whichever namespace is listed first, so
+a new object in one namespace can never silently take over another namespace's traffic. Objects outside
+the serving namespaces are reachable only as `namespace/name` (or, for a caller whose API key names
+namespaces, as a plain name resolved in those: see name_resolution). A served
 model name containing `/` is refused (not routable by that name): it could be read as `namespace/name`.
 The CRD already refuses `/` in spec.servedModelName; this also covers a name reported in the status.
 """
@@ -54,22 +56,24 @@ class Route:
 class RouteTable:
     # `namespace/name` -> route: every feature and every directly callable AIModel.
     routes: dict[str, Route] = field(default_factory=dict)
-    # plain name -> route, only from the serving namespaces (see resolve_plain_names).
+    # plain name -> route, only from the serving namespaces and only names exactly one of them holds
+    # (see resolve_plain_names).
     plain: dict[str, Route] = field(default_factory=dict)
     serving_namespaces: tuple[str, ...] = ()
-    # Plain names held in several serving namespaces: name -> the later serving namespaces that do not
-    # get it (their objects stay reachable as `namespace/name`).
-    shadowed: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Plain names held in several serving namespaces: name -> those namespaces, in serving order. Refused
+    # as ambiguous; each object stays reachable as `namespace/name`.
+    ambiguous: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # `namespace/aimodel` of AIModels whose served name contains `/`: not callable by that name.
     refused: tuple[str, ...] = ()
 
     def lookup(self, name: str) -> Route | None:
-        """`namespace/name` addresses that namespace only; a plain name only the serving namespaces."""
+        """`namespace/name` addresses that namespace only; a plain name only the serving namespaces, and
+        only when exactly one holds it (None for an ambiguous name: name_resolution says why)."""
         return self.routes.get(name) if "/" in name else self.plain.get(name)
 
     def names(self) -> list[str]:
         """Every name that lookup() answers once: the plain names, and `namespace/name` for the routes
-        that no plain name reaches (those outside the serving namespaces, and shadowed ones)."""
+        that no plain name reaches (those outside the serving namespaces, and ambiguous ones)."""
         reached = {id(route) for route in self.plain.values()}
         qualified = [key for key, route in self.routes.items() if id(route) not in reached]
         return sorted(self.plain) + sorted(qualified)
@@ -173,30 +177,31 @@ def build_route_table(
 
 
 def resolve_plain_names(table: RouteTable, serving_namespaces: Sequence[str]) -> RouteTable:
-    """The table with its plain names taken from `serving_namespaces`, in that order: the first serving
-    namespace holding a name answers it; never the alphabetical or first-come owner."""
-    order = {ns: i for i, ns in reversed(list(enumerate(serving_namespaces)))}  # first mention wins
+    """The table with its plain names taken from `serving_namespaces`: a name exactly one of them holds
+    is a plain name; one held by several is ambiguous (no namespace wins by its place in the list)."""
+    order = {ns: i for i, ns in reversed(list(enumerate(serving_namespaces)))}  # first mention counts
     holders: dict[str, list[Route]] = {}
     for route in table.routes.values():
         if route.namespace in order:
             holders.setdefault(route.name, []).append(route)
     plain: dict[str, Route] = {}
-    shadowed: dict[str, tuple[str, ...]] = {}
+    ambiguous: dict[str, tuple[str, ...]] = {}
     for name, held in sorted(holders.items()):
-        held.sort(key=lambda r: order[r.namespace])
-        plain[name] = held[0]
-        if len(held) > 1:
-            shadowed[name] = tuple(r.namespace for r in held[1:])
+        if len(held) == 1:
+            plain[name] = held[0]
+        else:
+            ambiguous[name] = tuple(sorted((r.namespace for r in held), key=order.__getitem__))
     serving = tuple(dict.fromkeys(serving_namespaces))
-    return dataclasses.replace(table, plain=plain, serving_namespaces=serving, shadowed=shadowed)
+    return dataclasses.replace(table, plain=plain, serving_namespaces=serving, ambiguous=ambiguous)
 
 
-def describe_shadowing(table: RouteTable) -> list[str]:
-    """One line per plain name that several serving namespaces hold, saying who gets it and why."""
+def describe_ambiguity(table: RouteTable) -> list[str]:
+    """One line per plain name that several serving namespaces hold: refused, and how to call each."""
     return [
-        f"model name {name!r} routes to namespace {table.plain[name].namespace!r}, the first serving namespace "
-        f"that holds it; {', '.join(repr(ns) for ns in losers)} also hold it (call it there as '<namespace>/{name}')"
-        for name, losers in table.shadowed.items()
+        f"model name {name!r} is held by serving namespaces {', '.join(repr(ns) for ns in holders)}: a request "
+        f"for plain {name!r} is refused as ambiguous (400 ambiguous_model) unless the caller's API key names "
+        f"only one of them; call it as '<namespace>/{name}'"
+        for name, holders in table.ambiguous.items()
     ]
 
 

@@ -16,6 +16,8 @@ from typing import Any
 
 from sqlalchemy.exc import DataError, IntegrityError
 
+from servlane_core.protocol.errors import OpenAIError
+from servlane_gateway.access import route_for
 from servlane_gateway.batch import metrics as m
 from servlane_gateway.batch import rules
 from servlane_gateway.batch.metrics import BatchMetrics
@@ -174,13 +176,16 @@ class BatchWorker:
     def _callable(self, owner: str, model: str) -> bool:
         """Whether a request of `owner` for `model` would be routed (the answer a request gets, decided now)."""
         table = self.state.table
-        route = table.lookup(model) if table is not None else None
-        if table is None or route is None:
+        if table is None:
             return False
-        if not self.state.keys.enabled:
-            return True
         key = next((k for k in self.state.keys.keys if k.name == owner), None)
-        return key is not None and key.allows(route, table)
+        if self.state.keys.enabled and key is None:
+            return False
+        try:
+            route_for(key, table, model)  # resolved as the owner's own requests are
+        except OpenAIError:
+            return False
+        return True
 
     def _feature(self, model: str) -> tuple[str, str]:
         table = self.state.table

@@ -64,7 +64,7 @@ def _route_visible(key: ApiKey | None, table: RouteTable | None, namespace: str,
     if table is None:
         return False
     route = table.routes.get(f"{namespace}/{name}")
-    return route is not None and key.allows(route, table)
+    return route is not None and key.allows(route)
 
 
 def _feature(feature: AIFeature) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from servlane_api import AIFeature, AIModel
 from servlane_api.aifeature import MAX_RESPONSE_CACHE_BYTES, ResponseCache
 from servlane_core.routing.model_version import answer_version
 from servlane_core.routing.routes import Backend, Route, build_route_table
-from servlane_gateway.app import answer_store_for
+from servlane_gateway.app import answer_store_for, cache_budget_for, log_cache
 from servlane_gateway.cache_store import MemoryStore, RedisStore, ResponseCacher, Stored, redis_keys, redis_member
 from servlane_gateway.gateway_metrics import GatewayMetrics
 from servlane_gateway.response_cache import (
@@ -406,3 +407,16 @@ def test_a_cache_redis_of_its_own_never_gets_the_limits_password(tmp_path: Path)
     assert isinstance(shared, RedisStore)
     assert isinstance(own, RedisStore)
     assert (shared._password, own._password) == ("limits", None)
+
+
+def test_the_start_log_says_where_answers_live_and_within_what(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = GatewaySettings(
+        routes_file=tmp_path / "routes.yaml", redis_url="redis://:secret@r:6379/0", cache_max_bytes=1 << 20
+    )
+    cacher = ResponseCacher(answer_store_for(settings), GatewayMetrics(), cache_budget_for(settings))
+    with caplog.at_level(logging.INFO, logger="servlane_gateway.app"):
+        log_cache(cacher)
+    assert "at most 1048576 bytes of answers in Redis at redis://:***@r:6379/1: 262144 per namespace" in caplog.text
+    assert "secret" not in caplog.text

@@ -1,15 +1,16 @@
 """Two teams on one gateway: namespaces team-a and team-b each hold AIModels `v1` and `v2` and an AIFeature
 `chat`, under the same names. No request, metric, limit or canary verdict crosses between them, and an
-attempt to shadow the other team's names is refused or logged, never effective.
+attempt to take over the other team's names is refused or logged, never effective.
 
 The same real pieces as e2e/test_canary_full.py (its fixtures and helpers are imported): the local control
 plane, a real Prometheus scraping the gateway, the operator reading it, real runtime processes serving the
 tiny Llama behind --endpoint-override, and load from the official `openai` client. The gateway watches the
 whole cluster, as the chart runs it by default, with team-a as its only serving namespace: a plain `chat`
-is team-a's, team-b's is `team-b/chat`. Each runtime serves a name that says whose it is ("a-v1", "b-v1"),
+is team-a's for a key without namespaces (ops), but each team's key resolves plain names in its own
+namespace, so team-b's plain `chat` is team-b's. Each runtime serves a name that says whose it is ("a-v1", "b-v1"),
 so every answer tells which namespace served it. Team-b's `v2` points at a port where nothing listens.
 A second gateway over the same cluster has a small budget per feature and both teams as serving
-namespaces, team-a first (plain names held by both are team-a's, and it logs that team-b's are shadowed).
+namespaces (plain names held by both are ambiguous for a key without namespaces: refused, and logged).
 """
 
 from __future__ import annotations
@@ -172,27 +173,28 @@ def test_each_key_reaches_only_its_own_teams_chat(gateway: GatewayProcess, serve
     a, b = served
     assert answered_by(gateway.chat(a.key, a.chat)) == "a-v1"
     assert answered_by(gateway.chat(b.key, b.chat)) == "b-v1"
-    # A plain `chat` is the serving namespace's, whoever asks: team-a's key gets team-a's, and so does a key
-    # that may call everything; team-b's is reachable only as team-b/chat.
+    # A plain `chat` is each team's own for its key (its scopes name its namespace), whatever the serving
+    # namespaces say; a key that may call everything has no namespace: it gets the serving namespace's.
     assert answered_by(gateway.chat(a.key, "chat")) == "a-v1"
+    assert answered_by(gateway.chat(b.key, "chat")) == "b-v1"
     assert answered_by(gateway.chat(OPS_KEY, "chat")) == "a-v1"
     assert answered_by(gateway.chat(OPS_KEY, b.chat)) == "b-v1"
-    # Another team's feature is refused, named either way (team-b's plain `chat` is team-a's), with the very
-    # answer a name that exists nowhere gets: no team learns which names another one holds.
+    # Another team's feature is refused, with the very answer a name that exists nowhere gets: no team
+    # learns which names another one holds.
     missing = f"{b.namespace}/no-such-feature"
     nowhere = openai_error(gateway.chat(a.key, missing), 404)
-    for key, model in ((a.key, b.chat), (b.key, a.chat), (b.key, "chat"), (a.key, f"{b.namespace}/b-v1")):
+    for key, model in ((a.key, b.chat), (b.key, a.chat), (b.key, "a-v1"), (a.key, f"{b.namespace}/b-v1")):
         error = openai_error(gateway.chat(key, model), 404)
         assert error["message"].replace(f"'{model}'", "'X'") == nowhere["message"].replace(f"'{missing}'", "'X'")
         assert {**error, "message": ""} == {**nowhere, "message": ""}
     assert openai_error(gateway.chat(None, a.chat), 401)["code"] == "invalid_api_key"
     assert openai_error(gateway.chat(new_key(), a.chat), 401)["code"] == "invalid_api_key"
     assert openai_error(gateway.chat(OPS_KEY, "team-nobody/chat"), 404)["code"] == "model_not_found"
-    # A name that only team-b holds is no plain name at all: team-b is not a serving namespace.
+    # A name that only team-b holds is no plain name for a key without namespaces: team-b is not serving.
     assert openai_error(gateway.chat(OPS_KEY, b.served("v1")), 404)["code"] == "model_not_found"
     # Each key lists exactly what it may call, as it would call it.
     assert gateway.models(a.key) == ["a-v1", "a-v2", "chat"]
-    assert gateway.models(b.key) == sorted(f"{b.namespace}/{name}" for name in ("b-v1", "b-v2", "chat"))
+    assert gateway.models(b.key) == ["b-v1", "b-v2", "chat"]
 
 
 def test_metrics_carry_the_namespace_and_one_teams_traffic_never_moves_the_others(
@@ -222,8 +224,7 @@ def test_one_teams_exhausted_limits_never_throttle_the_other(
 ) -> None:
     a, b = served
     # One burst, so the budget is spent within moments whatever the machine's speed (it refills one request
-    # per 20 s): `team-a/chat` and the plain `chat` (team-a's here too, the first serving namespace) draw on
-    # team-a's one budget.
+    # per 20 s): `team-a/chat` and the plain `chat` (team-a's for team-a's keys) draw on team-a's one budget.
     burst = limited.concurrently([(a.key, a.chat)] * 3 + [(A_BATCH_KEY, "chat")] * 2)
     assert sorted(r.status_code for r in burst) == [200] * FEATURE_RPM + [429] * (len(burst) - FEATURE_RPM)
     assert {answered_by(r) for r in burst if r.status_code == 200} == {"a-v1"}
@@ -249,8 +250,8 @@ def test_an_attempt_to_shadow_is_refused_or_logged_never_effective(
         kube.create_model(b.namespace, "impostor", {**CPU_MODEL, "servedModelName": a.chat})
     assert refused.value.status == 422
     assert "servedModelName must not contain '/'" in str(refused.value.body)
-    # Team-b serves a model under team-a's plain name. Outside the serving namespaces it is only ever
-    # team-b/a-v1 (nothing behind it: a takeover would answer 503); team-a's clients keep team-a's model.
+    # Team-b serves a model under team-a's plain name. For everyone but team-b it is only ever team-b/a-v1
+    # (nothing behind it: a takeover would answer 503); team-a's clients keep team-a's model.
     kube.create_model(b.namespace, "impostor", {**CPU_MODEL, "servedModelName": a.served("v1")})
     try:
         qualified = f"{b.namespace}/{a.served('v1')}"
@@ -259,21 +260,20 @@ def test_an_attempt_to_shadow_is_refused_or_logged_never_effective(
             assert answered_by(gateway.chat(OPS_KEY, a.served("v1"))) == "a-v1"
             assert answered_by(gateway.chat(a.key, a.served("v1"))) == "a-v1"
         assert openai_error(gateway.chat(OPS_KEY, qualified), 503)["code"] == "service_overloaded"  # the impostor
-        assert openai_error(gateway.chat(b.key, a.served("v1")), 404)["code"] == "model_not_found"
-        assert gateway.logged(f"plain model names resolve in namespace(s) {a.namespace}, in that order")
-        # Where team-b is a serving namespace too, after team-a, it still loses every name team-a holds,
-        # and the gateway logs who gets the name and who does not.
+        # Team-b's own key resolves the plain name in team-b: its own impostor, never team-a's model.
+        assert openai_error(gateway.chat(b.key, a.served("v1")), 503)["code"] == "service_overloaded"
+        assert gateway.logged(f"plain model names resolve in namespace(s) {a.namespace} for callers whose")
+        # Where team-b is a serving namespace too, a name both hold is ambiguous for a key without
+        # namespaces: refused (400), never given to the first listed, and logged; the teams keep their own.
         for name in ("chat", a.served("v1")):
-            line = (
-                f"model name '{name}' routes to namespace '{a.namespace}', the first serving namespace that "
-                f"holds it; '{b.namespace}' also hold it"
-            )
+            line = f"model name '{name}' is held by serving namespaces '{a.namespace}', '{b.namespace}'"
 
             def logged(line: str = line) -> bool:
                 return limited.logged(line)
 
-            wait_until(f"the shadowing of {name!r} logged", logged, timeout=30)
-        assert answered_by(limited.chat(OPS_KEY, a.served("v1"))) == "a-v1"
+            wait_until(f"the ambiguity of {name!r} logged", logged, timeout=30)
+        assert openai_error(limited.chat(OPS_KEY, a.served("v1")), 400)["code"] == "ambiguous_model"
+        assert answered_by(limited.chat(a.key, a.served("v1"))) == "a-v1"
     finally:
         kube.delete_model(b.namespace, "impostor")
 

@@ -283,7 +283,7 @@ def test_api_keys_secret_is_mounted_as_a_folder_for_rotation(helm: Helm) -> None
     lines = [line for line in secret["stringData"]["keys"].splitlines() if not line.startswith("#")]
     assert lines == [
         "team-a: sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
-        "team-b: sha256:cda48a6e3aee0ac6e55ccf662fb0ead50a8c7b0f5d233ddff2c5885b70b4bce5 chat,summarise",
+        "team-b: sha256:cda48a6e3aee0ac6e55ccf662fb0ead50a8c7b0f5d233ddff2c5885b70b4bce5 team-b/chat,team-b/summarise",
     ]
     gateway = one(objects, "Deployment", "mp-servlane-gateway")
     assert env_of(gateway)["SERVLANE_GATEWAY_KEYS_FILE"] == "/etc/servlane/api-keys/keys"

@@ -180,6 +180,16 @@ CEL_CASES: tuple[RuleCases, ...] = (
         bad=(ai_model(model_spec(engine="transformers", engineOptions={"gpuMemoryUtilization": 0.5})),),
     ),
     RuleCases(
+        "cpu-kv-cache-vllm-only",
+        "engineOptions.cpuKVCacheGiB applies to the vllm engine only",
+        good=(
+            ai_model(model_spec(engine="vllm", engineOptions={"cpuKVCacheGiB": 4})),
+            ai_model(model_spec(engineOptions={"cpuKVCacheGiB": 1})),  # vllm is the default
+            ai_model(model_spec(engine="transformers")),
+        ),
+        bad=(ai_model(model_spec(engine="transformers", engineOptions={"cpuKVCacheGiB": 2})),),
+    ),
+    RuleCases(
         "transformers-quantization",
         "the transformers engine supports only bitsandbytes quantization",
         good=(

@@ -39,6 +39,9 @@ class RuntimeConfig(BaseModel):
     dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
+    # vLLM on CPU: GiB of KV cache (VLLM_CPU_KVCACHE_SPACE). None: the pod's own VLLM_CPU_KVCACHE_SPACE if it
+    # sets one, else sized by the runtime from the memory limit (free memory in standalone) less the weights.
+    cpu_kv_cache_gib: int | None = Field(default=None, ge=1)
     quantization: str | None = None
     tensor_parallel_size: int = Field(default=1, ge=1)
     # vLLM's `--tool-call-parser` name (None: hermes). The vLLM engine refuses a name it does not know at
@@ -72,6 +75,8 @@ class RuntimeConfig(BaseModel):
             raise ValueError(
                 f"tool_call_parser {self.tool_call_parser!r}: the transformers engine reads only hermes tool calls"
             )
+        if self.engine == "transformers" and self.cpu_kv_cache_gib is not None:
+            raise ValueError("cpu_kv_cache_gib applies to the vllm engine only")
         return self
 
     def to_env_value(self) -> str:

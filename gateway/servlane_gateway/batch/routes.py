@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, ParamSpec, TypeVar
 
 from fastapi import APIRouter, Request
@@ -32,6 +33,11 @@ P = ParamSpec("P")
 T = TypeVar("T")
 RETRY_AFTER = 5.0
 UPLOAD_CHUNK = 1 << 20
+# Uploads received at once by a replica, and by one key: each may spool up to --batch-max-file-bytes to /tmp
+# (an emptyDir whose sizeLimit must hold them all: the kubelet evicts a pod past it) and is then held in
+# memory once. More wait (503 with Retry-After); one key cannot take every place with slow uploads.
+UPLOADS_AT_ONCE = 4
+UPLOADS_AT_ONCE_PER_KEY = 2
 DOWNLOAD_CHUNK = 4 << 20
 FORM_OVERHEAD = 64 * 1024  # multipart boundaries and the purpose field, on top of the file itself
 UPLOAD_SCHEMA: dict[str, Any] = {
@@ -89,6 +95,32 @@ def over_quota(exc: QuotaExceeded) -> OpenAIError:
     return OpenAIError(403, message, type="insufficient_quota", param="file", code="storage_quota_exceeded")
 
 
+def uploads_busy() -> OpenAIError:
+    message = "Too many uploads are being received right now; try again shortly."
+    return OpenAIError(503, message, type="server_error", code="too_many_uploads", retry_after=RETRY_AFTER)
+
+
+class UploadPlaces:
+    """The places for uploads in progress on this replica (one event loop: no lock needed)."""
+
+    def __init__(self, total: int, per_owner: int) -> None:
+        self.total, self.per_owner = total, per_owner
+        self.taken: dict[str, int] = {}
+
+    @contextmanager
+    def place(self, owner: str) -> Iterator[None]:
+        """Holds a place while the body is received; a 503 with Retry-After when none is free."""
+        if sum(self.taken.values()) >= self.total or self.taken.get(owner, 0) >= self.per_owner:
+            raise uploads_busy()
+        self.taken[owner] = self.taken.get(owner, 0) + 1
+        try:
+            yield
+        finally:
+            self.taken[owner] -= 1
+            if not self.taken[owner]:
+                del self.taken[owner]
+
+
 def capped(request: Request, cap: int) -> Request:
     """The request, its body counted as it arrives: a 413 as soon as more than `cap` bytes came, whatever
     Content-Length said or when there is none (chunked), before the rest is received or spooled anywhere."""
@@ -132,6 +164,7 @@ def batch_router(
     allow_without_keys: bool = False,
 ) -> APIRouter:
     router = APIRouter()
+    uploads = UploadPlaces(UPLOADS_AT_ONCE, UPLOADS_AT_ONCE_PER_KEY)
 
     def owner_of(request: Request) -> tuple[BatchStore, str]:
         key = state.keys.authenticate(request.headers.get("authorization"))
@@ -152,21 +185,23 @@ def batch_router(
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > max_file_bytes + FORM_OVERHEAD:
             raise too_large(max_file_bytes)
-        form = await capped(request, max_file_bytes + FORM_OVERHEAD).form(max_files=1, max_fields=8)
-        try:
-            file, purpose = form.get("file"), form.get("purpose")
-            if not isinstance(file, StarletteUpload):
-                raise OpenAIError(400, "Missing the file to upload (multipart field 'file').", param="file")
-            if purpose != rules.INPUT_PURPOSE:
-                raise OpenAIError(400, f"Only purpose '{rules.INPUT_PURPOSE}' is supported here.", param="purpose")
-            content = bytearray()  # the one copy in memory: the database takes it as it is
-            while chunk := await file.read(UPLOAD_CHUNK):
-                if len(content) + len(chunk) > max_file_bytes:
-                    raise too_large(max_file_bytes)
-                content += chunk
-            name = file.filename or "upload.jsonl"
-        finally:
-            await form.close()
+        with uploads.place(owner):
+            form = await capped(request, max_file_bytes + FORM_OVERHEAD).form(max_files=1, max_fields=8)
+            try:
+                file, purpose = form.get("file"), form.get("purpose")
+                if not isinstance(file, StarletteUpload):
+                    raise OpenAIError(400, "Missing the file to upload (multipart field 'file').", param="file")
+                if purpose != rules.INPUT_PURPOSE:
+                    message = f"Only purpose '{rules.INPUT_PURPOSE}' is supported here."
+                    raise OpenAIError(400, message, param="purpose")
+                content = bytearray()  # the one copy in memory: the database takes it as it is
+                while chunk := await file.read(UPLOAD_CHUNK):
+                    if len(content) + len(chunk) > max_file_bytes:
+                        raise too_large(max_file_bytes)
+                    content += chunk
+                name = file.filename or "upload.jsonl"
+            finally:
+                await form.close()
         try:
             return await in_db(db.add_file, owner, rules.INPUT_PURPOSE, name, content, int(time.time()))
         except QuotaExceeded as exc:

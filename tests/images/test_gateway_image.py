@@ -8,15 +8,23 @@ the image's extras; the gateway also starts with tracing on against an absent co
 
 from __future__ import annotations
 
+import base64
+import copy
+import hashlib
 import json
 import re
+import secrets
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
+from e2e.test_real_helm_toggles import RELEASE, SYSTEM, toggles_values
 from tests.gateway.gateway_harness import aimodel
-from tests.images.harness import Container, built_image, python_in
+from tests.helm.helmtool import Helm, HelmUnavailable, find_helm, one
+from tests.images.harness import Container, built_image, pod_run_args, python_in, unavailable
 from tests.runtime.servers import free_port
 
 pytestmark = [pytest.mark.images, pytest.mark.timeout(900)]
@@ -57,16 +65,20 @@ def test_every_settings_optional_modules_are_installed(gateway_image: str) -> No
     assert python_in(gateway_image, SETTINGS_MODULES).strip().splitlines()[-1] == "ok"
 
 
-def _run_options(routes: Path, port: int) -> list[str]:
+def _routes_mount(routes: Path) -> list[str]:
+    """A routes file with one model, mounted read-only at /etc/servlane/routes.json (as a ConfigMap would be)."""
     routes.write_text(json.dumps([aimodel("m1", "http://127.0.0.1:9", served="tiny")]))
     routes.chmod(0o644)
+    return ["--mount", f"type=bind,source={routes},destination=/etc/servlane/routes.json,readonly"]
+
+
+def _run_options(routes: Path, port: int) -> list[str]:
     return [
         "--read-only",
         "--mount=type=tmpfs,destination=/tmp,tmpfs-mode=1777",  # the chart's emptyDir
         "--cap-drop=ALL",
         "--security-opt=no-new-privileges",
-        "--mount",
-        f"type=bind,source={routes},destination=/etc/servlane/routes.json,readonly",
+        *_routes_mount(routes),
         "--publish",
         f"127.0.0.1:{port}:8080",
     ]
@@ -102,3 +114,61 @@ def test_starts_with_a_routes_file_and_answers_health(gateway_image: str, tmp_pa
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as response:
             models = [m["id"] for m in json.load(response)["data"]]
         assert "tiny" in models, gateway.logs()
+
+
+def test_starts_under_the_charts_pod_spec_with_every_toggle_on(gateway_image: str, tmp_path: Path) -> None:
+    """The gateway container of the chart rendered with the real-node toggle set (tracing to an absent
+    collector, API keys, the console, two workers, NetworkPolicies), run with the docker flags its pod spec
+    translates to (the chart's uid, read-only root, its volumes, its environment). The one change: no API
+    server here, so the routes come from a file instead of --watch."""
+    try:
+        helm = Helm(find_helm())
+    except HelmUnavailable as exc:
+        unavailable(str(exc))
+    key = "sk-" + secrets.token_hex(16)
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(toggles_values("sha256:" + hashlib.sha256(key.encode()).hexdigest())))
+    objects = helm.template(values, release=RELEASE, namespace=SYSTEM)
+    deployment = copy.deepcopy(one(objects, "Deployment", f"{RELEASE}-gateway"))
+    pod = deployment["spec"]["template"]["spec"]
+    # The keys Secret as the kubelet projects it: a read-only directory with one file per key of the Secret.
+    keys_dir = tmp_path / "api-keys"
+    keys_dir.mkdir()
+    secret = one(objects, "Secret", f"{RELEASE}-gateway-api-keys")
+    files = {name: base64.b64decode(value) for name, value in (secret.get("data") or {}).items()}
+    files |= {name: value.encode() for name, value in (secret.get("stringData") or {}).items()}
+    assert files, secret
+    for name, content in files.items():
+        (keys_dir / name).write_bytes(content)
+        (keys_dir / name).chmod(0o644)
+    keys_dir.chmod(0o755)
+    for volume in pod["volumes"]:
+        if "secret" in volume:
+            del volume["secret"]
+            volume["persistentVolumeClaim"] = {"claimName": "secret-as-directory", "readOnly": True}
+    (container,) = [c for c in pod["containers"] if c["name"] == "gateway"]
+    container["args"] = ["--routes-file", "/etc/servlane/routes.json"]
+    port = free_port()
+    run = pod_run_args(
+        deployment,
+        claims={"secret-as-directory": keys_dir},
+        host_ports={"http": port, "metrics": free_port()},
+        container_name="gateway",
+    )
+    assert run.image == gateway_image
+    with Container(gateway_image, run.options + _routes_mount(tmp_path / "routes.json"), run.args) as gateway:
+        gateway.wait_http_ok(run.probe_url("readinessProbe"), 60, "the chart's readiness probe, every toggle on")
+        base = f"http://127.0.0.1:{port}"
+        request = urllib.request.Request(base + "/v1/models", headers={"Authorization": f"Bearer {key}"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            trace_id = response.headers.get("x-trace-id") or ""
+        assert re.fullmatch("[0-9a-f]{32}", trace_id), f"no trace id with tracing on: {trace_id!r}"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(base + "/v1/models", timeout=10)
+        assert refused.value.code == 401
+        console = urllib.request.Request(base + "/console/api/state", headers={"Authorization": f"Bearer {key}"})
+        with urllib.request.urlopen(console, timeout=10) as response:
+            assert response.status == 200
+        gateway.assert_running("serving with every toggle on")
+        logs = gateway.logs()
+        assert "tracing on" in logs, logs

@@ -41,6 +41,87 @@ def steps(*percentages: int) -> Manifest:
     return ai_feature(feature_spec(rollout={"steps": list(percentages)}))
 
 
+def adapter_from(source: str) -> Manifest:
+    return ai_model(model_spec(adapters=[{"name": "sql", "source": source}]))
+
+
+# Source forms both validators accept, each close to an edge of the grammar (servlane_api.aimodel).
+GOOD_SOURCES = (
+    "hf://Qwen/Qwen2.5-7B-Instruct@main",
+    "hf://org/name",
+    "hf://org_1/name.v2@refs/pr/1",
+    "hf://org/name@0123456789abcdef0123456789abcdef01234567",
+    "pvc://weights/qwen/7b",
+    "pvc://weights",
+    "pvc://team.weights-1/v1.5/model_a",
+    "s3://bucket/qwen",
+    "s3://my.bucket-1",
+    "/models/qwen",
+    "/m",
+    # What standalone mode resolves pkg:// and ~ to: hidden directories and dotted names are fine.
+    "/work/.venv/lib/python3.11/site-packages/tiny_model/model",
+    "/root/.cache/hub/models--org--name/snapshots/abc",
+)
+# Dangerous or malformed forms: each breaks the source grammar and nothing else (no system directory).
+BAD_SOURCES = (
+    "ftp://host/model",
+    "hf://Qwen",
+    "models/qwen",
+    # RE2's $ ends the text; Python's re.match would accept the trailing newline.
+    "/models/qwen\n",
+    "/models/../secrets",
+    "/models/./qwen",
+    "/models/..",
+    "/..",
+    "/",
+    "/models//qwen",
+    "/models/qwen/",
+    "/models\\..\\secrets",
+    "/models/%2e%2e/secrets",
+    "/models%2fqwen",
+    "/models/qwen 7b",
+    "/models/\tqwen",
+    "/models/qwen\u0000",
+    "/models/qwen\u001b[0m",
+    "~/models",
+    "/models/~root",
+    "/models/-rf",
+    "/models/qwen?revision=main",
+    "/models/qwen#frag",
+    "/models/qw:en",
+    "hf://user:token@org/name",
+    "hf://org/name@../../secrets",
+    "hf://org/name@-main",
+    "hf://org/na..me",
+    "hf://-org/name",
+    "hf://org/name/extra",
+    "hf://org/name@main?x=1",
+    "pvc://Weights/qwen",
+    "pvc://weights..x/qwen",
+    "pvc://weights/../other",
+    "pvc://user@weights/qwen",
+    "pvc://weights:8080/qwen",
+    "pvc://-weights/qwen",
+    "pvc://" + "w" * 64 + "/qwen",
+    "s3://ab/qwen",
+    "s3://Bucket/qwen",
+    "s3://bucket..x/qwen",
+    "s3://bucket-/qwen",
+    "s3://key:secret@bucket/qwen",
+    "s3://bucket/qwen/../../x",
+)
+# Well-formed paths into the kernel's, the kubelet's and the runtime's directories.
+SYSTEM_SOURCES = (
+    "/proc/self/environ",
+    "/sys/kernel",
+    "/dev/shm",
+    "/etc/passwd",
+    "/run/secrets/kubernetes.io/serviceaccount",
+    "/var/run/secrets/kubernetes.io/serviceaccount",
+    "/var/lib/kubelet/pods",
+    "/boot",
+)
+
 CPU = {"cpu": "1"}
 SPLIT_60_40 = [{"model": "a", "weight": 60}, {"model": "b", "weight": 40}]
 
@@ -74,22 +155,18 @@ CEL_CASES: tuple[RuleCases, ...] = (
     ),
     RuleCases(
         "source-uri",
-        "source.uri must be hf://org/name[@revision], pvc://claim/path, s3://bucket/path, "
-        "or an absolute path in the image",
-        good=(
-            ai_model(model_spec(source={"uri": "hf://Qwen/Qwen2.5-7B-Instruct@main"})),
-            ai_model(model_spec(source={"uri": "pvc://weights/qwen/7b"})),
-            ai_model(model_spec(source={"uri": "pvc://weights"})),
-            ai_model(model_spec(source={"uri": "s3://bucket/qwen"})),
-            ai_model(model_spec(source={"uri": "/models/qwen"})),
-        ),
-        bad=(
-            ai_model(model_spec(source={"uri": "ftp://host/model"})),
-            ai_model(model_spec(source={"uri": "hf://Qwen"})),
-            ai_model(model_spec(source={"uri": "models/qwen"})),
-            # RE2's $ ends the text; Python's re.match would accept the trailing newline.
-            ai_model(model_spec(source={"uri": "/models/qwen\n"})),
-        ),
+        "source.uri must be hf://org/name[@revision], pvc://claim/path, s3://bucket/path, or an absolute path in the "
+        "image, each path segment letters, digits, '_', '-' and inner dots (no '.' or '..' segment, '//', '%', '~', "
+        "'\\', spaces, '?', '#' or '@')",
+        good=tuple(ai_model(model_spec(source={"uri": uri})) for uri in GOOD_SOURCES),
+        bad=tuple(ai_model(model_spec(source={"uri": uri})) for uri in BAD_SOURCES),
+    ),
+    RuleCases(
+        "source-system-path",
+        "source.uri must not be a path under /proc, /sys, /dev, /etc, /run, /var/run, /var/lib/kubelet or /boot",
+        # Near misses: directories that only start like a system one.
+        good=tuple(ai_model(model_spec(source={"uri": uri})) for uri in ("/etcetera/m", "/devices/m", "/var/models")),
+        bad=tuple(ai_model(model_spec(source={"uri": uri})) for uri in SYSTEM_SOURCES),
     ),
     RuleCases(
         "source-credentials",
@@ -219,17 +296,20 @@ CEL_CASES: tuple[RuleCases, ...] = (
     ),
     RuleCases(
         "adapter-source",
-        "adapter source must be hf://org/name[@revision], pvc://claim/path, or an absolute path",
-        good=(
-            ai_model(model_spec(adapters=[{"name": "sql", "source": "hf://org/sql-lora@v2"}])),
-            ai_model(model_spec(adapters=[{"name": "sql", "source": "pvc://loras/sql/v1"}])),
-            ai_model(model_spec(adapters=[{"name": "sql", "source": "/adapters/sql"}])),
-        ),
+        "adapter source must be hf://org/name[@revision], pvc://claim/path, or an absolute path, each path segment "
+        "letters, digits, '_', '-' and inner dots (no '.' or '..' segment, '//', '%', '~', '\\', spaces, '?', '#' "
+        "or '@')",
+        good=tuple(adapter_from(uri) for uri in GOOD_SOURCES if not uri.startswith("s3://")),
         bad=(
-            ai_model(model_spec(adapters=[{"name": "sql", "source": "s3://bucket/sql"}])),
-            ai_model(model_spec(adapters=[{"name": "sql", "source": "adapters/sql"}])),
-            ai_model(model_spec(adapters=[{"name": "sql", "source": "hf://sql-lora"}])),
+            adapter_from("s3://bucket/sql"),  # the runtime does not fetch adapters from S3
+            *(adapter_from(uri) for uri in BAD_SOURCES if not uri.startswith("s3://")),
         ),
+    ),
+    RuleCases(
+        "adapter-system-path",
+        "adapter source must not be a path under /proc, /sys, /dev, /etc, /run, /var/run, /var/lib/kubelet or /boot",
+        good=(adapter_from("/etcetera/sql"),),
+        bad=tuple(adapter_from(uri) for uri in SYSTEM_SOURCES),
     ),
     RuleCases(
         "adapter-names-unique",

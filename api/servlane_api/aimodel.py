@@ -18,9 +18,39 @@ MAX_MODEL_NAME = 57
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # Kubernetes resource quantities, e.g. 500m, 2, 16Gi, 1.5G.
 QUANTITY = r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
-SOURCE_URI = r"^(hf://[^/@\s]+/[^/@\s]+(@[^\s]+)?|pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/[^\s]*)?|s3://[^/\s]+(/[^\s]*)?|/[^\s]*)$"
+# Sources are read by the runtime and mounted by the kubelet, so every form is held to what a mount would
+# accept without surprise (one grammar, written once, checked by CEL's RE2 and by Python's re alike):
+# a path segment is letters, digits, '_' and '-', with inner single dots and an optional leading one
+# ('.cache', 'v1.5'), so '.', '..', empty segments ('//'), a trailing '/', '%'-escapes, '\', '~', '?', '#',
+# '@', ':', whitespace and control characters never get through, nor a segment that starts with '-'.
+PATH_SEGMENT = r"\.?[A-Za-z0-9_][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*"
+SOURCE_PATH = rf"{PATH_SEGMENT}(?:/{PATH_SEGMENT})*"
+# A Hub repo id part (org or name): letters, digits, '_', and single '-' or '.' between them, at most ~96.
+HF_PART = r"[A-Za-z0-9](?:[A-Za-z0-9_]|[-.][A-Za-z0-9_]){0,95}"
+# A revision: a branch, tag or commit, or a ref such as refs/pr/1 (git refs hold no '..' and no leading '-').
+HF_REVISION = r"[A-Za-z0-9_](?:[A-Za-z0-9_]|[-.][A-Za-z0-9_])*(?:/[A-Za-z0-9_](?:[A-Za-z0-9_]|[-.][A-Za-z0-9_])*)*"
+HF_SOURCE = rf"hf://{HF_PART}/{HF_PART}(?:@{HF_REVISION})?"
+# A PVC claim is a DNS-1123 subdomain: lowercase labels of at most 63 characters joined by single dots.
+DNS_1123_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
+PVC_SOURCE = rf"pvc://{DNS_1123_LABEL}(?:\.{DNS_1123_LABEL})*(?:/{SOURCE_PATH})?"
+# An S3 bucket: 3-63 lowercase letters, digits, '-' and single dots, starting and ending with a letter or digit.
+S3_SOURCE = rf"s3://[a-z0-9](?:[a-z0-9-]|\.[a-z0-9]){{1,60}}[a-z0-9](?:/{SOURCE_PATH})?"
+IMAGE_SOURCE = rf"/{SOURCE_PATH}"
+SOURCE_URI = rf"^(?:{HF_SOURCE}|{PVC_SOURCE}|{S3_SOURCE}|{IMAGE_SOURCE})$"
+SOURCE_PATH_RULES = (
+    "each path segment letters, digits, '_', '-' and inner dots (no '.' or '..' segment, '//', '%', '~', "
+    "'\\', spaces, '?', '#' or '@')"
+)
 SOURCE_URI_MESSAGE = (
-    "source.uri must be hf://org/name[@revision], pvc://claim/path, s3://bucket/path, or an absolute path in the image"
+    "source.uri must be hf://org/name[@revision], pvc://claim/path, s3://bucket/path, or an absolute path in the "
+    f"image, {SOURCE_PATH_RULES}"
+)
+# Paths in the image under which the kernel, the kubelet and the container runtime put things that are no
+# model's weights (process memory, devices, Secrets and tokens mounted into the pod): never a source.
+# (Matched whole, as the grammar above, so that RE2's and Python's '$' cannot differ on a trailing newline.)
+SYSTEM_PATH = r"^/(?:proc|sys|dev|etc|run|boot|var/run|var/lib/kubelet)(?:/.*)?$"
+SYSTEM_PATH_MESSAGE = (
+    "source.uri must not be a path under /proc, /sys, /dev, /etc, /run, /var/run, /var/lib/kubelet or /boot"
 )
 Quantity = Annotated[str, Field(pattern=QUANTITY, max_length=32)]
 RESERVED_ENV_MESSAGE = (
@@ -53,6 +83,11 @@ class ModelSource(CelValidated):
             f"self.uri.matches(r'{SOURCE_URI}')",
             SOURCE_URI_MESSAGE,
             lambda source: re.fullmatch(SOURCE_URI, source.uri) is not None,
+        ),
+        CelRule(
+            f"!self.uri.matches(r'{SYSTEM_PATH}')",
+            SYSTEM_PATH_MESSAGE,
+            lambda source: re.fullmatch(SYSTEM_PATH, source.uri) is None,
         ),
         CelRule(
             "!has(self.credentialsSecret) || self.uri.startsWith('hf://') || self.uri.startsWith('s3://')",
@@ -90,8 +125,13 @@ class ModelSource(CelValidated):
 
 
 # An adapter's files: from the Hub, from a PVC, or a path in the image (s3:// is not served by the runtime).
-ADAPTER_SOURCE = r"^(hf://[^/@\s]+/[^/@\s]+(@[^\s]+)?|pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/[^\s]*)?|/[^\s]*)$"
-ADAPTER_SOURCE_MESSAGE = "adapter source must be hf://org/name[@revision], pvc://claim/path, or an absolute path"
+ADAPTER_SOURCE = rf"^(?:{HF_SOURCE}|{PVC_SOURCE}|{IMAGE_SOURCE})$"
+ADAPTER_SOURCE_MESSAGE = (
+    f"adapter source must be hf://org/name[@revision], pvc://claim/path, or an absolute path, {SOURCE_PATH_RULES}"
+)
+ADAPTER_SYSTEM_PATH_MESSAGE = (
+    "adapter source must not be a path under /proc, /sys, /dev, /etc, /run, /var/run, /var/lib/kubelet or /boot"
+)
 # The name clients send for an adapter, and the second half of an AIFeature target `<aimodel>:<adapter>`.
 ADAPTER_NAME = r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$"
 
@@ -104,6 +144,11 @@ class Adapter(CelValidated):
             f"self.source.matches(r'{ADAPTER_SOURCE}')",
             ADAPTER_SOURCE_MESSAGE,
             lambda adapter: re.fullmatch(ADAPTER_SOURCE, adapter.source) is not None,
+        ),
+        CelRule(
+            f"!self.source.matches(r'{SYSTEM_PATH}')",
+            ADAPTER_SYSTEM_PATH_MESSAGE,
+            lambda adapter: re.fullmatch(SYSTEM_PATH, adapter.source) is None,
         ),
     )
 
@@ -133,14 +178,6 @@ class EngineOptions(ApiModel):
     )
     gpu_memory_utilization: float | None = Field(
         default=None, gt=0, le=1, description="Fraction of each GPU's memory the vLLM engine may use."
-    )
-    cpu_kv_cache_gib: int | None = Field(
-        default=None,
-        ge=1,
-        le=4096,
-        alias="cpuKVCacheGiB",
-        description="vLLM on CPU: GiB of memory for the KV cache (VLLM_CPU_KVCACHE_SPACE). Default: what fits in "
-        "the pod's memory limit (resources.memory) next to the weights and a margin of 2 GiB plus 10 %.",
     )
     quantization: Literal["awq", "gptq", "fp8", "bitsandbytes", "compressed-tensors"] | None = Field(
         default=None, description="Quantization method of the weights."
@@ -293,11 +330,6 @@ class AIModelSpec(CelValidated):
             "self.engine == 'vllm' || !has(self.engineOptions) || !has(self.engineOptions.gpuMemoryUtilization)",
             "engineOptions.gpuMemoryUtilization applies to the vllm engine only",
             lambda spec: spec.engine == Engine.VLLM or spec.engine_options.gpu_memory_utilization is None,
-        ),
-        CelRule(
-            "self.engine == 'vllm' || !has(self.engineOptions) || !has(self.engineOptions.cpuKVCacheGiB)",
-            "engineOptions.cpuKVCacheGiB applies to the vllm engine only",
-            lambda spec: spec.engine == Engine.VLLM or spec.engine_options.cpu_kv_cache_gib is None,
         ),
         CelRule(
             "self.engine == 'vllm' || !has(self.engineOptions) || !has(self.engineOptions.quantization) "

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy.exc import DataError, IntegrityError
 
 from servlane_core.protocol.errors import OpenAIError
+from servlane_core.routing.routes import Route
 from servlane_gateway.access import route_for
 from servlane_gateway.batch import metrics as m
 from servlane_gateway.batch import rules
@@ -173,27 +174,32 @@ class BatchWorker:
             self.metrics.invalid_lines.inc(len(validated.errors))
         return True
 
-    def _callable(self, owner: str, model: str) -> bool:
-        """Whether a request of `owner` for `model` would be routed (the answer a request gets, decided now)."""
+    def _route(self, owner: str, model: str) -> Route | None:
+        """Where a request of `owner` for `model` goes now (None: refused), resolved as its own requests are:
+        a scoped key's plain names in its own namespaces."""
         table = self.state.table
         if table is None:
-            return False
+            return None
         key = next((k for k in self.state.keys.keys if k.name == owner), None)
         if self.state.keys.enabled and key is None:
-            return False
+            return None
         try:
-            route_for(key, table, model)  # resolved as the owner's own requests are
+            return route_for(key, table, model)
         except OpenAIError:
-            return False
-        return True
+            return None
 
-    def _feature(self, model: str) -> tuple[str, str]:
-        table = self.state.table
-        route = table.lookup(model) if table is not None else None
+    def _callable(self, owner: str, model: str) -> bool:
+        """Whether a request of `owner` for `model` would be routed (the answer a request gets, decided now)."""
+        return self._route(owner, model) is not None
+
+    def _feature(self, owner: str, model: str) -> tuple[str, str]:
+        """The feature whose concurrency slot a line takes: the one the owner's request reaches, so two
+        teams' same plain name never share a slot."""
+        route = self._route(owner, model)
         return (route.namespace, route.name) if route is not None else ("", "")
 
     async def _send(self, batch: Active, request: Claimed) -> None:
-        namespace, feature = self._feature(str(request.body.get("model")))
+        namespace, feature = self._feature(batch.owner, str(request.body.get("model")))
         slot = self.slots.setdefault((namespace, feature), asyncio.Semaphore(self.concurrency))
         try:
             async with slot:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.harness import ROOT, Kube, wait_until
@@ -64,14 +66,17 @@ class GatewayProcess:
     metrics_url: str  # /metrics is on a port of its own
 
     @classmethod
-    def start(cls, kube: Kube, port: int, log: Path, args: list[str]) -> GatewayProcess:
+    def start(
+        cls, kube: Kube, port: int, log: Path, args: list[str], env: dict[str, str] | None = None
+    ) -> GatewayProcess:
+        """`env`: variables on top of this process's (e.g. OpenTelemetry's)."""
         metrics_port = free_port()
         command = [sys.executable, "-m", "servlane_gateway", "--watch", "--host", "127.0.0.1", "--port", str(port),
                    "--metrics-port", str(metrics_port), "--first-byte-timeout", "10", *args]  # fmt: skip
         with log.open("ab") as out:
             proc = subprocess.Popen(
                 command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
-                env={**os.environ, "KUBECONFIG": str(kube.kubeconfig)},
+                env={**os.environ, "KUBECONFIG": str(kube.kubeconfig), **(env or {})},
             )  # fmt: skip
         gateway = cls(f"http://127.0.0.1:{port}", log, proc, f"http://127.0.0.1:{metrics_port}/metrics")
         wait_until("gateway ready", gateway._ready, timeout=30)
@@ -89,12 +94,34 @@ class GatewayProcess:
         stop_process_groups([self.proc.pid], timeout=10)
         self.proc.wait(timeout=5)
 
-    def chat(self, key: str | None, model: str) -> httpx.Response:
-        """One small chat completion as a client with `key` (None: no Authorization header)."""
-        headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
-        body = {"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 3}
+    def chat(
+        self, key: str | None, model: str, text: str = "Hello!", headers: dict[str, str] | None = None, **fields: Any
+    ) -> httpx.Response:
+        """One small chat completion as a client with `key` (None: no Authorization header); `fields` are
+        more of the body's (e.g. temperature), `headers` more request headers."""
+        sent = {**({"Authorization": f"Bearer {key}"} if key is not None else {}), **(headers or {})}
+        body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 3, **fields}
         with httpx.Client(trust_env=False, timeout=30) as client:  # loopback: never through a proxy
-            return client.post(self.url + "/v1/chat/completions", json=body, headers=headers)
+            return client.post(self.url + "/v1/chat/completions", json=body, headers=sent)
+
+    def client(self, key: str) -> openai.OpenAI:
+        """The official client as a caller with `key` (the Batch API's files and batches)."""
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=30)
+
+    def answer_before_the_body(self, head: str, body_start: bytes, timeout: float = 10) -> bytes:
+        """The status line and headers the gateway answers a request whose `head` (request line and headers,
+        without the blank line) promises more body than `body_start`, which is all that is ever sent: an
+        answer means the gateway decided without waiting for the rest. A timeout raises (socket.timeout)."""
+        host, port = self.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+            sock.sendall(head.encode() + b"\r\n\r\n" + body_start)
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                received = sock.recv(65536)
+                if not received:
+                    break
+                answer += received
+            return answer
 
     def concurrently(self, calls: list[tuple[str, str]]) -> list[httpx.Response]:
         """`chat(key, model)` for every (key, model) at once, the answers in the same order."""

@@ -258,9 +258,9 @@ def test_monitors_and_rules_only_when_the_prometheus_operator_api_exists(helm: H
     objects = helm.template(values, api_versions=(MONITORING_API,))
     monitor = one(objects, "ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    gateway = one(objects, "Service", "mp-servlane-gateway")
+    gateway = one(objects, "Service", "mp-servlane-gateway-metrics")  # /metrics has a port and Service of its own
     assert monitor["spec"]["selector"]["matchLabels"].items() <= gateway["metadata"]["labels"].items()
-    assert monitor["spec"]["endpoints"][0]["port"] == "http"
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
     pod_monitor = one(objects, "PodMonitor")
     assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     rule = one(objects, "PrometheusRule")
@@ -350,10 +350,12 @@ def test_gateway_serving_namespaces_are_never_every_namespace(
 def test_network_policies_admit_the_operator_to_the_gateway(helm: Helm) -> None:
     objects = helm.template(CHART / "ci" / "secured-values.yaml")
     policy = one(objects, "NetworkPolicy", "mp-servlane-gateway")
-    peers = policy["spec"]["ingress"][0]["from"]
+    api, metrics = (rule["from"] for rule in policy["spec"]["ingress"])
     operator = one(objects, "Deployment", "mp-servlane-operator")
-    assert {"podSelector": {"matchLabels": operator["spec"]["selector"]["matchLabels"]}} in peers
-    assert {"namespaceSelector": {"matchLabels": {"servlane.dev/clients": "true"}}} in peers
+    # The operator scrapes the gateway's metrics port (canary analysis without Prometheus); it needs no API.
+    assert {"podSelector": {"matchLabels": operator["spec"]["selector"]["matchLabels"]}} in metrics
+    assert {"namespaceSelector": {"matchLabels": {"servlane.dev/clients": "true"}}} in api
+    assert {"podSelector": {"matchLabels": operator["spec"]["selector"]["matchLabels"]}} not in api
     assert one(objects, "NetworkPolicy", "mp-servlane-operator")
     assert not find(helm.template(), "NetworkPolicy")
 

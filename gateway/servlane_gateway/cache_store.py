@@ -60,13 +60,13 @@ from servlane_gateway.shared_limits import redact_url
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
-TOTAL = "#total"  # the field of the sizes hash holding their sum (a digest never starts with '#')
 
 
 @dataclass(frozen=True)
 class Stored:
-    kept: bool  # False: larger than the feature's maxBytes, or the store did not answer
-    evicted: int = 0  # older answers dropped to make room (not the expired ones)
+    # False: larger than one answer may be, the cap full of other namespaces' answers, or no answer
+    kept: bool
+    evicted: int = 0  # older answers of the same namespace dropped to make room (not the expired ones)
 
 
 class AnswerStore(Protocol):
@@ -152,6 +152,11 @@ class MemoryStore:
             kept = self._kept.get(where)
             if kept is not None and kept.expires == expires:
                 self._drop(where)
+        # Answers evicted or replaced leave their expiry behind until its time: without this, a tenant
+        # storing fast under a long TTL would grow the heap far beyond the answers the budget holds.
+        if len(self._expiry) > 2 * len(self._kept) + 1024:
+            self._expiry = [(kept.expires, where) for where, kept in self._kept.items()]
+            heapq.heapify(self._expiry)
 
     async def put(self, key: CacheKey, entry: Entry, bounds: Bounds) -> Stored:
         if not bounds.fits(entry):
@@ -263,6 +268,8 @@ local function evict(age)
   return true
 end
 for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 100)) do drop(m) end
+oldest(KEYS[4])  -- the members another namespace's store dropped, at the head of the age sets, go too
+oldest(KEYS[5])
 drop(member)
 local size = string.len(entry)
 redis.call('HSET', KEYS[1], member, entry)

@@ -441,6 +441,71 @@ def test_redis_a_namespace_beyond_its_share_evicts_only_its_own_across_its_featu
     asyncio.run(run())
 
 
+def test_redis_expired_answers_of_idle_namespaces_free_the_cap(redis_server: RedisServer) -> None:
+    prefix = f"test-{uuid.uuid4().hex[:8]}"
+    store = RedisStore(redis_server.url, prefix=prefix)
+    budget = CacheBudget(max_bytes=4000, namespace_max_bytes=2000, max_entry_bytes=1000)
+    short = budget.bounds(ResponseCache(enabled=True, ttl_seconds=1))
+    body = Entry(False, "application/json", b"x" * 800)
+    client = redis_db(redis_server, 0)
+
+    async def run() -> None:
+        await store.start()
+        try:
+            held = [CacheKey(ns, "chat", d) for ns in ("team-a", "team-b") for d in ("1", "2")]
+            for key in held:
+                assert (await store.put(key, body, short)).kept
+            assert not (await store.put(CacheKey("team-c", "chat", "1"), body, short)).kept  # the cap is full
+            await until_expired(store, held[-1])  # team-b's last answer, the latest to expire
+            # team-c's store drops everyone's expired answers: the cap is free although a and b stay idle.
+            assert (await store.put(CacheKey("team-c", "chat", "1"), body, short)).kept
+            sums = client.hgetall(f"{prefix}:cache:sizes")
+            assert (b"#ns:team-a" in sums, int(sums[b"#total"])) == (False, int(sums[b"#ns:team-c"]))
+        finally:
+            await store.aclose()
+
+    try:
+        asyncio.run(run())
+    finally:
+        client.close()
+
+
+async def until_expired(store: RedisStore, key: CacheKey) -> None:
+    deadline = asyncio.get_running_loop().time() + 10
+    while await store.get(key) is not None:
+        assert asyncio.get_running_loop().time() < deadline, "the answer never expired"
+        await asyncio.sleep(0.05)
+
+
+def test_redis_answers_dropped_by_another_namespaces_store_leave_no_members_behind(
+    redis_server: RedisServer,
+) -> None:
+    prefix = f"test-{uuid.uuid4().hex[:8]}"
+    store = RedisStore(redis_server.url, prefix=prefix)
+    short, long = (CacheBudget().bounds(ResponseCache(enabled=True, ttl_seconds=ttl)) for ttl in (1, 300))
+    body = Entry(False, "application/json", b"x" * 100)
+    client = redis_db(redis_server, 0)
+    age = f"{prefix}:cache:age:team-a"
+
+    async def run() -> None:
+        await store.start()
+        try:
+            await store.put(CacheKey("team-a", "chat", "1"), body, short)
+            await store.put(CacheKey("team-a", "other", "2"), body, long)  # keeps team-a's age set alive
+            await until_expired(store, CacheKey("team-a", "chat", "1"))
+            await store.put(CacheKey("team-b", "chat", "1"), body, long)  # drops team-a's expired answer
+            assert client.zcard(age) == 2  # its member stays until team-a's next store
+            await store.put(CacheKey("team-a", "chat", "3"), body, long)
+            assert client.zrange(age, 0, -1) == [b"team-a/other/2", b"team-a/chat/3"]
+        finally:
+            await store.aclose()
+
+    try:
+        asyncio.run(run())
+    finally:
+        client.close()
+
+
 def test_a_redis_that_does_not_answer_means_no_caching_not_failures(
     upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
 ) -> None:

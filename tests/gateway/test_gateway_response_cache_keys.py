@@ -420,3 +420,16 @@ def test_the_start_log_says_where_answers_live_and_within_what(
         log_cache(cacher)
     assert "at most 1048576 bytes of answers in Redis at redis://:***@r:6379/1: 262144 per namespace" in caplog.text
     assert "secret" not in caplog.text
+
+
+def test_memory_store_keeps_no_more_expiry_records_than_its_answers_need() -> None:
+    store = MemoryStore(Clock())
+    bounds = SMALL.bounds(ResponseCache(enabled=True, max_entries=2, ttl_seconds=86_400))
+
+    async def run() -> None:
+        for i in range(5000):  # each evicts an older one, whose expiry is a day away
+            await store.put(k(str(i)), entry(10), bounds)
+
+    asyncio.run(run())
+    assert len(store._kept) == 2
+    assert len(store._expiry) <= 2 * 2 + 1024 + 1

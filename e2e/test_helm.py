@@ -203,7 +203,8 @@ def test_gateway_with_the_charts_service_account_lists_the_model(
     gateway = DeploymentProcess(
         deployment,
         release.token_kubeconfig(release.gateway),
-        {"SERVLANE_GATEWAY_PORT": str(port)},
+        # Both ports free ones here: the chart's 9090 for /metrics may be taken on this machine.
+        {"SERVLANE_GATEWAY_PORT": str(port), "SERVLANE_GATEWAY_METRICS_PORT": str(free_port())},
         ARTIFACTS / f"{release.name}-gateway.log",
     )
     try:

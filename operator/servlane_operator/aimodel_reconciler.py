@@ -138,8 +138,9 @@ async def reconcile(
     if drifted and trigger == "resync":
         operator_metrics.DRIFT_CORRECTED.labels("Deployment").inc()
         kopf.info(_body(body), reason="DriftCorrected", message="Restored hand-edited fields of the Deployment.")
-    if actions.conflicts:
-        kopf.warn(_body(body), reason=CHILD_CONFLICT, message="; ".join(actions.conflicts))
+    conflict = "; ".join(actions.conflicts)
+    if conflict and carried_conflicts(model.status) != [conflict]:  # once, not on every resync
+        kopf.warn(_body(body), reason=CHILD_CONFLICT, message=conflict)
     generation = int(model.metadata.get("generation", 0))
     status = _status_body(
         model, deployment, pods, observed_generation=generation, settings=settings, conflicts=actions.conflicts

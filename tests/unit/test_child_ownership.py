@@ -184,11 +184,16 @@ def test_owned_children_are_applied_and_a_cleared_conflict_clears_the_condition(
     reconcile(kube, body_of(CPU_SPEC))
     conflicted = kube.statuses[-1]
     assert ready_condition(conflicted)["reason"] == CHILD_CONFLICT
-    del kube.objects[SERVICE]  # its owner removed it
     # Status refreshes between reconciles (child events) keep the conflict: only a reconcile reads owners.
     refreshed = FakeKube()
     asyncio.run(aimodel_reconciler.refresh_status(body_of(CPU_SPEC, **conflicted), refreshed, SETTINGS, None, []))
-    assert all(ready_condition(status)["reason"] == CHILD_CONFLICT for status in refreshed.statuses)
+    (status,) = refreshed.statuses  # written: the refresh read no Deployment, so its counts differ
+    assert ready_condition(status)["reason"] == CHILD_CONFLICT
+    # A resync that finds the same conflict does not post its Event again.
+    posted = len(events)
+    reconcile(kube, body_of(CPU_SPEC, **conflicted), trigger="resync")
+    assert [reason for reason, _ in events[posted:]] == []
+    del kube.objects[SERVICE]  # its owner removed it
     reconcile(kube, body_of(CPU_SPEC, **conflicted), trigger="resync")
     owners = kube.objects[SERVICE]["metadata"]["ownerReferences"]
     assert [(o["uid"], o["controller"]) for o in owners] == [(UID, True)]

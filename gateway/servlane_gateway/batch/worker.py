@@ -96,6 +96,8 @@ class BatchWorker:
 
     async def step(self) -> bool:
         """One round; True when it did something (so the next round starts at once)."""
+        if self.state.keys.broken:  # no owner authenticates until the keys file parses again: wait
+            return False
         busy = await self._validate_one()
         active = await asyncio.to_thread(self.store.active_batches)
         self.stopping = {b.id for b in active if b.status == rules.CANCELLING}
@@ -205,6 +207,12 @@ class BatchWorker:
             async with slot:
                 if batch.id in self.stopping:
                     await asyncio.to_thread(self.store.retry_later, batch.id, request.line, self.me, time.time())
+                    return
+                if self.state.keys.broken:
+                    # The keys file does not parse: no owner authenticates. The line waits for a fixed file
+                    # rather than fail (a typo must not cost a batch its lines).
+                    not_before = time.time() + self.poll
+                    await asyncio.to_thread(self.store.retry_later, batch.id, request.line, self.me, not_before)
                     return
                 request_id = new_id("batch_req_")
                 gauge = self.metrics.in_flight.labels(namespace, feature)

@@ -45,6 +45,10 @@ def adapter_from(source: str) -> Manifest:
     return ai_model(model_spec(adapters=[{"name": "sql", "source": source}]))
 
 
+# DNS-1123 subdomains (labels of at most 63) of 253 and 254 characters.
+CLAIM_253 = ".".join(("a" * 63, "b" * 63, "c" * 63, "d" * 61))
+CLAIM_254 = ".".join(("a" * 63, "b" * 63, "c" * 63, "d" * 62))
+
 # Source forms both validators accept, each close to an edge of the grammar (servlane_api.aimodel).
 GOOD_SOURCES = (
     "hf://Qwen/Qwen2.5-7B-Instruct@main",
@@ -103,7 +107,6 @@ BAD_SOURCES = (
     "pvc://weights:8080/qwen",
     "pvc://-weights/qwen",
     "pvc://" + "w" * 64 + "/qwen",
-    "s3://ab/qwen",
     "s3://Bucket/qwen",
     "s3://bucket..x/qwen",
     "s3://bucket-/qwen",
@@ -167,6 +170,42 @@ CEL_CASES: tuple[RuleCases, ...] = (
         # Near misses: directories that only start like a system one.
         good=tuple(ai_model(model_spec(source={"uri": uri})) for uri in ("/etcetera/m", "/devices/m", "/var/models")),
         bad=tuple(ai_model(model_spec(source={"uri": uri})) for uri in SYSTEM_SOURCES),
+    ),
+    RuleCases(
+        "source-claim-length",
+        "source.uri's pvc:// claim name must be at most 253 characters",
+        good=(ai_model(model_spec(source={"uri": f"pvc://{CLAIM_253}/qwen"})),),
+        bad=(ai_model(model_spec(source={"uri": f"pvc://{CLAIM_254}/qwen"})),),
+    ),
+    RuleCases(
+        "source-s3-bucket",
+        "source.uri's s3:// bucket must be a name S3 accepts: 3 to 63 characters, no IP address, no xn-- or sthree- "
+        "prefix, no -s3alias, --ol-s3 or --x-s3 suffix",
+        good=tuple(
+            ai_model(model_spec(source={"uri": uri}))
+            for uri in (
+                "s3://192-168-1-1/qwen",
+                "s3://1.2.3/qwen",
+                "s3://bucket-xn--1",
+                "s3://s3alias-bucket/x",
+                "s3://abc",
+                "s3://" + "b" * 63 + "/qwen",
+            )
+        ),
+        bad=tuple(
+            ai_model(model_spec(source={"uri": uri}))
+            for uri in (
+                "s3://192.168.1.1/qwen",
+                "s3://10.0.0.1",
+                "s3://xn--bucket/qwen",
+                "s3://sthree-bucket/qwen",
+                "s3://bucket-s3alias/qwen",
+                "s3://bucket--ol-s3",
+                "s3://bucket--x-s3/qwen",
+                "s3://ab/qwen",
+                "s3://" + "b" * 32 + "." + "b" * 32 + "/qwen",  # 65 characters
+            )
+        ),
     ),
     RuleCases(
         "source-credentials",
@@ -310,6 +349,12 @@ CEL_CASES: tuple[RuleCases, ...] = (
         "adapter source must not be a path under /proc, /sys, /dev, /etc, /run, /var/run, /var/lib/kubelet or /boot",
         good=(adapter_from("/etcetera/sql"),),
         bad=tuple(adapter_from(uri) for uri in SYSTEM_SOURCES),
+    ),
+    RuleCases(
+        "adapter-claim-length",
+        "adapter source's pvc:// claim name must be at most 253 characters",
+        good=(adapter_from(f"pvc://{CLAIM_253}/sql"),),
+        bad=(adapter_from(f"pvc://{CLAIM_254}"),),
     ),
     RuleCases(
         "adapter-names-unique",

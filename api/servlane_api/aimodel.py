@@ -33,8 +33,8 @@ HF_SOURCE = rf"hf://{HF_PART}/{HF_PART}(?:@{HF_REVISION})?"
 # A PVC claim is a DNS-1123 subdomain: lowercase labels of at most 63 characters joined by single dots.
 DNS_1123_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
 PVC_SOURCE = rf"pvc://{DNS_1123_LABEL}(?:\.{DNS_1123_LABEL})*(?:/{SOURCE_PATH})?"
-# An S3 bucket: 3-63 lowercase letters, digits, '-' and single dots, starting and ending with a letter or digit.
-S3_SOURCE = rf"s3://[a-z0-9](?:[a-z0-9-]|\.[a-z0-9]){{1,60}}[a-z0-9](?:/{SOURCE_PATH})?"
+# An S3 bucket: lowercase labels joined by single dots (its length and reserved names: RESERVED_BUCKET below).
+S3_SOURCE = rf"s3://{DNS_1123_LABEL}(?:\.{DNS_1123_LABEL})*(?:/{SOURCE_PATH})?"
 IMAGE_SOURCE = rf"/{SOURCE_PATH}"
 SOURCE_URI = rf"^(?:{HF_SOURCE}|{PVC_SOURCE}|{S3_SOURCE}|{IMAGE_SOURCE})$"
 SOURCE_PATH_RULES = (
@@ -51,6 +51,18 @@ SOURCE_URI_MESSAGE = (
 SYSTEM_PATH = r"^/(?:proc|sys|dev|etc|run|boot|var/run|var/lib/kubelet)(?:/.*)?$"
 SYSTEM_PATH_MESSAGE = (
     "source.uri must not be a path under /proc, /sys, /dev, /etc, /run, /var/run, /var/lib/kubelet or /boot"
+)
+# What the grammar cannot count or exclude, as rules of their own: a claim name is at most 253 characters
+# (a DNS-1123 subdomain), and S3 refuses buckets named like an IP address or with a reserved prefix or suffix.
+CLAIM_TOO_LONG = r"^pvc://[^/]{254}.*$"
+CLAIM_TOO_LONG_MESSAGE = "source.uri's pvc:// claim name must be at most 253 characters"
+RESERVED_BUCKET = (
+    r"^s3://(?:[^/]{1,2}|[^/]{64,}|[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+|xn--[^/]*|sthree-[^/]*|[^/]*-s3alias|[^/]*--ol-s3"
+    r"|[^/]*--x-s3)(?:/.*)?$"
+)
+RESERVED_BUCKET_MESSAGE = (
+    "source.uri's s3:// bucket must be a name S3 accepts: 3 to 63 characters, no IP address, no xn-- or sthree- "
+    "prefix, no -s3alias, --ol-s3 or --x-s3 suffix"
 )
 Quantity = Annotated[str, Field(pattern=QUANTITY, max_length=32)]
 RESERVED_ENV_MESSAGE = (
@@ -88,6 +100,16 @@ class ModelSource(CelValidated):
             f"!self.uri.matches(r'{SYSTEM_PATH}')",
             SYSTEM_PATH_MESSAGE,
             lambda source: re.fullmatch(SYSTEM_PATH, source.uri) is None,
+        ),
+        CelRule(
+            f"!self.uri.matches(r'{CLAIM_TOO_LONG}')",
+            CLAIM_TOO_LONG_MESSAGE,
+            lambda source: re.fullmatch(CLAIM_TOO_LONG, source.uri) is None,
+        ),
+        CelRule(
+            f"!self.uri.matches(r'{RESERVED_BUCKET}')",
+            RESERVED_BUCKET_MESSAGE,
+            lambda source: re.fullmatch(RESERVED_BUCKET, source.uri) is None,
         ),
         CelRule(
             "!has(self.credentialsSecret) || self.uri.startsWith('hf://') || self.uri.startsWith('s3://')",
@@ -132,6 +154,7 @@ ADAPTER_SOURCE_MESSAGE = (
 ADAPTER_SYSTEM_PATH_MESSAGE = (
     "adapter source must not be a path under /proc, /sys, /dev, /etc, /run, /var/run, /var/lib/kubelet or /boot"
 )
+ADAPTER_CLAIM_TOO_LONG_MESSAGE = "adapter source's pvc:// claim name must be at most 253 characters"
 # The name clients send for an adapter, and the second half of an AIFeature target `<aimodel>:<adapter>`.
 ADAPTER_NAME = r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$"
 
@@ -149,6 +172,11 @@ class Adapter(CelValidated):
             f"!self.source.matches(r'{SYSTEM_PATH}')",
             ADAPTER_SYSTEM_PATH_MESSAGE,
             lambda adapter: re.fullmatch(SYSTEM_PATH, adapter.source) is None,
+        ),
+        CelRule(
+            f"!self.source.matches(r'{CLAIM_TOO_LONG}')",
+            ADAPTER_CLAIM_TOO_LONG_MESSAGE,
+            lambda adapter: re.fullmatch(CLAIM_TOO_LONG, adapter.source) is None,
         ),
     )
 

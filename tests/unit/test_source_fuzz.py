@@ -19,7 +19,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from servlane_api.aimodel import ADAPTER_SOURCE, SOURCE_URI, SYSTEM_PATH, Adapter, ModelSource, SourceKind
+from servlane_api.aimodel import (
+    ADAPTER_SOURCE,
+    CLAIM_TOO_LONG,
+    RESERVED_BUCKET,
+    SOURCE_URI,
+    SYSTEM_PATH,
+    Adapter,
+    ModelSource,
+    SourceKind,
+)
 from tests.cel_cases import BAD_SOURCES, GOOD_SOURCES, SYSTEM_SOURCES
 
 # Pieces a hostile manifest is made of: schemes, separators, traversal, encodings, hosts and credentials.
@@ -27,6 +36,7 @@ PIECES = (
     "hf://", "pvc://", "s3://", "/", "//", ".", "..", "./", "../", "~", "-", "_", "@", ":", "?", "#", "%",
     "%2e", "%2f", "%00", "\\", " ", "\t", "\n", "\x00", "\x1b", "\u202e", "é", "a", "Z", "0", "9", "org",
     "name", "main", "claim", "bucket", "models", "proc", "etc", "var/run", "dev", "refs/pr/1", "user:pass@",
+    "1.2.3.4", "xn--", "-s3alias", "a" * 63 + ".", "b" * 200,
 )  # fmt: skip
 uris = st.lists(st.sampled_from(PIECES), max_size=12).map("".join) | st.text(max_size=40)
 
@@ -65,6 +75,11 @@ def test_an_accepted_source_is_a_plain_path(uri: str) -> None:
     assert posixpath.normpath(path) == path, uri
     assert not any(segment.startswith("-") for segment in path.split("/")), uri
     assert re.fullmatch(SYSTEM_PATH, uri) is None, uri
+    if source.kind is SourceKind.PVC:
+        assert len(source.pvc_claim_and_path()[0]) <= 253, uri
+    if source.kind is SourceKind.S3:
+        bucket = uri.removeprefix("s3://").partition("/")[0]
+        assert not re.fullmatch(r"[0-9.]+", bucket), uri
 
 
 @settings(max_examples=300, deadline=None)
@@ -98,7 +113,7 @@ def samples(count: int, seed: int = 28_16) -> list[str]:
 def test_go_regexp_and_python_re_agree_on_every_source_pattern(tmp_path: Path) -> None:
     """The CEL rules are `matches()` of these patterns (SYSTEM_PATH negated): RE2 and the twins' re must agree."""
     inputs = samples(5000)
-    patterns = [SOURCE_URI, ADAPTER_SOURCE, SYSTEM_PATH]
+    patterns = [SOURCE_URI, ADAPTER_SOURCE, SYSTEM_PATH, CLAIM_TOO_LONG, RESERVED_BUCKET]
     program = Path(__file__).with_name("re2_match") / "main.go"
     env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod", "GO111MODULE": "off"}
     done = subprocess.run(

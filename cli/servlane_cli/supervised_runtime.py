@@ -20,6 +20,7 @@ import httpx
 from servlane_api.aimodel import AIModel, AIModelStatus, Phase
 from servlane_api.conditions import Condition
 from servlane_api.runtime_config import ENV_VAR, READY_PATH
+from servlane_api.runtime_exit import TERMINATION_LOG_ENV
 from servlane_cli.local_config import LocalRuntime
 from servlane_cli.processes import ManagedProcess
 from servlane_cli.state import ModelState
@@ -33,7 +34,15 @@ class SupervisedRuntime:
         self.model = model
         self.runtime = runtime
         self.create_tiny_model = create_tiny_model
-        env = {**os.environ, **runtime.env, ENV_VAR: runtime.config.to_env_value()}
+        # Where the runtime leaves its one-line reason when it exits (a pod's /dev/termination-log), read back
+        # so that the exit says why (e.g. the engine's own start error), not only its code.
+        self.termination_log = log_path.with_name(f"{log_path.stem}.termination-log")
+        env = {
+            **os.environ,
+            **runtime.env,
+            ENV_VAR: runtime.config.to_env_value(),
+            TERMINATION_LOG_ENV: str(self.termination_log),
+        }
         self.process = ManagedProcess(model.name, [sys.executable, "-m", "servlane_runtime"], env, log_path)
         self.ready = False
         self.runtime_state = "starting"  # loading | ready | failed, as /ready says; starting: not listening yet
@@ -83,12 +92,22 @@ class SupervisedRuntime:
         if code is not None:
             self.ready, self.runtime_state = False, "exited"
             wait = (self.process.restart_at or now) - now
-            self.reason = f"exited with code {code}; restart {self.process.restarts + 1} in {wait:.0f}s"
+            self.reason = f"exited with code {code}{self._termination_message()}; restart {self.process.restarts + 1} "
+            self.reason += f"in {wait:.0f}s"
             log.warning("model %s: runtime %s (log: %s)", self.name, self.reason, self.process.log_path)
         if self.process.due_for_restart(now):
             log.info("model %s: restarting the runtime (restart %d)", self.name, self.process.restarts + 1)
             self.runtime_state, self.reason = "starting", "restarting"
             self.process.restart()
+
+    def _termination_message(self) -> str:
+        """': <the runtime's last words>' once, or '' when it left none."""
+        try:
+            message = self.termination_log.read_text().strip()
+            self.termination_log.unlink()
+        except OSError:
+            return ""
+        return f": {message}" if message else ""
 
     async def probe(self, client: httpx.AsyncClient) -> None:
         if self.process.pid is None:

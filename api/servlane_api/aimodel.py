@@ -207,6 +207,14 @@ class EngineOptions(ApiModel):
     gpu_memory_utilization: float | None = Field(
         default=None, gt=0, le=1, description="Fraction of each GPU's memory the vLLM engine may use."
     )
+    cpu_kv_cache_gib: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        alias="cpuKVCacheGiB",
+        description="vLLM on CPU: GiB of memory for the KV cache (VLLM_CPU_KVCACHE_SPACE). Default: what fits in "
+        "the pod's memory limit (resources.memory) next to the weights and a margin of 2 GiB plus 10 %.",
+    )
     quantization: Literal["awq", "gptq", "fp8", "bitsandbytes", "compressed-tensors"] | None = Field(
         default=None, description="Quantization method of the weights."
     )
@@ -358,6 +366,11 @@ class AIModelSpec(CelValidated):
             "self.engine == 'vllm' || !has(self.engineOptions) || !has(self.engineOptions.gpuMemoryUtilization)",
             "engineOptions.gpuMemoryUtilization applies to the vllm engine only",
             lambda spec: spec.engine == Engine.VLLM or spec.engine_options.gpu_memory_utilization is None,
+        ),
+        CelRule(
+            "self.engine == 'vllm' || !has(self.engineOptions) || !has(self.engineOptions.cpuKVCacheGiB)",
+            "engineOptions.cpuKVCacheGiB applies to the vllm engine only",
+            lambda spec: spec.engine == Engine.VLLM or spec.engine_options.cpu_kv_cache_gib is None,
         ),
         CelRule(
             "self.engine == 'vllm' || !has(self.engineOptions) || !has(self.engineOptions.quantization) "

@@ -1,12 +1,13 @@
 """A larger property-based fuzz of the runtime's and the gateway's OpenAPI schemas than CI runs.
 
-The same harness as tests/fuzz (tests/fuzz/schema_fuzz.py): a real runtime (transformers engine, the tiny
-Llama) and a real gateway in front of it, schemathesis drawing valid and invalid cases for every operation
+The same harness as tests/fuzz (tests/fuzz/schema_fuzz.py): a real runtime (the transformers or the vLLM engine,
+the tiny Llama) and a real gateway in front of it, schemathesis drawing valid and invalid cases for every operation
 of each server's /openapi.json, half the bodies naming the real model (their `n` and `max_tokens` capped so
 that no case generates more than a bounded number of tokens), /health polled throughout.
 Writes the cases tried and the status counts (4xx, 5xx) per server to bench/results/fuzz.json.
 
-Run: .venv/bin/python bench/fuzz_servers.py [--cases-per-operation N] [--seed S] [--out FILE]
+Run: .venv/bin/python bench/fuzz_servers.py [--engine transformers|vllm] [--cases-per-operation N] [--seed S]
+     [--out FILE]
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from servlane_api.runtime_config import RuntimeConfig  # noqa: E402
 from tests.fuzz.schema_fuzz import (  # noqa: E402
     CASE_TIMEOUT_SECONDS,
+    ENGINES,
     MAX_LIST_ITEMS,
     MAX_MODEL_LEN,
     MAX_TOKENS_CAP,
@@ -52,6 +54,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases-per-operation", type=int, default=250, help="per operation and generation mode")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--engine", choices=ENGINES, default="transformers")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "fuzz.json")
     args = parser.parse_args()
     limits = RuntimeConfig(model_source="-", served_model_name="-", engine="transformers")
@@ -60,7 +63,7 @@ def main() -> int:
         "settings": {
             "cases_per_operation_and_mode": args.cases_per_operation,
             "seed": args.seed,
-            "engine": "transformers (tiny Llama, CPU)",
+            "engine": f"{args.engine} (tiny Llama, CPU, the engine's defaults)",
             "max_model_len": MAX_MODEL_LEN,
             "max_body_bytes": limits.max_body_bytes,
             "max_json_depth": limits.max_json_depth,
@@ -74,7 +77,7 @@ def main() -> int:
         "cpus": os.cpu_count(),
         "servers": {},
     }
-    with servers() as both, HealthWatch(both) as watch:
+    with servers(args.engine) as both, HealthWatch(both) as watch:
         for server in both:
             started = time.monotonic()
             result = fuzz(server, args.cases_per_operation, seed=args.seed)

@@ -1,10 +1,10 @@
 """A property-based fuzz of the servers' own OpenAPI schemas (schemathesis on hypothesis), against real processes.
 
-`servers()` starts a runtime (`python -m servlane_runtime`, transformers engine, the tiny Llama) and a
-gateway (`python -m servlane_gateway`) in front of it. `fuzz()` draws cases from a server's /openapi.json
-for every operation, valid (positive) and invalid (negative), and sends them; half of the bodies get the
-real model name so the engine runs, not just the 404 path. A watcher polls both /health endpoints
-throughout. Used by tests/fuzz (default suite) and bench/fuzz_servers.py.
+`servers(engine)` starts a runtime (`python -m servlane_runtime`, the transformers or the vLLM engine at its
+defaults, the tiny Llama) and a gateway (`python -m servlane_gateway`) in front of it. `fuzz()` draws cases
+from a server's /openapi.json for every operation, valid (positive) and invalid (negative), and sends them;
+half of the bodies get the real model name so the engine runs, not just the 404 path. A watcher polls both
+/health endpoints throughout. Used by tests/fuzz (default suite) and bench/fuzz_servers.py.
 
 Bounded and repeatable. The cost of a case is the tokens it makes the engine generate, and a valid body may
 ask for a lot: up to `max_list_items` prompts, `n` up to 16 choices each, `max_tokens` up to the whole
@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import requests
@@ -86,11 +86,15 @@ class FuzzResult:
         }
 
 
-def runtime_config(model_dir: Path) -> RuntimeConfig:
+Engine = Literal["transformers", "vllm"]
+ENGINES: tuple[Engine, ...] = ("transformers", "vllm")
+
+
+def runtime_config(model_dir: Path, engine: Engine = "transformers") -> RuntimeConfig:
     return RuntimeConfig(
         model_source=str(model_dir),
         served_model_name=RUNTIME_MODEL,
-        engine="transformers",
+        engine=engine,
         max_model_len=MAX_MODEL_LEN,
         max_list_items=MAX_LIST_ITEMS,
         max_in_flight=4,
@@ -144,13 +148,17 @@ class GatewayProcess:
         self._dir.cleanup()
 
 
+# vLLM takes a minute or more to start on 2 cores, several when the machine is shared.
+RUNTIME_START_SECONDS = {"transformers": 120.0, "vllm": 540.0}
+
+
 @contextmanager
-def servers() -> Iterator[tuple[Server, Server]]:
-    """The runtime and the gateway in front of it, both ready."""
-    runtime = SubprocessServer(runtime_config(build_tiny_llama()), env={"HF_HUB_OFFLINE": "1"})
+def servers(engine: Engine = "transformers") -> Iterator[tuple[Server, Server]]:
+    """The runtime on `engine` and the gateway in front of it, both ready."""
+    runtime = SubprocessServer(runtime_config(build_tiny_llama(), engine), env={"HF_HUB_OFFLINE": "1"})
     # The gateway starts while the runtime loads its model: its routes do not wait for the backend.
     with runtime, GatewayProcess(runtime.base_url) as gateway:
-        runtime.wait_ready()
+        runtime.wait_ready(timeout=RUNTIME_START_SECONDS[engine])
         yield (
             Server("runtime", runtime.base_url, RUNTIME_MODEL),
             Server("gateway", gateway.base_url, GATEWAY_FEATURE),

@@ -4,7 +4,8 @@ and /health answers quickly throughout. The larger run behind the README's figur
 
 Part of the default suite, bounded: a fixed number of cases per operation, a fixed seed, each case's
 generation capped and timed out (tests/fuzz/schema_fuzz.py says how). Skips when schemathesis, hypothesis
-or the transformers engine is not installed, except in CI (CI=true), where that is a failure.
+or the transformers engine is not installed, except in CI (CI=true), where that is a failure. The same fuzz runs
+against the vLLM engine at its defaults, where vLLM is installed (CI installs it: a missing vLLM fails there).
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ import schemathesis  # noqa: E402
 
 from servlane_runtime.app import create_app  # noqa: E402
 from tests.fuzz.schema_fuzz import (  # noqa: E402
+    ENGINES,
     HEALTH_BOUND_SECONDS,
     MAX_TOKENS_CAP,
     N_CAP,
+    Engine,
     HealthWatch,
     Server,
     bound_work,
@@ -40,12 +43,14 @@ from tests.fuzz.schema_fuzz import (  # noqa: E402
     runtime_config,
     servers,
 )
+from tests.runtime.test_runtime_vllm import require_vllm  # noqa: E402
 
 pytestmark = [
     pytest.mark.slow,
-    # The backstop: the whole module takes about a minute on 2 cores; a run several times that long is a
-    # regression to look at, not a wait.
-    pytest.mark.timeout(300),
+    # The backstop, per test (the first of an engine includes its start): the transformers half takes about
+    # a minute on 2 cores, the vLLM half its start and about as long again; several times that is a regression
+    # to look at, not a wait.
+    pytest.mark.timeout(900),
 ]
 
 # Per operation and generation mode: about 130 cases per server (3 POST operations, valid and invalid, and
@@ -53,9 +58,12 @@ pytestmark = [
 CASES_PER_OPERATION_AND_MODE = 20
 
 
-@pytest.fixture(scope="module")
-def both() -> Iterator[tuple[Server, Server]]:
-    with servers() as pair:
+@pytest.fixture(scope="module", params=ENGINES)
+def both(request: pytest.FixtureRequest) -> Iterator[tuple[Server, Server]]:
+    engine: Engine = request.param
+    if engine == "vllm":
+        require_vllm()
+    with servers(engine) as pair:
         yield pair
 
 

@@ -81,9 +81,11 @@ class SamplingFields(_Request):
     ignore_eos: bool = False
 
     def stop_list(self) -> list[str]:
+        """The stop strings, without empty ones (as in a list, so for a lone `""` too: vLLM refuses them)."""
         if self.stop is None:
             return []
-        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop
+        return [s for s in stops if s]
 
 
 class FunctionDefinition(_Request):

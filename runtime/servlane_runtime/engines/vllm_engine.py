@@ -223,10 +223,9 @@ class VllmEngine(InferenceEngine):
     ) -> AsyncGenerator[GenerationDelta, None]:
         if self._config.task != "generate":
             raise EngineError("this model is loaded for embeddings, not generation")
-        from vllm import SamplingParams
         from vllm.exceptions import VLLMClientError
         from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+        from vllm.sampling_params import StructuredOutputsParams
         from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
 
         guided = None
@@ -237,22 +236,10 @@ class VllmEngine(InferenceEngine):
                 guided = StructuredOutputsParams(grammar=grammar)
             else:
                 guided = StructuredOutputsParams(json=options.json_schema)
-        params = SamplingParams(
-            max_tokens=options.max_tokens,
-            temperature=options.temperature,
-            top_p=options.top_p,
-            stop=list(options.stop) or None,
-            seed=options.seed,
-            presence_penalty=options.presence_penalty,
-            frequency_penalty=options.frequency_penalty,
-            logprobs=options.logprobs,
-            ignore_eos=options.ignore_eos,
-            # Only what is new since the last output (as `vllm serve` streams): no copying of the
-            # whole text and token list at every step.
-            output_kind=RequestOutputKind.DELTA,
-            structured_outputs=guided,
-            skip_special_tokens=options.skip_special_tokens,
-        )
+        try:
+            params = sampling_params(options, guided)
+        except (ValueError, VLLMClientError) as exc:  # vLLM's checks of the values, before the engine sees them
+            raise RequestNotSupported(str(exc)) from exc
         # Token ids, not text: given text, vLLM would tokenize it again with special tokens (a second BOS
         # before a rendered chat). Off the event loop, like the count before it: prompts can be megabytes.
         prompt_ids = await asyncio.to_thread(self._token_ids, prompt)
@@ -372,6 +359,29 @@ class VllmEngine(InferenceEngine):
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None
+
+
+def sampling_params(options: SamplingOptions, guided: Any = None) -> Any:
+    """vLLM's SamplingParams for our options (its constructor checks the values: ValueError when unfit)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        max_tokens=options.max_tokens,
+        temperature=options.temperature,
+        top_p=options.top_p,
+        stop=list(options.stop) or None,
+        seed=options.seed,
+        presence_penalty=options.presence_penalty,
+        frequency_penalty=options.frequency_penalty,
+        logprobs=options.logprobs,
+        ignore_eos=options.ignore_eos,
+        # Only what is new since the last output (as `vllm serve` streams): no copying of the
+        # whole text and token list at every step.
+        output_kind=RequestOutputKind.DELTA,
+        structured_outputs=guided,
+        skip_special_tokens=options.skip_special_tokens,
+    )
 
 
 def compact_json_grammar(schema: str) -> str | None:

@@ -35,9 +35,11 @@ def tiny_model(model_dir: str) -> AIModel:
     spec: dict[str, Any] = {
         "source": {"uri": f"pvc://{CLAIM}/{model_dir}"},
         "engine": "vllm",
-        "engineOptions": {"dtype": "bfloat16", "maxModelLen": 256, "extraArgs": ["--enforce-eager"]},
+        # The shipped defaults, as a user writes `engine: vllm`: the runtime sizes the KV cache from the memory
+        # limit and runs vLLM eager without a compiler (README, vLLM on CPU).
+        "engineOptions": {"maxModelLen": 256},
         "resources": {"cpu": "2", "memory": "8Gi"},
-        "env": [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"}, {"name": "HF_HUB_OFFLINE", "value": "1"}],
+        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
     }
     body = {
         "apiVersion": "servlane.dev/v1alpha1",

@@ -67,10 +67,17 @@ class GatewayProcess:
 
     @classmethod
     def start(
-        cls, kube: Kube, port: int, log: Path, args: list[str], env: dict[str, str] | None = None
+        cls,
+        kube: Kube,
+        port: int,
+        log: Path,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        metrics_port: int | None = None,
     ) -> GatewayProcess:
-        """`env`: variables on top of this process's (e.g. OpenTelemetry's)."""
-        metrics_port = free_port()
+        """`env`: variables on top of this process's (e.g. OpenTelemetry's). `metrics_port`: where /metrics is
+        served (a Prometheus may scrape a fixed one); None: a free port."""
+        metrics_port = metrics_port or free_port()
         command = [sys.executable, "-m", "servlane_gateway", "--watch", "--host", "127.0.0.1", "--port", str(port),
                    "--metrics-port", str(metrics_port), "--first-byte-timeout", "10", *args]  # fmt: skip
         with log.open("ab") as out:

@@ -139,7 +139,9 @@ def gateway(
     """The gateway Prometheus scrapes: plain names resolve in team-a only, no limits."""
     a, _ = served
     args = ["--serving-namespaces", a.namespace, "--keys-file", str(keys), *overrides]
-    started = GatewayProcess.start(kube, gateway_port, workdir / "gateway.log", args)
+    # The metrics port the module's Prometheus scrapes (test_canary_full's).
+    metrics_port = canary_full.metrics_port_of(gateway_port)
+    started = GatewayProcess.start(kube, gateway_port, workdir / "gateway.log", args, metrics_port=metrics_port)
     yield started
     started.stop()
 

@@ -46,7 +46,7 @@ from servlane_core.routing.endpoint_pick import (
 from servlane_core.routing.outliers import OutlierDetector, OutlierRules
 from servlane_core.routing.routes import Backend
 from servlane_gateway.gateway_metrics import GatewayMetrics
-from servlane_gateway.kube_watch import ObjectStore, Resource, custom_objects_api, watch_forever
+from servlane_gateway.kube_watch import Resource, custom_objects_api, watch_forever
 
 log = logging.getLogger(__name__)
 
@@ -128,14 +128,91 @@ def services_of(slices: Sequence[dict[str, Any]]) -> Services:
 
 
 OnServices = Callable[[Services], None]
+SliceKey = tuple[str, str]  # (namespace, slice name)
+
+
+def _keys_of(obj: dict[str, Any]) -> tuple[SliceKey, ServiceKey | None]:
+    meta = obj.get("metadata") or {}
+    namespace = str(meta.get("namespace", "default"))
+    service = (meta.get("labels") or {}).get(SERVICE_NAME_LABEL)
+    return (namespace, str(meta.get("name", ""))), ((namespace, str(service)) if service else None)
+
+
+class SliceIndex:
+    """The AIModels' Services' endpoints, kept one slice event at a time on the watch threads: an event
+    merges only its own Service's slices again, never the whole cluster's, and a change that leaves that
+    Service's endpoints as they were (a label, an annotation, a resourceVersion) changes nothing. Only the
+    slices the control plane keeps for an AIModel's Service are indexed (is_model_slice). Thread-safe."""
+
+    def __init__(self, streams: Sequence[tuple[str, str]]) -> None:
+        self._slices: dict[tuple[str, str], dict[SliceKey, tuple[ServiceKey, dict[str, Any]]]] = {
+            s: {} for s in streams
+        }
+        self._members: dict[ServiceKey, dict[SliceKey, dict[str, Any]]] = {}
+        self._services: Services = {}
+        self._lock = threading.Lock()
+
+    def replace(self, stream: tuple[str, str], items: list[dict[str, Any]]) -> bool:
+        """A fresh list of the stream (first sync, or a relist); True when any Service's endpoints changed."""
+        with self._lock:
+            touched = {service for service, _ in self._slices[stream].values()}
+            for key, (service, _) in self._slices[stream].items():
+                self._members[service].pop(key, None)
+            self._slices[stream] = {}
+            for obj in items:
+                touched |= self._put(stream, obj)
+            return self._merge(touched)
+
+    def apply(self, stream: tuple[str, str], event_type: str, obj: dict[str, Any]) -> bool:
+        """One watch event; True when it changed a Service's endpoints."""
+        if event_type not in ("ADDED", "MODIFIED", "DELETED"):
+            return False  # BOOKMARK and the like
+        with self._lock:
+            key, _ = _keys_of(obj)
+            touched: set[ServiceKey] = set()
+            known = self._slices[stream].pop(key, None)
+            if known is not None:
+                self._members[known[0]].pop(key, None)
+                touched.add(known[0])
+            if event_type != "DELETED":
+                touched |= self._put(stream, obj)
+            return self._merge(touched)
+
+    def services(self) -> Services:
+        with self._lock:
+            return dict(self._services)
+
+    def _put(self, stream: tuple[str, str], obj: dict[str, Any]) -> set[ServiceKey]:
+        key, service = _keys_of(obj)
+        if service is None or not is_model_slice(obj):
+            return set()
+        self._slices[stream][key] = (service, obj)
+        self._members.setdefault(service, {})[key] = obj
+        return {service}
+
+    def _merge(self, touched: set[ServiceKey]) -> bool:
+        changed = False
+        for service in touched:
+            members = self._members.get(service) or {}
+            endpoints = services_of(list(members.values())).get(service)
+            if not members:
+                self._members.pop(service, None)
+            if endpoints != self._services.get(service):
+                changed = True
+                if endpoints is None:
+                    del self._services[service]
+                else:
+                    self._services[service] = endpoints
+        return changed
 
 
 class EndpointSliceSource:
-    """Watches the AIModels' EndpointSlices and hands every change, coalesced, to the event loop."""
+    """Watches the AIModels' EndpointSlices and hands every change, coalesced, to the event loop. The
+    merging is done on the watch threads (SliceIndex): the loop only receives the result."""
 
     def __init__(self, namespaces: Sequence[str] = (), watch_timeout_seconds: int = 240) -> None:
         self.streams = [("endpointslices", ns) for ns in (namespaces or [""])]
-        self.store = ObjectStore(self.streams)
+        self.store = SliceIndex(self.streams)
         self.watch_timeout_seconds = watch_timeout_seconds
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -145,22 +222,32 @@ class EndpointSliceSource:
 
     async def start(self, on_services: OnServices) -> None:
         api = custom_objects_api()
-        self._loop = asyncio.get_running_loop()
-        self._on_services = on_services
+        self.start_publishing(on_services)
         for stream in self.streams:
             threading.Thread(target=self._run, args=(api, stream), name="watch-endpointslices", daemon=True).start()
+
+    def start_publishing(self, on_services: OnServices) -> None:
+        """From now on, changes are handed to `on_services` on this (the running) event loop."""
+        self._loop = asyncio.get_running_loop()
+        self._on_services = on_services
 
     async def stop(self) -> None:
         self._stop.set()
 
-    def _run(self, api: Any, stream: tuple[str, str]) -> None:
-        def listed(items: list[dict[str, Any]]) -> None:
-            self.store.replace(stream, items)
+    def listed(self, stream: tuple[str, str], items: list[dict[str, Any]]) -> None:
+        self.store.replace(stream, items)
+        self._schedule()  # even unchanged: the first list tells the router the watch is up
+
+    def changed(self, stream: tuple[str, str], event_type: str, obj: dict[str, Any]) -> None:
+        if self.store.apply(stream, event_type, obj):
             self._schedule()
 
+    def _run(self, api: Any, stream: tuple[str, str]) -> None:
+        def listed(items: list[dict[str, Any]]) -> None:
+            self.listed(stream, items)
+
         def changed(event_type: str, obj: dict[str, Any]) -> None:
-            if self.store.apply(stream, event_type, obj):
-                self._schedule()
+            self.changed(stream, event_type, obj)
 
         watch_forever(api, SLICES, stream[1], self._stop, listed, changed, self.watch_timeout_seconds)
 
@@ -171,7 +258,8 @@ class EndpointSliceSource:
             if self._pending:
                 return
             self._pending = True
-        self._loop.call_soon_threadsafe(self._publish)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the gateway is stopping
+            self._loop.call_soon_threadsafe(self._publish)
 
     def _publish(self) -> None:
         with self._lock:
@@ -181,7 +269,7 @@ class EndpointSliceSource:
 
     def services(self) -> Services:
         """The AIModels' pods, from the slices the control plane keeps for their Services only."""
-        return services_of([s for s in self.store.objects() if is_model_slice(s)])
+        return self.store.services()
 
 
 @functools.lru_cache(maxsize=4096)

@@ -376,3 +376,64 @@ def test_a_version_whose_pods_all_refuse_falls_back_to_another_version(
     assert ask(gateway) == "pod-c"  # two of m's pods refused, then the other version answered
     assert sum(gateway.sample(ENDPOINT_PICKS, model="m", pod=f"pod-{i}") for i in range(3)) == 2
     assert gateway.sample("servlane_gateway_requests_total", feature="chat", model="m", code="502") == 1
+
+
+# -- a slice event costs its own Service, never the whole cluster's ---------------------------------------
+
+
+def model_slice(model: str, namespace: str, ip: str, ready: bool = True) -> dict[str, Any]:
+    """The slice the EndpointSlice controller keeps for `model-<model>` in `namespace`, one pod at `ip`."""
+    obj = copy.deepcopy(endpoint_slice(f"{model}-0", f"http://{ip}:8000", ready=ready))
+    service = f"model-{model}"
+    obj["metadata"] |= {"name": f"{service}-abcde", "namespace": namespace}
+    obj["metadata"]["labels"] |= {"kubernetes.io/service-name": service, "servlane.dev/model": model}
+    obj["metadata"]["ownerReferences"][0]["name"] = service
+    return obj
+
+
+async def test_a_burst_of_slice_events_at_a_thousand_services_merges_only_their_service(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import servlane_gateway.endpoints as endpoints_module
+
+    merged: list[int] = []  # how many slices each merge reads
+    merge = endpoints_module.services_of
+
+    def counted(slices: list[dict[str, Any]]) -> Services:
+        merged.append(len(slices))
+        return merge(slices)
+
+    monkeypatch.setattr(endpoints_module, "services_of", counted)
+    slices = [model_slice(f"m{i}", f"team-{i % 50}", f"10.1.{i // 250}.{i % 250}") for i in range(1000)]
+    source = EndpointSliceSource()
+    published: list[Services] = []
+    source.start_publishing(published.append)
+    stream = source.streams[0]
+    await asyncio.to_thread(source.listed, stream, slices)
+    await wait_until_async(lambda: published)
+    assert len(published[-1]) == 1000
+    merged.clear()
+
+    def burst() -> None:  # as the watch thread would: 200 events on team-7's slice, then one that counts
+        target = slices[7]
+        for i in range(200):
+            noop = copy.deepcopy(target)
+            noop["metadata"] |= {"resourceVersion": str(i), "annotations": {"n": str(i)}}
+            source.changed(stream, "MODIFIED", noop)
+        source.changed(stream, "MODIFIED", model_slice("m7", "team-7", "10.1.0.7", ready=False))
+
+    before = len(published)
+    await asyncio.to_thread(burst)
+    await wait_until_async(lambda: not published[-1][("team-7", "model-m7")][0].ready)
+    # Each event merged its own Service's one slice; the 200 that changed nothing were not handed over.
+    assert merged == [1] * 201
+    assert len(published) == before + 1
+    assert len(published[-1]) == 1000
+
+
+async def wait_until_async(check: Callable[[], object], within: float = 30.0) -> None:
+    """Polls `check` on the event loop, which runs the source's hand-overs meanwhile."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.005)  # the polling interval of a deadline-bounded wait

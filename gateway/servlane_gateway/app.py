@@ -159,6 +159,7 @@ def batch_service_for(settings: GatewaySettings, state: GatewayState) -> BatchSe
         max_file_bytes=settings.batch_max_file_bytes,
         max_owner_bytes=settings.batch_max_owner_bytes,
         allow_without_keys=settings.batch_allow_without_keys,
+        uploads_at_once=(settings.batch_uploads_at_once, settings.batch_uploads_at_once_per_key),
     )
 
 

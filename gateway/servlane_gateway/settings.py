@@ -183,6 +183,18 @@ class GatewaySettings(BaseModel):
         description="Most bytes of files (inputs and results) one API key may keep in the Batch API's database; "
         "an upload past it is refused (403 storage_quota_exceeded) until files are deleted.",
     )
+    batch_uploads_at_once: int = Field(
+        default=4,
+        ge=1,
+        description="Most uploads to /v1/files received at once by each replica (each holds a database "
+        "connection and a chunk of its file in memory while its sender sends); more: 503 with Retry-After.",
+    )
+    batch_uploads_at_once_per_key: int = Field(
+        default=2,
+        ge=1,
+        description="Most uploads one API key has received at once by each replica, so that one key's slow "
+        "uploads cannot take every place; more: 503 with Retry-After.",
+    )
     batch_allow_without_keys: bool = Field(
         default=False,
         description="Serve the Batch API without a keys file. Dangerous: batches belong to the key that "

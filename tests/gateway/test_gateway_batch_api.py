@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import socket
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -18,7 +19,6 @@ import pytest
 
 from localcluster.cluster import free_port
 from servlane_gateway.batch import metrics as m
-from servlane_gateway.batch import routes
 from tests.gateway.batch_databases import Postgres, postgres
 from tests.gateway.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
 from tests.polling import wait_until
@@ -360,10 +360,10 @@ def upload_status(client: openai.OpenAI) -> int:
 def test_slow_uploads_of_one_key_take_at_most_its_places_and_give_them_back(
     upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
 ) -> None:
-    gw = gateway(start_gateway, upstreams, tmp_path)
+    gw = gateway(start_gateway, upstreams, tmp_path, batch_uploads_at_once=3, batch_uploads_at_once_per_key=2)
     alpha = gw.client("sk-alpha-00000000000000000000000")
     bravo = gw.client("sk-bravo-00000000000000000000000")
-    slow = [start_upload(gw, "sk-alpha-00000000000000000000000", 10) for _ in range(routes.UPLOADS_AT_ONCE_PER_KEY)]
+    slow = [start_upload(gw, "sk-alpha-00000000000000000000000", 10) for _ in range(2)]
     try:
         wait_until("the slow uploads to hold the key's places", lambda: upload_status(alpha) == 503, 20)
         with pytest.raises(openai.InternalServerError) as caught:
@@ -371,10 +371,14 @@ def test_slow_uploads_of_one_key_take_at_most_its_places_and_give_them_back(
         assert caught.value.code == "too_many_uploads"
         assert caught.value.response.headers["retry-after"] == "5"
         assert upload_status(bravo) == 200  # another key still has places
+        slow.append(start_upload(gw, "sk-bravo-00000000000000000000000", 10))
+        narrow = gw.client("sk-narrow-0000000000000000000000")
+        wait_until("the replica's places to be all taken", lambda: upload_status(narrow) == 503, 20)
     finally:
         for sock in slow:
             sock.close()
     wait_until("the places to be given back", lambda: upload_status(alpha) == 200, 20)
+    assert upload_status(narrow) == 200
 
 
 def test_an_upload_past_the_cap_is_refused_as_it_arrives_whatever_content_length_says(
@@ -489,3 +493,43 @@ def test_the_console_shows_a_keys_own_batches_with_their_progress(
         timeout=10,
     )
     assert response.json()["batches"] is None
+
+
+def form(*parts: tuple[str, str | None, bytes], boundary: str = "bnd") -> bytes:
+    body = b""
+    for name, filename, value in parts:
+        disposition = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename else "")
+        body += f"--{boundary}\r\nContent-Disposition: {disposition}\r\n\r\n".encode() + value + b"\r\n"
+    return body + f"--{boundary}--\r\n".encode()
+
+
+def test_uploads_are_parsed_as_they_arrive_and_a_refused_one_leaves_nothing_stored(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    gw = gateway(start_gateway, upstreams, tmp_path)
+    key = "sk-alpha-00000000000000000000000"
+
+    def post(body: bytes, content_type: str = "multipart/form-data; boundary=bnd") -> httpx.Response:
+        headers = {"authorization": f"Bearer {key}", "content-type": content_type}
+        return httpx.post(f"{gw.url}/v1/files", content=body, headers=headers, timeout=20)
+
+    content = "\n".join(request_line(f"r{i}") for i in range(3)).encode()
+    file_first = post(form(("file", "in.jsonl", content), ("purpose", None, b"batch")))  # any order
+    assert file_first.status_code == 200, file_first.text
+    assert file_first.json()["filename"] == "in.jsonl"
+    assert gw.client(key).files.content(file_first.json()["id"]).content == content
+    refused = [
+        post(form(("purpose", None, b"batch"), ("file", "a.jsonl", b"{}"), ("file", "b.jsonl", b"{}"))),
+        post(form(("file", "a.jsonl", b"{}"), ("purpose", None, b"assistants"))),
+        post(form(("file", "a.jsonl", b"{}"))),  # no purpose
+        post(form(("purpose", None, b"batch" * 1000), ("file", "a.jsonl", b"{}"))),  # a field past its size
+        post(b'--bnd\r\nContent-Disposition: form-data; name="file"; filename="a"\r\n\r\ncut short'),
+        post(b"purpose=batch", "application/x-www-form-urlencoded"),
+        post(form(*[("purpose", None, b"batch")] * 9, ("file", "a.jsonl", b"{}"))),  # too many parts
+    ]
+    assert [r.status_code for r in refused] == [400] * len(refused), [r.text for r in refused]
+    assert all(r.json()["error"]["type"] == "invalid_request_error" for r in refused)
+    assert [f.id for f in gw.client(key).files.list().data] == [file_first.json()["id"]]
+    with sqlite3.connect(tmp_path / "batch.db") as db:  # the refused uploads' rows and chunks are gone too
+        assert db.execute("SELECT count(*) FROM batch_files").fetchone() == (1,)
+        assert db.execute("SELECT count(DISTINCT file_id) FROM batch_file_chunks").fetchone() == (1,)

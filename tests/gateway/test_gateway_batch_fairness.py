@@ -54,7 +54,8 @@ async def one_round(store: Store, concurrency: int, in_flight: dict[str, int]) -
     """What each batch holds after one round, when `in_flight` requests of each batch were already held."""
     worker = BatchWorker(
         cast(BatchStore, store),
-        cast(GatewayState, SimpleNamespace(table=None)),  # no route table: nothing to validate this round
+        # No route table: nothing to validate this round; a keys file that parses (else every line waits).
+        cast(GatewayState, SimpleNamespace(table=None, keys=SimpleNamespace(broken=False))),
         BatchMetrics(CollectorRegistry()),
         concurrency=concurrency,
         lease=60,

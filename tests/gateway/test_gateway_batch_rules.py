@@ -202,3 +202,42 @@ def test_free_places_go_to_the_owners_with_the_fewest_in_flight_first() -> None:
     assert rules.fair_shares(4, {}, ["a", "b", "a"]) == {"a": 2, "b": 2}
     assert rules.fair_shares(3, {}, ["b", "a"]) == {"b": 2, "a": 1}  # ties: the oldest work first
     assert rules.fair_shares(5, {"a": 1}, []) == {}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a\nb\n",
+        "a\n\n\nb",
+        "a\r\nb\rc\r\n\r\n",
+        "é\u2028ü\n\x0bend",
+        "\n",
+        "",
+        "no newline at all",
+        "trailing\r",
+    ],
+)
+def test_lines_read_from_chunks_are_the_lines_of_the_whole_text(text: str) -> None:
+    """However a file is cut into chunks (even inside a UTF-8 character or a \\r\\n), its lines are
+    exactly those str.splitlines() finds in the whole text."""
+    data = text.encode()
+    for size in range(1, len(data) + 2):
+        chunks = [data[i : i + size] for i in range(0, len(data), size)]
+        assert list(rules.text_lines(iter(chunks))) == text.splitlines(), size
+
+
+def test_a_file_validated_from_its_chunks_is_validated_as_the_whole_file() -> None:
+    content = "\n".join([line("a"), "not json", line("b"), "", line("a")]).encode()
+    whole = rules.validate(content, CHAT, everything)
+    chunked = rules.validate(iter([content[i : i + 7] for i in range(0, len(content), 7)]), CHAT, everything)
+    assert chunked == whole
+    assert [r.custom_id for r in chunked.requests] == ["a", "b"]
+    assert [e.line for e in chunked.errors] == [2, 5]
+
+
+def test_a_bad_utf8_byte_in_a_later_chunk_fails_the_file_with_nothing_else() -> None:
+    validated = rules.validate(iter([line("a").encode() + b"\n", b"\xff\n"]), CHAT, everything)
+    assert validated.fatal is not None
+    assert validated.fatal.code == "invalid_file"
+    assert validated.requests == []
+    assert validated.errors == []

@@ -10,10 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import inspect
+from sqlalchemy import column, func, insert, inspect, select, text
+from sqlalchemy import table as sa_table
 
 from servlane_gateway.batch import rules
-from servlane_gateway.batch.store import BatchStore, QuotaExceeded, engine_url, redacted
+from servlane_gateway.batch import store as store_module
+from servlane_gateway.batch.schema import file_chunks, files
+from servlane_gateway.batch.store import ABANDONED_AFTER, FILE_CHUNK, BatchStore, QuotaExceeded, engine_url, redacted
 from tests.gateway.batch_databases import Postgres, postgres
 
 __all__ = ["postgres"]  # the session fixture, used through `store`
@@ -49,8 +52,8 @@ def started(db: BatchStore, owner: str, content: bytes, now: int = 1000) -> str:
     claimed = db.claim_validation("validator", now, LEASE)
     assert claimed is not None
     assert claimed["id"] == batch["id"]
-    assert claimed["content"] == content
-    validated = rules.validate(claimed["content"], CHAT, lambda _m: True)
+    assert b"".join(db.file_chunks(owner, claimed["input_file_id"])) == content
+    validated = rules.validate(db.file_chunks(owner, claimed["input_file_id"]), CHAT, lambda _m: True)
     assert db.finish_validation(batch["id"], "validator", validated, now) == rules.IN_PROGRESS
     return str(batch["id"])
 
@@ -303,9 +306,98 @@ def test_pg_uploads_of_one_owner_at_once_cannot_both_pass_the_quota(postgres: Po
         db.close()
 
 
-def test_a_file_is_read_back_in_slices(store: BatchStore) -> None:
-    content = bytes(range(256)) * 10
+def test_a_file_is_stored_and_read_back_in_chunks_of_its_owner(store: BatchStore) -> None:
+    content = bytes(range(256)) * (FILE_CHUNK // 256) * 2 + b"tail"  # two whole chunks and a bit
     file = store.add_file("o", "batch", "in.jsonl", content, 1)
-    slices = [store.file_slice("o", file["id"], offset, 1000) for offset in range(0, len(content), 1000)]
-    assert b"".join(s or b"" for s in slices) == content
-    assert store.file_slice("other", file["id"], 0, 1000) is None
+    with store.engine.connect() as conn:
+        sizes = conn.execute(
+            select(func.length(file_chunks.c.data))
+            .where(file_chunks.c.file_id == file["id"])
+            .order_by(file_chunks.c.idx)
+        ).scalars()
+        assert list(sizes) == [FILE_CHUNK, FILE_CHUNK, 4]
+    assert b"".join(store.file_chunks("o", file["id"])) == content
+    assert store.file_chunk("o", file["id"], 3) is None  # past the end
+    assert store.file_chunk("other", file["id"], 0) is None  # another owner's: as missing
+    assert list(store.file_chunks("other", file["id"])) == []
+
+
+def test_an_upload_in_progress_is_nobodys_until_finished_and_an_abandoned_one_is_swept(store: BatchStore) -> None:
+    receiving = store.begin_file("o", "batch", "in.jsonl", 1)
+    store.append_chunk(receiving, 0, b"part")
+    assert store.get_file("o", receiving) is None
+    assert store.list_files("o", None, None, 10, False)[0] == []
+    assert store.file_chunk("o", receiving, 0) is None
+    assert not store.delete_file("o", receiving)
+    finished = store.finish_file("o", receiving, 4)
+    assert finished["bytes"] == 4
+    assert store.file_content("o", receiving) == b"part"
+    abandoned = store.begin_file("o", "batch", "in.jsonl", 2)
+    store.append_chunk(abandoned, 0, b"lost")
+    store.begin_file("o", "batch", "in.jsonl", 2 + ABANDONED_AFTER + 1)  # the next upload sweeps it
+    with store.engine.connect() as conn:
+        assert conn.execute(select(files.c.id).where(files.c.id == abandoned)).first() is None
+        assert conn.execute(select(file_chunks.c.idx).where(file_chunks.c.file_id == abandoned)).first() is None
+    assert store.file_content("o", receiving) == b"part"  # a finished one stays
+
+
+def test_result_files_are_written_in_chunks(store: BatchStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_module, "FILE_CHUNK", 100)
+    batch_id = started(store, "o", jsonl(*(f"c{i}" for i in range(20))))
+    claimed = store.claim_requests(batch_id, "w", 1000, LEASE, 100)
+    for c in claimed:
+        assert store.record(batch_id, c.line, ok_line(c.custom_id), ok=True)
+    assert store.try_finalize(batch_id, 1001) == rules.COMPLETED
+    batch = store.get_batch("o", batch_id)
+    assert batch is not None
+    output = store.file_content("o", batch["output_file_id"])
+    assert output is not None
+    assert [json.loads(line)["custom_id"] for line in output.splitlines()] == [f"c{i}" for i in range(20)]
+    file = store.get_file("o", batch["output_file_id"])
+    assert file is not None
+    assert file["bytes"] == len(output)
+    with store.engine.connect() as conn:
+        sizes = list(
+            conn.execute(
+                select(func.length(file_chunks.c.data))
+                .where(file_chunks.c.file_id == batch["output_file_id"])
+                .order_by(file_chunks.c.idx)
+            ).scalars()
+        )
+    assert len(sizes) == -(-len(output) // 100)
+    assert all(size == 100 for size in sizes[:-1])
+
+
+def test_files_stored_whole_by_the_previous_schema_are_moved_into_chunks(store: BatchStore) -> None:
+    """A database of revision 0001 (each file one value) with files in it, upgraded: every byte readable."""
+    store.migrate("0001")  # a fresh database at the old schema (the fixture's migrate is undone below)
+    with store.engine.begin() as conn:
+        conn.execute(text("DROP TABLE batch_file_chunks"))
+        conn.execute(text("DROP TABLE servlane_batch_alembic_version"))
+        for table in ("batch_line_errors", "batch_requests", "batches", "batch_files"):
+            conn.execute(text(f"DROP TABLE {table}"))
+    store.migrate("0001")
+    big = bytes(range(256)) * (FILE_CHUNK // 256) + b"more"  # a chunk and a bit
+    old_files = sa_table(
+        "batch_files", *(column(n) for n in ("id", "owner", "purpose", "filename", "bytes", "created_at", "content"))
+    )
+    with store.engine.begin() as conn:
+        for file_id, content in (("file-big", big), ("file-small", b"{}"), ("file-empty", b"")):
+            conn.execute(
+                insert(old_files).values(
+                    id=file_id,
+                    owner="o",
+                    purpose="batch",
+                    filename="in.jsonl",
+                    bytes=len(content),
+                    created_at=1,
+                    content=content,
+                )
+            )
+    store.migrate()
+    assert "content" not in {c["name"] for c in inspect(store.engine).get_columns("batch_files")}
+    assert store.file_content("o", "file-big") == big
+    assert store.file_content("o", "file-small") == b"{}"
+    assert store.file_content("o", "file-empty") == b""
+    assert [f["id"] for f in store.list_files("o", None, None, 10, True)[0]] == ["file-big", "file-empty", "file-small"]
+    assert store.file_content("other", "file-big") is None

@@ -13,32 +13,30 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, ParamSpec, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 from sqlalchemy.exc import DBAPIError
-from starlette.datastructures import UploadFile as StarletteUpload
-from starlette.types import Message
 
 from servlane_core.protocol.errors import OpenAIError
 from servlane_gateway.batch import rules
-from servlane_gateway.batch.store import BatchStore, QuotaExceeded
+from servlane_gateway.batch.store import FILE_CHUNK, BatchStore, QuotaExceeded
+from servlane_gateway.batch.upload_form import UploadForm
 from servlane_gateway.forwarding import GatewayState
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
 T = TypeVar("T")
 RETRY_AFTER = 5.0
-UPLOAD_CHUNK = 1 << 20
-# Uploads received at once by a replica, and by one key: each may spool up to --batch-max-file-bytes to /tmp
-# (an emptyDir whose sizeLimit must hold them all: the kubelet evicts a pod past it) and is then held in
-# memory once. More wait (503 with Retry-After); one key cannot take every place with slow uploads.
+UPLOAD_CHUNK = FILE_CHUNK  # an upload is written in the chunks the store keeps
+# Uploads received at once by a replica, and by one key (the defaults of --batch-uploads-at-once and
+# --batch-uploads-at-once-per-key): each holds a database connection and a chunk in memory while its sender
+# is sending. More wait (503 with Retry-After); one key cannot take every place with slow uploads.
 UPLOADS_AT_ONCE = 4
 UPLOADS_AT_ONCE_PER_KEY = 2
-DOWNLOAD_CHUNK = 4 << 20
 FORM_OVERHEAD = 64 * 1024  # multipart boundaries and the purpose field, on top of the file itself
 UPLOAD_SCHEMA: dict[str, Any] = {
     "requestBody": {
@@ -121,22 +119,6 @@ class UploadPlaces:
                 del self.taken[owner]
 
 
-def capped(request: Request, cap: int) -> Request:
-    """The request, its body counted as it arrives: a 413 as soon as more than `cap` bytes came, whatever
-    Content-Length said or when there is none (chunked), before the rest is received or spooled anywhere."""
-    received = 0
-
-    async def receive() -> Message:
-        nonlocal received
-        message = await request.receive()
-        received += len(message.get("body", b""))
-        if received > cap:
-            raise too_large(cap - FORM_OVERHEAD)
-        return message
-
-    return Request(request.scope, receive)
-
-
 def not_found(kind: str, object_id: str) -> OpenAIError:
     return OpenAIError(404, f"No such {kind}: '{object_id}'.", type="invalid_request_error", param="id")
 
@@ -162,9 +144,11 @@ def batch_router(
     wake: Callable[[], None],
     ready: Callable[[], bool],
     allow_without_keys: bool = False,
+    uploads_at_once: int = UPLOADS_AT_ONCE,
+    uploads_at_once_per_key: int = UPLOADS_AT_ONCE_PER_KEY,
 ) -> APIRouter:
     router = APIRouter()
-    uploads = UploadPlaces(UPLOADS_AT_ONCE, UPLOADS_AT_ONCE_PER_KEY)
+    uploads = UploadPlaces(uploads_at_once, uploads_at_once_per_key)
 
     def owner_of(request: Request) -> tuple[BatchStore, str]:
         key = state.keys.authenticate(request.headers.get("authorization"))
@@ -178,34 +162,50 @@ def batch_router(
 
     @router.post("/v1/files", openapi_extra=UPLOAD_SCHEMA)
     async def upload(request: Request) -> dict[str, Any]:
-        # The form is read here, not by FastAPI before the call: the key is checked first, and a body
-        # announced larger than the cap is refused before any of it is spooled to disk; one that grows past
-        # it (chunked, or a Content-Length that lied) as soon as it does.
+        # The body is read here, not by FastAPI before the call: the key is checked first, and a body
+        # announced larger than the cap is refused before any of it is read; one that grows past it
+        # (chunked, or a Content-Length that lied) as soon as it does. The file goes to the database in
+        # chunks as it arrives: never whole in memory, never spooled to /tmp.
         db, owner = owner_of(request)
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > max_file_bytes + FORM_OVERHEAD:
             raise too_large(max_file_bytes)
         with uploads.place(owner):
-            form = await capped(request, max_file_bytes + FORM_OVERHEAD).form(max_files=1, max_fields=8)
+            form = UploadForm(request.headers.get("content-type", ""))
+            file_id: str | None = None
             try:
-                file, purpose = form.get("file"), form.get("purpose")
-                if not isinstance(file, StarletteUpload):
+                received, index = 0, 0
+                async for data in request.stream():
+                    received += len(data)
+                    if received > max_file_bytes + FORM_OVERHEAD:
+                        raise too_large(max_file_bytes)
+                    form.feed(data)
+                    if form.filename is not None and file_id is None:
+                        file_id = await in_db(db.begin_file, owner, rules.INPUT_PURPOSE, form.filename, _now())
+                    if file_id is not None:
+                        for chunk in form.take(UPLOAD_CHUNK):
+                            await in_db(db.append_chunk, file_id, index, chunk)
+                            index += 1
+                rest = form.end()
+                if file_id is None:  # no file part: form.end() said so already
                     raise OpenAIError(400, "Missing the file to upload (multipart field 'file').", param="file")
-                if purpose != rules.INPUT_PURPOSE:
+                if form.fields.get("purpose") != rules.INPUT_PURPOSE:
                     message = f"Only purpose '{rules.INPUT_PURPOSE}' is supported here."
                     raise OpenAIError(400, message, param="purpose")
-                content = bytearray()  # the one copy in memory: the database takes it as it is
-                while chunk := await file.read(UPLOAD_CHUNK):
-                    if len(content) + len(chunk) > max_file_bytes:
-                        raise too_large(max_file_bytes)
-                    content += chunk
-                name = file.filename or "upload.jsonl"
-            finally:
-                await form.close()
-        try:
-            return await in_db(db.add_file, owner, rules.INPUT_PURPOSE, name, content, int(time.time()))
-        except QuotaExceeded as exc:
-            raise over_quota(exc) from None
+                if rest:
+                    await in_db(db.append_chunk, file_id, index, rest)
+                size = index * UPLOAD_CHUNK + len(rest)
+                if size > max_file_bytes:
+                    raise too_large(max_file_bytes)
+                try:
+                    return await in_db(db.finish_file, owner, file_id, size)
+                except QuotaExceeded as exc:
+                    raise over_quota(exc) from None
+            except BaseException:
+                if file_id is not None:  # its chunks go with it; one left by a dead process is swept later
+                    with suppress(Exception):
+                        await in_db(db.discard_file, file_id)
+                raise
 
     @router.get("/v1/files")
     async def list_files(
@@ -232,12 +232,11 @@ def batch_router(
             raise not_found("file", file_id)
 
         async def chunks() -> AsyncIterator[bytes]:
-            # Read a slice at a time: a large result file is never held whole by the gateway.
-            for offset in range(0, int(found["bytes"]), DOWNLOAD_CHUNK):
-                chunk = await in_db(db.file_slice, owner, file_id, offset, DOWNLOAD_CHUNK)
-                if chunk is None:  # deleted meanwhile: the answer ends short
-                    return
-                yield chunk
+            # A stored chunk at a time: a large result file is never held whole by the gateway.
+            index = 0
+            while (chunk := await in_db(db.file_chunk, owner, file_id, index)) is not None:
+                yield chunk  # none (any more): the end, or deleted meanwhile (the answer ends short)
+                index += 1
 
         length = {"content-length": str(found["bytes"])}
         return StreamingResponse(chunks(), media_type="application/octet-stream", headers=length)
@@ -297,6 +296,10 @@ def batch_router(
         return found
 
     return router
+
+
+def _now() -> int:
+    return int(time.time())
 
 
 def _page(data: list[dict[str, Any]], more: bool) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,20 +186,49 @@ def line_limits(limits: RequestLimits) -> RequestLimits:
 
 
 def validate(
-    content: bytes, endpoint: str, callable_model: Callable[[str], bool], limits: RequestLimits = DEFAULT_LIMITS
+    content: bytes | Iterable[bytes],
+    endpoint: str,
+    callable_model: Callable[[str], bool],
+    limits: RequestLimits = DEFAULT_LIMITS,
 ) -> Validated:
-    """All lines of an input file. Bad lines become errors of their own; the batch fails only when the file
-    is not UTF-8 text, holds no line, or not a single line is usable. `callable_model` says whether the
-    batch's owner may call a model (the same answer a request would get: unknown and forbidden look alike)."""
+    """All lines of an input file (whole, or its chunks as they are read: never joined). Bad lines become
+    errors of their own; the batch fails only when the file is not UTF-8 text, holds no line, or not a single
+    line is usable. `callable_model` says whether the batch's owner may call a model (the same answer a
+    request would get: unknown and forbidden look alike)."""
     result = Validated()
     try:
-        text = content.decode("utf-8")
+        _validate_lines(result, text_lines(content), endpoint, callable_model, limits)
     except UnicodeDecodeError:
-        result.fatal = LineError(0, "invalid_file", "The input file is not UTF-8 encoded JSONL.")
-        return result
+        return Validated(fatal=LineError(0, "invalid_file", "The input file is not UTF-8 encoded JSONL."))
+    return result
+
+
+def text_lines(content: bytes | Iterable[bytes]) -> Iterator[str]:
+    """The lines of UTF-8 text given in chunks, exactly as str.splitlines() splits the whole text (a line
+    break may fall across chunks; no UTF-8 character holds the byte of a newline). UnicodeDecodeError on the
+    first bad line."""
+    parts: list[bytes] = []  # of the line not yet ended: joined once it ends, not copied chunk after chunk
+    for chunk in [content] if isinstance(content, bytes | bytearray) else content:
+        *ended, rest = bytes(chunk).split(b"\n")
+        if ended:
+            ended[0] = b"".join([*parts, ended[0]])
+            parts = []
+        for raw in ended:
+            yield from (raw + b"\n").decode("utf-8").splitlines()
+        parts.append(rest)
+    yield from b"".join(parts).decode("utf-8").splitlines()
+
+
+def _validate_lines(
+    result: Validated,
+    lines: Iterable[str],
+    endpoint: str,
+    callable_model: Callable[[str], bool],
+    limits: RequestLimits,
+) -> None:
     seen: set[str] = set()
     number = 0
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
         parsed = parse_line(raw, number, endpoint, limits)
@@ -219,7 +248,6 @@ def validate(
     if not result.requests:
         reason = "holds no request line" if not result.errors else "holds no valid request line"
         result.fatal = LineError(max(number, 0), "invalid_file", f"The input file {reason}.")
-    return result
 
 
 def unvalidatable(reason: str) -> LineError:

@@ -16,6 +16,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    true,
 )
 
 metadata = MetaData()
@@ -29,8 +30,20 @@ files = Table(
     Column("filename", String(512), nullable=False),
     Column("bytes", Integer, nullable=False),
     Column("created_at", Integer, nullable=False),
-    Column("content", LargeBinary, nullable=False),
+    # False while an upload is being received (its chunks arrive one by one): such a file is nobody's yet,
+    # neither listed nor counted; one left behind by a process that died is swept after a while.
+    Column("complete", Boolean, nullable=False, server_default=true()),
     Index("ix_batch_files_owner_created", "owner", "created_at"),
+)
+
+# A file's content, in chunks of at most store.FILE_CHUNK bytes, numbered from 0: written as it arrives
+# (uploads) or is built (result files), read back one at a time, so no file is ever whole in memory.
+file_chunks = Table(
+    "batch_file_chunks",
+    metadata,
+    Column("file_id", String(64), ForeignKey("batch_files.id", ondelete="CASCADE"), primary_key=True),
+    Column("idx", Integer, primary_key=True),
+    Column("data", LargeBinary, nullable=False),
 )
 
 batches = Table(

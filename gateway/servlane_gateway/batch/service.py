@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from servlane_gateway.batch.metrics import BatchMetrics
-from servlane_gateway.batch.routes import batch_router
+from servlane_gateway.batch.routes import UPLOADS_AT_ONCE, UPLOADS_AT_ONCE_PER_KEY, batch_router
 from servlane_gateway.batch.store import BatchStore, redacted
 from servlane_gateway.batch.worker import BatchWorker
 from servlane_gateway.forwarding import GatewayState
@@ -38,6 +38,7 @@ class BatchService:
         max_file_bytes: int,
         max_owner_bytes: int | None = None,
         allow_without_keys: bool = False,
+        uploads_at_once: tuple[int, int] = (UPLOADS_AT_ONCE, UPLOADS_AT_ONCE_PER_KEY),  # per replica, per key
     ) -> None:
         self.database_url = database_url
         self.store = BatchStore(database_url, max_owner_bytes) if database_url else None
@@ -48,7 +49,7 @@ class BatchService:
         )
         self.ready = False
         self.router = batch_router(
-            state, self.store, max_file_bytes, self._wake, lambda: self.ready, allow_without_keys
+            state, self.store, max_file_bytes, self._wake, lambda: self.ready, allow_without_keys, *uploads_at_once
         )
         self._bring_up: asyncio.Task[None] | None = None
         self._first_try = asyncio.Event()

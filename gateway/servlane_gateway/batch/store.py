@@ -41,11 +41,14 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 
 from servlane_gateway.batch import rules
-from servlane_gateway.batch.schema import batches, files, line_errors, requests
+from servlane_gateway.batch.schema import batches, file_chunks, files, line_errors, requests
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 PG_MIGRATION_LOCK = 7_163_201_118  # pg_advisory_lock id: replicas starting together migrate one at a time
 STREAM_ROWS = 1000  # result rows fetched at a time while a batch's files are written
+FILE_CHUNK = 1 << 20  # the bytes of a stored chunk of a file (batch_file_chunks): its content is never whole
+ABANDONED_AFTER = 6 * 3600  # seconds after which an incomplete upload is its dead process's, and is swept
+FILE_COLUMNS = tuple(c for c in files.c if c.name != "complete")
 BATCH_COLUMNS = ("output_file_id", "error_file_id", *rules.STAMPS.values())
 
 
@@ -143,8 +146,9 @@ class BatchStore:
         with self.engine.begin() as conn:
             yield conn
 
-    def migrate(self) -> None:
-        """Brings the schema to the newest migration; replicas starting together take turns (PostgreSQL)."""
+    def migrate(self, revision: str = "head") -> None:
+        """Brings the schema to the newest migration (or `revision`: tests of an upgrade); replicas starting
+        together take turns (PostgreSQL)."""
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS))
         with self.engine.connect() as conn:
@@ -153,7 +157,7 @@ class BatchStore:
                 conn.commit()
             try:
                 config.attributes["connection"] = conn
-                command.upgrade(config, "head")
+                command.upgrade(config, revision)
                 conn.commit()
             finally:
                 if self.dialect == "postgresql":
@@ -162,62 +166,105 @@ class BatchStore:
 
     # -- files --------------------------------------------------------------------------------------
 
-    def add_file(self, owner: str, purpose: str, filename: str, content: bytes | bytearray, now: int) -> dict[str, Any]:
-        """Stores an upload; QuotaExceeded when it would take the owner past `max_owner_bytes` (result files
-        count too, but are always written: the owner deletes files to upload more)."""
-        row = {
-            "id": new_id("file-"),
-            "owner": owner,
-            "purpose": purpose,
-            "filename": filename,
-            "bytes": len(content),
-            "created_at": now,
-            "content": content,
-        }
+    def begin_file(self, owner: str, purpose: str, filename: str, now: int) -> str:
+        """A new, incomplete file for an upload whose chunks follow (append_chunk, then finish_file or
+        discard_file); first sweeps the incomplete files of uploads that ended long ago without either."""
+        file_id = new_id("file-")
+        row = {"id": file_id, "owner": owner, "purpose": purpose, "filename": filename, "bytes": 0}
+        with self._tx() as conn:
+            conn.execute(delete(files).where(files.c.complete.is_(False), files.c.created_at < now - ABANDONED_AFTER))
+            conn.execute(insert(files).values({**row, "created_at": now, "complete": False}))
+        return file_id
+
+    def append_chunk(self, file_id: str, index: int, data: bytes | bytearray) -> None:
+        """Chunk `index` (0, 1, ...) of a file: a short transaction of its own, so an upload as slow as its
+        sender holds no lock between its chunks."""
+        with self._tx() as conn:
+            conn.execute(insert(file_chunks).values(file_id=file_id, idx=index, data=bytes(data)))
+
+    def finish_file(self, owner: str, file_id: str, size: int) -> dict[str, Any]:
+        """Makes an upload of `size` bytes visible; QuotaExceeded when it would take the owner past
+        `max_owner_bytes` (result files count too, but are always written: the owner deletes files to upload
+        more). The caller discards the file then."""
         with self._tx() as conn:
             if self.max_owner_bytes is not None:
                 self._lock_owner(conn, owner)  # two uploads at once cannot both pass the check
-                used = conn.execute(select(func.coalesce(func.sum(files.c.bytes), 0)).where(files.c.owner == owner))
-                in_use = int(used.scalar() or 0)
-                if in_use + len(content) > self.max_owner_bytes:
-                    raise QuotaExceeded(in_use, len(content), self.max_owner_bytes)
-            conn.execute(insert(files).values(row))
-        return file_object(row)
+                in_use = self._used(conn, owner)
+                if in_use + size > self.max_owner_bytes:
+                    raise QuotaExceeded(in_use, size, self.max_owner_bytes)
+            done = conn.execute(
+                update(files)
+                .where(files.c.id == file_id, files.c.owner == owner, files.c.complete.is_(False))
+                .values(bytes=size, complete=True)
+                .returning(*FILE_COLUMNS)
+            ).first()
+        if done is None:
+            raise LookupError(f"the upload {file_id} was swept before it finished")
+        return file_object(done._mapping)
+
+    def discard_file(self, file_id: str) -> None:
+        """Drops an upload that did not finish (and its chunks)."""
+        with self._tx() as conn:
+            conn.execute(delete(files).where(files.c.id == file_id, files.c.complete.is_(False)))
+
+    def add_file(self, owner: str, purpose: str, filename: str, content: bytes | bytearray, now: int) -> dict[str, Any]:
+        """Stores a file given whole (small files, tests): chunk by chunk, as an upload does."""
+        file_id = self.begin_file(owner, purpose, filename, now)
+        try:
+            for index, offset in enumerate(range(0, len(content), FILE_CHUNK)):
+                self.append_chunk(file_id, index, content[offset : offset + FILE_CHUNK])
+            return self.finish_file(owner, file_id, len(content))
+        except BaseException:
+            self.discard_file(file_id)
+            raise
+
+    def _used(self, conn: Connection, owner: str) -> int:
+        used = conn.execute(select(func.coalesce(func.sum(files.c.bytes), 0)).where(files.c.owner == owner))
+        return int(used.scalar() or 0)
 
     def _lock_owner(self, conn: Connection, owner: str) -> None:
         """Serialises the owner's uploads until the transaction ends (SQLite: BEGIN IMMEDIATE already does)."""
         if self.dialect == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:owner))"), {"owner": "batch-files:" + owner})
 
-    def file_slice(self, owner: str, file_id: str, offset: int, size: int) -> bytes | None:
-        """`size` bytes of a file's content from `offset` (0-based); None when it is not the owner's (any more)."""
-        query = select(func.substr(files.c.content, offset + 1, size)).where(
-            files.c.id == file_id, files.c.owner == owner
+    def file_chunk(self, owner: str, file_id: str, index: int) -> bytes | None:
+        """Chunk `index` of a complete file of the owner's; None past its last chunk, or when it is not the
+        owner's (any more)."""
+        query = (
+            select(file_chunks.c.data)
+            .join(files, files.c.id == file_chunks.c.file_id)
+            .where(*_visible(owner), files.c.id == file_id, file_chunks.c.idx == index)
         )
         with self._tx() as conn:
-            row = conn.execute(query).first()
-        return bytes(row[0]) if row is not None else None
+            data = conn.execute(query).scalar()
+        return bytes(data) if data is not None else None
+
+    def file_chunks(self, owner: str, file_id: str) -> Iterator[bytes]:
+        """A file's content, one chunk (one short query) at a time: nothing is held between them."""
+        index = 0
+        while (data := self.file_chunk(owner, file_id, index)) is not None:
+            yield data
+            index += 1
 
     def get_file(self, owner: str, file_id: str) -> dict[str, Any] | None:
-        columns = [c for c in files.c if c.name != "content"]
         with self._tx() as conn:
-            row = conn.execute(select(*columns).where(files.c.id == file_id, files.c.owner == owner)).first()
+            row = conn.execute(select(*FILE_COLUMNS).where(*_visible(owner), files.c.id == file_id)).first()
         return file_object(row._mapping) if row else None
 
     def file_content(self, owner: str, file_id: str) -> bytes | None:
-        query = select(files.c.content).where(files.c.id == file_id, files.c.owner == owner)
-        with self._tx() as conn:
-            return conn.execute(query).scalar()
+        """A whole file (tests, small files); the gateway itself reads files with file_chunks."""
+        if self.get_file(owner, file_id) is None:
+            return None
+        return b"".join(self.file_chunks(owner, file_id))
 
     def delete_file(self, owner: str, file_id: str) -> bool:
         with self._tx() as conn:
-            return conn.execute(delete(files).where(files.c.id == file_id, files.c.owner == owner)).rowcount == 1
+            return conn.execute(delete(files).where(*_visible(owner), files.c.id == file_id)).rowcount == 1
 
     def list_files(
         self, owner: str, purpose: str | None, after: str | None, limit: int, ascending: bool
     ) -> tuple[list[dict[str, Any]], bool]:
-        columns = [c for c in files.c if c.name != "content"]
-        query = select(*columns).where(files.c.owner == owner)
+        query = select(*FILE_COLUMNS).where(*_visible(owner))
         if purpose:
             query = query.where(files.c.purpose == purpose)
         with self._tx() as conn:
@@ -286,7 +333,7 @@ class BatchStore:
     # -- the workers' side --------------------------------------------------------------------------
 
     def claim_validation(self, me: str, now: float, lease: float) -> dict[str, Any] | None:
-        """A batch to validate that no live worker holds, with its input file's content under `content`."""
+        """A batch to validate that no live worker holds (its input file is read with file_chunks)."""
         with self._tx() as conn:
             # Two statements, not UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED): PostgreSQL may
             # run such a subquery again per row, each time skipping the rows this very UPDATE locked.
@@ -304,12 +351,7 @@ class BatchStore:
                 .values(lease_owner=me, lease_until=now + lease)
                 .returning(batches.c.id, batches.c.owner, batches.c.endpoint, batches.c.input_file_id)
             ).first()
-            if claimed is None:
-                return None
-            content = conn.execute(
-                select(files.c.content).where(files.c.id == claimed.input_file_id, files.c.owner == claimed.owner)
-            ).scalar()
-        return {**claimed._mapping, "content": content}
+        return dict(claimed._mapping) if claimed is not None else None
 
     def finish_validation(self, batch_id: str, me: str, validated: rules.Validated, now: int) -> str | None:
         """Writes the validated lines and moves the batch on (in_progress, or failed), in one transaction: a
@@ -455,16 +497,19 @@ class BatchStore:
                 return None
             final = rules.final_status_of_finalizing(batch.status, expired)
             # The files are written from the stored result lines as they are read (streamed from the
-            # database), not parsed into objects first: memory is the files' bytes, once.
-            output, errors = bytearray(), bytearray()
+            # database), a chunk at a time: memory is one chunk per file, whatever the batch's size.
+            stamp = int(now)
+            output, errors = (
+                ChunkWriter(conn, batch.owner, f"{batch_id}_{kind}.jsonl", stamp) for kind in ("output", "error")
+            )
             answered = select(requests.c.ok, requests.c.result).where(
                 requests.c.batch_id == batch_id, requests.c.done.is_(True)
             )
             for r in conn.execute(answered.order_by(requests.c.line).execution_options(yield_per=STREAM_ROWS)):
-                (output if r.ok else errors).extend(r.result.encode() + b"\n")
+                (output if r.ok else errors).write(r.result.encode() + b"\n")
             invalid = select(line_errors.c.result).where(line_errors.c.batch_id == batch_id)
             for r in conn.execute(invalid.order_by(line_errors.c.line).execution_options(yield_per=STREAM_ROWS)):
-                errors.extend(r.result.encode() + b"\n")
+                errors.write(r.result.encode() + b"\n")
             failed_more = 0
             if final == rules.EXPIRED:
                 left = conn.execute(
@@ -472,33 +517,59 @@ class BatchStore:
                 ).all()
                 for r in left:  # recorded as answered, so nothing is sent or written for them any more
                     expired_result = rules.json_line(rules.expired_line(new_id("batch_req_"), r.custom_id))
-                    errors.extend(expired_result.encode() + b"\n")
+                    errors.write(expired_result.encode() + b"\n")
                     conn.execute(
                         update(requests)
                         .where(requests.c.batch_id == batch_id, requests.c.line == r.line)
                         .values(done=True, ok=False, result=expired_result, lease_owner=None, lease_until=None)
                     )
                 failed_more = len(left)
-            stamp = int(now)
             values: dict[str, Any] = {"status": final, rules.STAMPS[final]: stamp, "finalizing_at": stamp}
             values["failed"] = batches.c.failed + failed_more
-            for key, content in (("output_file_id", output), ("error_file_id", errors)):
-                if content:
-                    file_id = new_id("file-")
-                    conn.execute(
-                        insert(files).values(
-                            id=file_id,
-                            owner=batch.owner,
-                            purpose=rules.OUTPUT_PURPOSE,
-                            filename=f"{batch_id}_{key.split('_')[0]}.jsonl",
-                            bytes=len(content),
-                            created_at=stamp,
-                            content=content,
-                        )
-                    )
+            for key, writer in (("output_file_id", output), ("error_file_id", errors)):
+                if (file_id := writer.close()) is not None:
                     values[key] = file_id
             conn.execute(update(batches).where(batches.c.id == batch_id).values(values))
         return final
+
+
+class ChunkWriter:
+    """A result file written chunk by chunk inside the finalizing transaction; no file when nothing came."""
+
+    def __init__(self, conn: Connection, owner: str, filename: str, now: int) -> None:
+        self.conn, self.owner, self.filename, self.now = conn, owner, filename, now
+        self.file_id: str | None = None
+        self.pending = bytearray()
+        self.chunks = self.size = 0
+
+    def write(self, data: bytes) -> None:
+        self.pending += data
+        self.size += len(data)
+        while len(self.pending) >= FILE_CHUNK:
+            self._flush(FILE_CHUNK)
+
+    def _flush(self, size: int) -> None:
+        if self.file_id is None:
+            self.file_id = new_id("file-")
+            row = {"owner": self.owner, "purpose": rules.OUTPUT_PURPOSE, "filename": self.filename, "bytes": 0}
+            self.conn.execute(insert(files).values({**row, "id": self.file_id, "created_at": self.now}))
+        data = bytes(self.pending[:size])
+        del self.pending[:size]
+        self.conn.execute(insert(file_chunks).values(file_id=self.file_id, idx=self.chunks, data=data))
+        self.chunks += 1
+
+    def close(self) -> str | None:
+        """The file's id, its size written; None when nothing was written."""
+        if self.pending:
+            self._flush(len(self.pending))
+        if self.file_id is not None:
+            self.conn.execute(update(files).where(files.c.id == self.file_id).values(bytes=self.size))
+        return self.file_id
+
+
+def _visible(owner: str) -> tuple[Any, ...]:
+    """The owner's files whose upload finished."""
+    return (files.c.owner == owner, files.c.complete.is_(True))
 
 
 def _held_by(me: str, batch_id: str, line: int) -> tuple[Any, ...]:

@@ -152,8 +152,8 @@ class BatchWorker:
         claimed = await asyncio.to_thread(self.store.claim_validation, self.me, time.time(), self.lease)
         if claimed is None:
             return False
-        content = claimed["content"] or b""
         owner, batch_id = claimed["owner"], claimed["id"]
+        content = self.store.file_chunks(owner, claimed["input_file_id"])  # read as validation goes
         try:
             # In a thread: a large file must not hold up the event loop that serves interactive requests.
             validated = await asyncio.to_thread(

@@ -169,10 +169,11 @@ def until(what: str, check: Callable[[], bool], timeout: float = 30) -> None:
 def counters(runtime: str, gateway: str, feature: str) -> dict[str, float]:
     # The runtime counts a request when its handler returns, just after the last byte went out: wait until
     # nothing is in flight there, so the last requests of a phase are in.
-    until("the runtime to be idle", lambda: metric_sum(runtime, "servlane_runtime_in_flight") == 0)
+    scraped = RUNTIME_METRICS[runtime]
+    until("the runtime to be idle", lambda: metric_sum(scraped, "servlane_runtime_in_flight") == 0)
     return {
-        "runtime_requests": metric_sum(runtime, "servlane_runtime_requests_total", endpoint=CHAT_PATH),
-        "runtime_completion_tokens": metric_sum(runtime, "servlane_runtime_tokens_total", kind="completion"),
+        "runtime_requests": metric_sum(scraped, "servlane_runtime_requests_total", endpoint=CHAT_PATH),
+        "runtime_completion_tokens": metric_sum(scraped, "servlane_runtime_tokens_total", kind="completion"),
         "gateway_hits": metric_sum(
             GATEWAY_METRICS[gateway], "servlane_gateway_response_cache_hits_total", feature=feature
         ),
@@ -384,6 +385,7 @@ def start_redis(tmp: Path, procs: Processes) -> str | None:
 
 
 GATEWAY_METRICS: dict[str, str] = {}  # gateway URL -> the base URL of its metrics port
+RUNTIME_METRICS: dict[str, str] = {}  # runtime URL -> the base URL of its metrics port
 
 
 def start_gateway(tmp: Path, procs: Processes, name: str, redis_url: str | None) -> str:
@@ -401,15 +403,16 @@ def start_gateway(tmp: Path, procs: Processes, name: str, redis_url: str | None)
 def start_runtime(tmp: Path, procs: Processes, model_dir: Path, max_in_flight: int) -> str:
     from servlane_api.runtime_config import RuntimeConfig
 
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     config = RuntimeConfig(
         model_source=str(model_dir), served_model_name=SERVED, engine="transformers", host="127.0.0.1", port=port,
-        max_in_flight=max_in_flight,
+        metrics_port=metrics_port, max_in_flight=max_in_flight,
     )  # fmt: skip
     (tmp / "runtime.json").write_text(config.to_env_value())
     env = os.environ | {"HF_HUB_OFFLINE": "1"}
     argv = [sys.executable, "-m", "servlane_runtime", "--config", str(tmp / "runtime.json")]
     procs.start(argv, env=env, log=tmp / "runtime.log")
+    RUNTIME_METRICS[f"http://127.0.0.1:{port}"] = f"http://127.0.0.1:{metrics_port}"
     return f"http://127.0.0.1:{port}"
 
 

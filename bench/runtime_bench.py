@@ -78,6 +78,7 @@ def our_target(name: str, model_dir: Path, engine: str, workdir: Path) -> Target
             "engine": engine,
             "host": "127.0.0.1",
             "port": port,
+            "metrics_port": free_port(),  # /metrics on a port of its own, free here (9090 may be taken)
             "max_model_len": MAX_MODEL_LEN,
             "max_in_flight": max(CONCURRENCIES),  # admission must not be what limits the load
             **extra,

@@ -72,7 +72,8 @@ class RuntimeProcess:
 
     def __init__(self, config: RuntimeConfig, workdir: Path) -> None:
         self.port = free_port()
-        self.config = config.model_copy(update={"host": "127.0.0.1", "port": self.port})
+        # /metrics on a port of its own (the API port has none), free here: several runtimes share the machine.
+        self.config = config.model_copy(update={"host": "127.0.0.1", "port": self.port, "metrics_port": free_port()})
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.workdir = workdir
         self.proc: subprocess.Popen[bytes] | None = None

@@ -14,6 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ENV_VAR = "SERVLANE_RUNTIME_CONFIG"
 DEFAULT_PORT = 8000
+# /metrics on a port of its own, never the API's: a scraper admitted to it is not admitted to the model's
+# unauthenticated API (the operator's NetworkPolicy admits each peer on its port only).
+DEFAULT_METRICS_PORT = 9090
 HEALTH_PATH = "/health"
 READY_PATH = "/ready"
 METRICS_PATH = "/metrics"
@@ -56,6 +59,7 @@ class RuntimeConfig(BaseModel):
     max_adapter_rank: int = Field(default=16, ge=1)
     adapters_file: str | None = None
     port: int = DEFAULT_PORT
+    metrics_port: int = Field(default=DEFAULT_METRICS_PORT, ge=1, le=65535)
     host: str = "0.0.0.0"
     cache_dir: str = MODEL_CACHE_DIR
     load_timeout_seconds: float = Field(default=1800, gt=0)
@@ -75,6 +79,8 @@ class RuntimeConfig(BaseModel):
             raise ValueError(
                 f"tool_call_parser {self.tool_call_parser!r}: the transformers engine reads only hermes tool calls"
             )
+        if self.metrics_port == self.port:
+            raise ValueError(f"metrics_port {self.metrics_port} is the API port: /metrics needs a port of its own")
         if self.engine == "transformers" and self.cpu_kv_cache_gib is not None:
             raise ValueError("cpu_kv_cache_gib applies to the vllm engine only")
         return self

@@ -32,8 +32,10 @@ class LocalRuntime:
     warnings: tuple[str, ...]
 
     def fingerprint(self) -> str:
-        """What must restart the process when it changes (the port is the supervisor's, not the spec's)."""
-        return self.config.model_copy(update={"port": 0}).to_env_value() + repr(sorted(self.env.items()))
+        """What must restart the process when it changes (the ports are the supervisor's, not the spec's)."""
+        return self.config.model_copy(update={"port": 0, "metrics_port": 0}).to_env_value() + repr(
+            sorted(self.env.items())
+        )
 
 
 def has_gpu() -> bool:
@@ -53,9 +55,15 @@ def local_adapters(model: AIModel) -> tuple[list[dict[str, str]], list[str]]:
 
 
 def local_runtime(
-    model: AIModel, port: int, cache_dir: Path, gpu: bool, adapters_file: Path | None = None
+    model: AIModel,
+    port: int,
+    cache_dir: Path,
+    gpu: bool,
+    adapters_file: Path | None = None,
+    metrics_port: int | None = None,
 ) -> LocalRuntime:
-    """`adapters_file`: where the supervisor keeps this model's adapters list (used when it serves adapters)."""
+    """`adapters_file`: where the supervisor keeps this model's adapters list (used when it serves adapters).
+    `metrics_port`: where its /metrics listens (None: the runtime's default, as in a pod)."""
     if model.spec.source.kind is SourceKind.PVC:
         raise ValueError(f"{model.spec.source.uri}: pvc:// sources exist only in a cluster; use a local path")
     spec = model.spec
@@ -68,6 +76,8 @@ def local_runtime(
     if spec.source.credentials_secret:
         warnings.append("source.credentialsSecret is ignored: set HF_TOKEN (or AWS_*) in your environment")
     update: dict[str, object] = {"port": port, "host": "127.0.0.1", "cache_dir": str(cache_dir)}
+    if metrics_port is not None:
+        update["metrics_port"] = metrics_port
     if adapters_file is not None:
         update["adapters_file"] = str(adapters_file)
     if spec.resources.gpus and not gpu:

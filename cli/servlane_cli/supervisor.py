@@ -111,7 +111,10 @@ class Supervisor:
             port = free_port()
             adapters_file = self.state_dir / "adapters" / f"{name}.json"
             try:
-                runtime = local_runtime(entry.model, port, self.options.model_cache, self._gpu, adapters_file)
+                # Its /metrics on a free port too: several runtimes (and the gateway) share this machine's ports.
+                runtime = local_runtime(
+                    entry.model, port, self.options.model_cache, self._gpu, adapters_file, metrics_port=free_port()
+                )
             except ValueError as exc:
                 log.error("model %s: not served: %s", name, exc)
                 continue

@@ -73,7 +73,7 @@ class OperatorSettings(BaseModel):
         default=None,
         min_length=1,
         description="Namespace of whatever scrapes the model pods' /metrics (e.g. Prometheus), admitted by the "
-        "AIModels' NetworkPolicies; None: no scraper is admitted (only the gateway).",
+        "AIModels' NetworkPolicies to their metrics port only; None: no scraper is admitted (only the gateway).",
     )
     tracing_otlp_endpoint: str | None = Field(
         default=None,

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -60,10 +61,13 @@ def serve(config: RuntimeConfig, log_level: str) -> int:
     import uvicorn
 
     from .app import create_app
+    from .metrics_port import bind_listeners
 
     app = create_app(config)
     host: ModelHost = app.state.host
-    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level))
+    # The API port and /metrics's own port (metrics_port): sockets of the one server, told apart by the app.
+    sockets = bind_listeners(app, config.host, config.port, config.metrics_port)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level))
 
     def stop_for_good() -> None:
         server.config.timeout_graceful_shutdown = FATAL_DRAIN_SECONDS
@@ -72,14 +76,14 @@ def serve(config: RuntimeConfig, log_level: str) -> int:
     host.on_fatal = stop_for_good
     # What uvicorn.run does, with our coroutine around the server's (and its choice of event loop).
     with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
-        runner.run(_serve_until_fatal(server, host))
+        runner.run(_serve_until_fatal(server, host, sockets))
     return 0 if server.started else SERVER_FAILED_TO_START
 
 
-async def _serve_until_fatal(server: uvicorn.Server, host: ModelHost) -> None:
+async def _serve_until_fatal(server: uvicorn.Server, host: ModelHost, sockets: list[socket.socket]) -> None:
     from .termination import write_termination_message
 
-    await server.serve()
+    await server.serve(sockets=sockets)
     if host.exit_code is None:
         return
     path = os.environ.get(TERMINATION_LOG_ENV, TERMINATION_LOG_PATH)

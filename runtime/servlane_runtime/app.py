@@ -1,4 +1,4 @@
-"""The FastAPI app: thin routes over OpenAIServing, admission around generation, probes, metrics.
+"""The FastAPI app: thin routes over OpenAIServing, admission around generation, probes; /metrics on its own port.
 
 The model loads in a background task started by the lifespan, after the server is listening.
 """
@@ -12,11 +12,10 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 from starlette.types import Receive, Scope, Send
 
-from servlane_api.runtime_config import HEALTH_PATH, METRICS_PATH, READY_PATH, RuntimeConfig
+from servlane_api.runtime_config import HEALTH_PATH, READY_PATH, RuntimeConfig
 from servlane_core.protocol import openai as p
 from servlane_core.protocol.errors import OpenAIError, install_error_handlers
 from servlane_core.protocol.limits import RequestLimits
@@ -26,6 +25,7 @@ from servlane_runtime.runtime_metrics import MetricsMiddleware, RuntimeMetrics
 from .admission import AdmissionController, AdmissionGrant, parse_priority
 from .engines import create_engine
 from .engines.base import EngineError
+from .metrics_port import MetricsPort
 from .model_host import EngineFactory, ModelHost
 from .request_guard import RequestGuard
 from .serving import OpenAIServing
@@ -109,8 +109,10 @@ def create_app(config: RuntimeConfig, engine_factory: EngineFactory = create_eng
     )
     app.add_middleware(RequestGuard, limits=limits)  # inside the metrics: its 413s and 400s are counted
     app.add_middleware(MetricsMiddleware, metrics=metrics)
-    if tracer is not None:  # outermost: the span covers the whole request, its trace id every answer
+    if tracer is not None:  # outermost but one: the span covers the whole request, its trace id every answer
         app.add_middleware(TracingMiddleware, tracer=tracer)
+    # Outermost: the metrics port serves /metrics only, and the API port (the routes above) has none.
+    app.add_middleware(MetricsPort, port=config.metrics_port, metrics=metrics)
 
     async def admitted(request: Request, model: str, run: Any) -> Response:
         """Check the model, take a slot (by priority), run, and answer JSON or SSE."""
@@ -140,10 +142,6 @@ def create_app(config: RuntimeConfig, engine_factory: EngineFactory = create_eng
     @app.get(READY_PATH)
     async def ready() -> JSONResponse:
         return JSONResponse(host.readiness(), status_code=200 if host.state == "ready" else 503)
-
-    @app.get(METRICS_PATH)
-    async def prometheus() -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:

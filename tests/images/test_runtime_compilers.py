@@ -89,7 +89,7 @@ def pod_for(which: str, tmp_path: Path) -> PodRun:
             claims[claim] = tmp_path / claim
             claims[claim].mkdir(mode=0o777)
             claims[claim].chmod(0o777)  # a fresh volume the pod's fsGroup may write
-    return pod_run_args(deployment, claims=claims, host_ports={"http": free_port()})
+    return pod_run_args(deployment, claims=claims, host_ports={"http": free_port(), "metrics": free_port()})
 
 
 @pytest.mark.parametrize("which", ["cpu", "cuda"])

@@ -72,7 +72,7 @@ def claim_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def pod(cpu_image: str, claim_dir: Path) -> PodRun:
     (model_dir,) = [p.name for p in claim_dir.iterdir()]
     deployment = build_deployment(tiny_model(model_dir), OperatorSettings.from_env({}))
-    run = pod_run_args(deployment, claims={CLAIM: claim_dir}, host_ports={"http": free_port()})
+    run = pod_run_args(deployment, claims={CLAIM: claim_dir}, host_ports={"http": free_port(), "metrics": free_port()})
     # The operator's default CPU runtime image is the one scripts/build-images.sh tags.
     assert run.image == cpu_image, f"the operator runs {run.image}, the build produced {cpu_image}"
     return run

@@ -20,11 +20,13 @@ from localcluster.cluster import free_port as free_port  # re-exported: the shar
 from servlane_api.runtime_config import RuntimeConfig
 from servlane_api.runtime_exit import TERMINATION_LOG_ENV
 from servlane_runtime.app import create_app
+from servlane_runtime.metrics_port import bind_listeners
 from tests.polling import wait_until
 
 
 class _Server:
     base_url: str
+    metrics_url: str  # /metrics, on the runtime's metrics port (the API port has none)
 
     @property
     def v1(self) -> str:
@@ -50,7 +52,7 @@ class _Server:
     def metric(self, name: str, labels: str = "") -> float:
         """A sample's value from /metrics (0 when absent), e.g. metric("x_total", 'code="200"')."""
         total = 0.0
-        for line in self.get("/metrics").text.splitlines():
+        for line in httpx.get(self.metrics_url, timeout=10).text.splitlines():
             if line.startswith(name + ("{" if labels else "")) or line.startswith(name + " "):
                 if labels and not all(part in line for part in labels.split(",")):
                     continue
@@ -63,11 +65,15 @@ class InProcessServer(_Server):
 
     def __init__(self, config: RuntimeConfig) -> None:
         self.port = free_port()
-        self.config = config.model_copy(update={"host": "127.0.0.1", "port": self.port})
+        update = {"host": "127.0.0.1", "port": self.port, "metrics_port": free_port()}
+        self.config = config.model_copy(update=update)
         self.base_url = f"http://127.0.0.1:{self.port}"
+        self.metrics_url = f"http://127.0.0.1:{self.config.metrics_port}/metrics"
         self.app = create_app(self.config)
-        self._server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve()), daemon=True)
+        # Both ports, as `python -m servlane_runtime` listens.
+        sockets = bind_listeners(self.app, "127.0.0.1", self.port, self.config.metrics_port)
+        self._server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve(sockets=sockets)), daemon=True)
 
     def __enter__(self) -> InProcessServer:
         self._thread.start()
@@ -85,8 +91,10 @@ class SubprocessServer(_Server):
     def __init__(self, config: RuntimeConfig, env: dict[str, str] | None = None, wait_for_health: bool = True) -> None:
         self.wait_for_health = wait_for_health  # False: for runtimes meant to fail (and exit) at once
         self.port = free_port()
-        self.config = config.model_copy(update={"host": "127.0.0.1", "port": self.port})
+        update = {"host": "127.0.0.1", "port": self.port, "metrics_port": free_port()}
+        self.config = config.model_copy(update=update)
         self.base_url = f"http://127.0.0.1:{self.port}"
+        self.metrics_url = f"http://127.0.0.1:{self.config.metrics_port}/metrics"
         self._dir = tempfile.TemporaryDirectory(prefix="servlane-runtime-")
         self.config_path = Path(self._dir.name) / "config.json"
         self.config_path.write_text(self.config.to_env_value())

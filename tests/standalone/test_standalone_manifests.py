@@ -89,3 +89,13 @@ def test_runtime_config_is_the_operators_with_local_placement(tmp_path: Path) ->
     assert local_runtime(model, 1, tmp_path, gpu=True).config.tensor_parallel_size == 2
     moved = local_runtime(model, 2, tmp_path / "cache", gpu=False)
     assert moved.fingerprint() == local.fingerprint()  # the port alone does not restart a runtime
+
+
+def test_each_local_runtime_gets_the_supervisors_metrics_port_which_restarts_nothing(tmp_path: Path) -> None:
+    # Several runtimes and the gateway share this machine: each /metrics on the free port it is given.
+    write_manifests(tmp_path / "m.yaml", [ai_model("small", "/models/small")])
+    model = load_manifests([tmp_path]).models["small"].model
+    first = local_runtime(model, 1000, tmp_path, gpu=False, metrics_port=1001)
+    again = local_runtime(model, 2000, tmp_path, gpu=False, metrics_port=2001)
+    assert (first.config.port, first.config.metrics_port) == (1000, 1001)
+    assert first.fingerprint() == again.fingerprint()

@@ -1,11 +1,14 @@
-"""The AIModel's NetworkPolicy: only the gateway pods, and a configured metrics scraper, reach the serving port."""
+"""The AIModel's NetworkPolicy: only the gateway pods reach the serving port, and a configured metrics scraper
+the metrics port only."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
+from servlane_api.runtime_config import ENV_VAR
 from servlane_operator.builders import build_network_policy, plan_children
 from servlane_operator.labels import GATEWAY_SELECTOR
 from servlane_operator.main import main as operator_main
@@ -87,20 +90,45 @@ def test_the_operator_refuses_to_start_without_a_gateway_namespace(
     assert "SERVLANE_GATEWAY_NAMESPACE (the gateway's namespace) is required" in capsys.readouterr().err
 
 
-def test_the_metrics_scraper_is_admitted_only_from_its_configured_namespace() -> None:
+def test_the_metrics_scraper_is_admitted_only_from_its_configured_namespace_and_only_to_the_metrics_port() -> None:
     settings = OperatorSettings(
         gateway_namespace="gw",
         metrics_scraper_namespace="monitoring",
         metrics_scraper_labels={"app.kubernetes.io/name": "prometheus"},
     )
-    peers = policy(settings)["spec"]["ingress"][0]["from"]
-    assert peers[1] == {
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
-        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+    api, metrics = policy(settings)["spec"]["ingress"]
+    # The gateway calls the API and reads no metrics; the scraper reads /metrics and cannot call the model.
+    assert api == {
+        "from": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gw"}}, "podSelector": GATEWAY_PODS}
+        ],
+        "ports": [{"port": "http", "protocol": "TCP"}],
     }
-    any_pod = policy(settings.model_copy(update={"metrics_scraper_labels": {}}))["spec"]["ingress"][0]["from"][1]
+    assert metrics == {
+        "from": [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+            }
+        ],
+        "ports": [{"port": "metrics", "protocol": "TCP"}],
+    }
+    any_pod = policy(settings.model_copy(update={"metrics_scraper_labels": {}}))["spec"]["ingress"][1]["from"][0]
     assert any_pod["podSelector"] == {}
     assert any_pod["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+
+
+def test_the_policy_ports_are_the_runtime_containers_named_ports() -> None:
+    settings = OperatorSettings(gateway_namespace="gw", metrics_scraper_namespace="monitoring")
+    model = make_model(SPEC, name="llama", namespace="team-a")
+    (deployment,) = [o for o in plan_children(model, settings).apply if o["kind"] == "Deployment"]
+    (container,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "runtime"]
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    config = json.loads(next(e["value"] for e in container["env"] if e["name"] == ENV_VAR))
+    assert named == {"http": config["port"], "metrics": config["metrics_port"]}
+    assert named["http"] != named["metrics"]
+    ports = [port["port"] for rule in policy(settings)["spec"]["ingress"] for port in rule["ports"]]
+    assert ports == ["http", "metrics"]
 
 
 def test_no_peer_ever_admits_the_whole_cluster() -> None:
@@ -109,7 +137,8 @@ def test_no_peer_ever_admits_the_whole_cluster() -> None:
         OperatorSettings(gateway_namespace="gw", metrics_scraper_namespace="monitoring"),
     ):
         for rule in policy(settings)["spec"]["ingress"]:
-            assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+            (port,) = rule["ports"]  # one port per rule, never all of them
+            assert port in ({"port": "http", "protocol": "TCP"}, {"port": "metrics", "protocol": "TCP"})
             assert rule["from"]  # an empty `from` would admit every source
             for peer in rule["from"]:
                 # Every peer is pinned to one named namespace: labels alone can be worn by anyone's pod.

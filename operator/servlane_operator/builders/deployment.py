@@ -9,6 +9,7 @@ from servlane_api.aimodel import AIModel, AIModelSpec, SourceKind
 from servlane_api.pod_env import FIXED_POD_ENV
 from servlane_api.runtime_config import (
     ADAPTERS_FILE,
+    DEFAULT_METRICS_PORT,
     DEFAULT_PORT,
     ENV_VAR,
     HEALTH_PATH,
@@ -67,6 +68,7 @@ def build_runtime_config(model: AIModel) -> RuntimeConfig:
         max_adapter_rank=options.max_adapter_rank,
         adapters_file=ADAPTERS_FILE if serves_adapters(model) else None,
         port=DEFAULT_PORT,
+        metrics_port=DEFAULT_METRICS_PORT,
         cache_dir=MODEL_CACHE_DIR,
     )
 
@@ -220,7 +222,11 @@ def _pod_spec(model: AIModel, settings: OperatorSettings) -> dict[str, Any]:
         "name": "runtime",
         "image": runtime_image(spec, settings),
         "imagePullPolicy": "IfNotPresent",
-        "ports": [{"name": "http", "containerPort": DEFAULT_PORT, "protocol": "TCP"}],
+        # The API, and /metrics on a port of its own (the NetworkPolicy admits the scraper there only).
+        "ports": [
+            {"name": "http", "containerPort": DEFAULT_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": DEFAULT_METRICS_PORT, "protocol": "TCP"},
+        ],
         "env": _env(model, settings),
         "resources": _resources(model),
         "volumeMounts": mounts,

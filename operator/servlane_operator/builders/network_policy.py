@@ -1,10 +1,12 @@
-"""The NetworkPolicy that lets only the gateway (and the metrics scraper) reach an AIModel's pods.
+"""The NetworkPolicy that lets only the gateway (and the metrics scraper) reach an AIModel's pods, each on its port.
 
 Model pods serve an unauthenticated OpenAI API: the gateway is where API keys, rate limits and request
-limits are enforced, so nothing else in the cluster may call the pods directly. The runtime serves its
-/metrics on the same port, so the scraper, once admitted, could call the API too; that is why it is
-admitted only by an explicit namespace (settings.metrics_scraper_namespace), never cluster-wide; and
-the gateway pods only in their namespace (settings.gateway_namespace), never by their labels alone.
+limits are enforced, so nothing else in the cluster may call the pods directly. Each peer is admitted on
+its own port only: the gateway pods on the API port (`http`), the scraper on the runtime's metrics port
+(`metrics`, which serves /metrics and nothing else), so the scraper cannot call the model and the
+gateway cannot read the metrics. Both are pinned to a namespace: the scraper's explicit one
+(settings.metrics_scraper_namespace), never cluster-wide, and the gateway pods' own
+(settings.gateway_namespace), never their labels alone.
 
 Ingress only: egress (model downloads from hubs or object stores) differs too much between clusters.
 The kubelet's probes come from the node, which CNIs admit regardless of NetworkPolicies.
@@ -26,8 +28,8 @@ def _namespace(name: str) -> dict[str, Any]:
     return {"matchLabels": {NAMESPACE_NAME_LABEL: name}}
 
 
-def policy_peers(settings: OperatorSettings) -> list[dict[str, Any]]:
-    """Who may reach the serving port: the gateway pods, and the metrics scraper when one is configured.
+def gateway_peer(settings: OperatorSettings) -> dict[str, Any]:
+    """The gateway pods, the only callers of the API port.
 
     Raises ValueError without settings.gateway_namespace: labels alone can be worn by any tenant's pod, so
     the gateway is only ever recognised by its labels within its own namespace (the operator also refuses
@@ -37,16 +39,27 @@ def policy_peers(settings: OperatorSettings) -> list[dict[str, Any]]:
             "no gateway namespace (SERVLANE_GATEWAY_NAMESPACE): refusing a NetworkPolicy that would admit pods "
             "with the gateway's labels from every namespace"
         )
-    peers: list[dict[str, Any]] = [
-        {
-            "namespaceSelector": _namespace(settings.gateway_namespace),
-            "podSelector": {"matchLabels": dict(GATEWAY_LABELS)},
-        }
-    ]
-    if settings.metrics_scraper_namespace:
-        scraper_pods = {"matchLabels": dict(settings.metrics_scraper_labels)} if settings.metrics_scraper_labels else {}
-        peers.append({"namespaceSelector": _namespace(settings.metrics_scraper_namespace), "podSelector": scraper_pods})
-    return peers
+    return {
+        "namespaceSelector": _namespace(settings.gateway_namespace),
+        "podSelector": {"matchLabels": dict(GATEWAY_LABELS)},
+    }
+
+
+def scraper_peer(settings: OperatorSettings) -> dict[str, Any] | None:
+    """Whatever scrapes the metrics port, when one is configured."""
+    if not settings.metrics_scraper_namespace:
+        return None
+    scraper_pods = {"matchLabels": dict(settings.metrics_scraper_labels)} if settings.metrics_scraper_labels else {}
+    return {"namespaceSelector": _namespace(settings.metrics_scraper_namespace), "podSelector": scraper_pods}
+
+
+def ingress_rules(settings: OperatorSettings) -> list[dict[str, Any]]:
+    """One rule per port, each naming the one peer that needs it (ports named as in the pod template)."""
+    rules = [{"from": [gateway_peer(settings)], "ports": [{"port": "http", "protocol": "TCP"}]}]
+    scraper = scraper_peer(settings)
+    if scraper is not None:
+        rules.append({"from": [scraper], "ports": [{"port": "metrics", "protocol": "TCP"}]})
+    return rules
 
 
 def build_network_policy(model: AIModel, settings: OperatorSettings) -> dict[str, Any] | None:
@@ -60,8 +73,7 @@ def build_network_policy(model: AIModel, settings: OperatorSettings) -> dict[str
         "spec": {
             "podSelector": {"matchLabels": selector_labels(model.name)},
             "policyTypes": ["Ingress"],
-            # Only the serving port (named as in the pod template) is listed: with policyTypes Ingress,
-            # every other port and every other peer is denied.
-            "ingress": [{"from": policy_peers(settings), "ports": [{"port": "http", "protocol": "TCP"}]}],
+            # With policyTypes Ingress, every port and every peer not listed is denied.
+            "ingress": ingress_rules(settings),
         },
     }

@@ -526,6 +526,7 @@ def test_uploads_are_parsed_as_they_arrive_and_a_refused_one_leaves_nothing_stor
         post(b'--bnd\r\nContent-Disposition: form-data; name="file"; filename="a"\r\n\r\ncut short'),
         post(b"purpose=batch", "application/x-www-form-urlencoded"),
         post(form(*[("purpose", None, b"batch")] * 9, ("file", "a.jsonl", b"{}"))),  # too many parts
+        post(form(("purpose", None, b"batch"), ("file", "n" * 513, b"{}"))),  # a name past its column
     ]
     assert [r.status_code for r in refused] == [400] * len(refused), [r.text for r in refused]
     assert all(r.json()["error"]["type"] == "invalid_request_error" for r in refused)

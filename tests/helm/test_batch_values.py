@@ -30,9 +30,12 @@ def test_enabled_it_reads_the_database_url_from_the_secret_and_passes_the_worker
             "gateway.batch.databaseUrl.key=dsn",
             "gateway.batch.concurrencyPerFeature=7",
             "gateway.batch.leaseSeconds=45",
+            "gateway.batch.uploadsAtOnce=6",
         )
     )
     env = gateway_env(objects)
+    assert env["SERVLANE_GATEWAY_BATCH_UPLOADS_AT_ONCE"]["value"] == "6"
+    assert env["SERVLANE_GATEWAY_BATCH_UPLOADS_AT_ONCE_PER_KEY"]["value"] == "2"
     assert "SERVLANE_GATEWAY_BATCH_ALLOW_WITHOUT_KEYS" not in env
     assert env["SERVLANE_GATEWAY_BATCH_MAX_OWNER_BYTES"]["value"] == "10737418240"
     url = env["SERVLANE_GATEWAY_BATCH_DATABASE_URL"]
@@ -74,7 +77,7 @@ def test_the_batch_api_without_api_keys_is_refused_unless_acknowledged(helm: Hel
     assert gateway_env(acknowledged)["SERVLANE_GATEWAY_BATCH_ALLOW_WITHOUT_KEYS"]["value"] == "true"
 
 
-def test_the_gateways_tmp_where_uploads_are_spooled_has_a_size_limit(helm: Helm) -> None:
+def test_the_gateways_tmp_has_a_size_limit(helm: Helm) -> None:
     for values, limit in (((), "1Gi"), (("gateway.tmpSizeLimit=3Gi",), "3Gi")):
         pod = one(helm.template(set_values=values), "Deployment", GATEWAY)["spec"]["template"]["spec"]
         (tmp,) = [v for v in pod["volumes"] if v["name"] == "tmp"]

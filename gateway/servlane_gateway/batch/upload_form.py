@@ -14,6 +14,7 @@ from servlane_core.protocol.errors import OpenAIError
 FILE_FIELD = "file"
 FIELD_BYTES = 1024  # the most of a plain field's value (purpose is a short word)
 MAX_PARTS = 8
+FILENAME_CHARS = 512  # the width of batch_files.filename (PostgreSQL refuses longer: a 400 here, not a 503)
 
 
 def bad_form(message: str) -> OpenAIError:
@@ -105,6 +106,8 @@ class UploadForm:
             if self.filename is not None:
                 raise bad_form("The upload holds more than one file.")
             self.filename = options.get(b"filename", b"").decode("utf-8", "replace") or "upload.jsonl"
+            if len(self.filename) > FILENAME_CHARS:
+                raise bad_form(f"The file's name is longer than {FILENAME_CHARS} characters.")
             self._in_file = True
 
     def _data(self, data: bytes, start: int, end: int) -> None:

@@ -193,7 +193,7 @@ class OpenAIServing:
         try:
             choices, prompts = await self._collect(CHAT, merged, req.n, req.n)
         except RequestNotSupported as exc:  # an engine that validates only when generation starts (vLLM)
-            raise OpenAIError(400, str(exc), param="response_format", code="invalid_request") from exc
+            raise OpenAIError(400, str(exc), param=exc.param, code="invalid_request") from exc
         return p.ChatCompletionResponse(
             id=request_id,
             created=p.now(),

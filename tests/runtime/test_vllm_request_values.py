@@ -6,6 +6,7 @@ No engine is started: vLLM checks the values when it builds its SamplingParams, 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -37,3 +38,20 @@ def test_a_value_vllm_refuses_is_request_not_supported(tmp_path: Path) -> None:
 
     with pytest.raises(RequestNotSupported, match="empty string"):
         asyncio.run(first())
+
+
+def test_a_refused_sampling_value_does_not_blame_response_format(tmp_path: Path) -> None:
+    """The 400 names the field at fault when the engine knows it: a sampling value is not the schema's fault
+    (every generation-time refusal was once reported as `param: response_format`)."""
+    require_vllm()
+    engine = VllmEngine(vllm_config(tmp_path), str(tmp_path))
+    schema = json.dumps({"type": "object", "properties": {"x": {"type": "string"}}})
+
+    async def first() -> None:
+        options = SamplingOptions(max_tokens=4, stop=("",), json_schema=schema)
+        async for _ in engine.generate("hi", options, "r1"):
+            break
+
+    with pytest.raises(RequestNotSupported) as refused:
+        asyncio.run(first())
+    assert refused.value.param is None

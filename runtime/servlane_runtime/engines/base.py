@@ -70,7 +70,12 @@ class EngineError(Exception):
 
 class RequestNotSupported(EngineError):
     """This request cannot run on this model or engine (tools without a template for them, a schema guided
-    decoding cannot compile): the client's to fix, a 400."""
+    decoding cannot compile, a sampling value the engine refuses): the client's to fix, a 400. `param`
+    names the request field at fault when the engine knows it (None: the request as a whole)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class ToolCallParser(Protocol):

@@ -199,7 +199,9 @@ class VllmEngine(InferenceEngine):
             try:
                 validate_guidance_grammar(params)
             except (ValueError, VLLMClientError):
-                raise RequestNotSupported(f"guided decoding cannot enforce this JSON schema: {exc}") from exc
+                raise RequestNotSupported(
+                    f"guided decoding cannot enforce this JSON schema: {exc}", param="response_format"
+                ) from exc
 
     def tool_parser(self) -> ToolCallParser | None:
         return self._tool_parser
@@ -277,7 +279,9 @@ class VllmEngine(InferenceEngine):
         except (ValueError, VLLMClientError) as exc:  # vLLM's validation of the request, before any output
             if sent_tokens:
                 raise
-            raise RequestNotSupported(str(exc)) from exc
+            # The sampling values were checked above: what the engine refuses now is the request's grammar,
+            # when it has one.
+            raise RequestNotSupported(str(exc), param="response_format" if guided is not None else None) from exc
         finally:
             if not finished:
                 await self._abort(request_id)

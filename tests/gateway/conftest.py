@@ -12,8 +12,13 @@ import pytest
 from servlane_gateway.app import create_app
 from servlane_gateway.settings import GatewaySettings
 from servlane_gateway.workers import server_options
+from tests.gateway.batch_databases import postgres
 from tests.gateway.gateway_harness import Gateway, ServedApp, StartGateway, Upstream, loopback_socket
 from tests.gateway.gateway_upstream import create_upstream
+
+# One PostgreSQL for every Batch API module of the session: a session fixture imported into each module
+# was one server per module (four, all alive until the session ended).
+__all__ = ["postgres"]
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,10 @@ import pytest
 
 from localcluster.cluster import free_port
 from servlane_gateway.batch import metrics as m
-from tests.gateway.batch_databases import Postgres, postgres
+from tests.gateway.batch_databases import Postgres
 from tests.gateway.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
 from tests.polling import wait_until
 
-__all__ = ["postgres"]  # the session fixture of the replicas test
 KEYS = (
     "team-a: sk-alpha-00000000000000000000000\n"
     "team-b: sk-bravo-00000000000000000000000\n"

@@ -13,11 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.gateway.batch_databases import Postgres, postgres
+from tests.gateway.batch_databases import Postgres
 from tests.gateway.gateway_harness import StartGateway, Upstream
 from tests.gateway.test_gateway_batch_api import gateway
 
-__all__ = ["postgres"]
 KEY = "sk-alpha-00000000000000000000000"
 MIB = 1 << 20
 FILE_MIB = 50

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.harness import ROOT, Kube, wait_until
 from localcluster.cluster import free_port, stop_process_groups
+from tests.raw_http import read_response_head
 
 MODELS = ("v1", "v2")  # the AIModels every team has, under the same names
 Samples = dict[frozenset[tuple[str, str]], float]  # a metric's samples by their labels
@@ -122,13 +123,7 @@ class GatewayProcess:
         host, port = self.url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=timeout) as sock:
             sock.sendall(head.encode() + b"\r\n\r\n" + body_start)
-            answer = b""
-            while b"\r\n\r\n" not in answer:
-                received = sock.recv(65536)
-                if not received:
-                    break
-                answer += received
-            return answer
+            return read_response_head(sock)
 
     def concurrently(self, calls: list[tuple[str, str]]) -> list[httpx.Response]:
         """`chat(key, model)` for every (key, model) at once, the answers in the same order."""

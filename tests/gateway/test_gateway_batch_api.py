@@ -22,6 +22,7 @@ from servlane_gateway.batch import metrics as m
 from tests.gateway.batch_databases import Postgres
 from tests.gateway.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
 from tests.polling import wait_until
+from tests.raw_http import read_response_head
 
 KEYS = (
     "team-a: sk-alpha-00000000000000000000000\n"
@@ -333,19 +334,9 @@ def start_upload(gw: Gateway, key: str, file_bytes: int) -> socket.socket:
     return sock
 
 
-def answer_to(sock: socket.socket) -> bytes:
-    answer = b""
-    while b"\r\n\r\n" not in answer:
-        received = sock.recv(65536)
-        if not received:
-            break
-        answer += received
-    return answer
-
-
 def chunked_upload_answer(gw: Gateway, key: str, file_bytes: int) -> bytes:
     with start_upload(gw, key, file_bytes) as sock:
-        return answer_to(sock)
+        return read_response_head(sock)
 
 
 def upload_status(client: openai.OpenAI) -> int:

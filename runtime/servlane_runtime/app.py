@@ -29,6 +29,7 @@ from .metrics_port import MetricsPort
 from .model_host import EngineFactory, ModelHost
 from .request_guard import RequestGuard
 from .serving import OpenAIServing
+from .startup import StartupClock
 
 T = TypeVar("T")
 _DISCONNECT_POLL_SECONDS = 0.25
@@ -70,16 +71,20 @@ async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
                 await task
 
 
-def create_app(config: RuntimeConfig, engine_factory: EngineFactory = create_engine) -> FastAPI:
-    host = ModelHost(config, engine_factory)
+def create_app(
+    config: RuntimeConfig, engine_factory: EngineFactory = create_engine, startup: StartupClock | None = None
+) -> FastAPI:
+    host = ModelHost(config, engine_factory, startup)
     admission = AdmissionController(config.max_in_flight, config.max_queue, config.queue_timeout_seconds)
     metrics = RuntimeMetrics(lambda: admission.in_flight, lambda: admission.queue_depth)
+    host.startup.subscribe(metrics.record_startup)
     serving = OpenAIServing(host, metrics)
 
     tracer = start_tracing("servlane-runtime")
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        host.startup.mark("imports_done")  # our code is in, the server is about to listen
         loading = asyncio.create_task(host.load(), name="model-load")
         try:
             yield
@@ -112,7 +117,7 @@ def create_app(config: RuntimeConfig, engine_factory: EngineFactory = create_eng
     if tracer is not None:  # outermost but one: the span covers the whole request, its trace id every answer
         app.add_middleware(TracingMiddleware, tracer=tracer)
     # Outermost: the metrics port serves /metrics only, and the API port (the routes above) has none.
-    app.add_middleware(MetricsPort, port=config.metrics_port, metrics=metrics)
+    app.add_middleware(MetricsPort, port=config.metrics_port, metrics=metrics, startup=host.startup)
 
     async def admitted(request: Request, model: str, run: Any) -> Response:
         """Check the model, take a slot (by priority), run, and answer JSON or SSE."""

@@ -5,8 +5,9 @@ a scraper admitted to scrape it could call the model too, and no NetworkPolicy c
 On its own port, the operator's NetworkPolicy admits the scraper there and the gateway to the API only.
 
 Both ports are listening sockets of the one uvicorn server; requests are told apart by the local port they
-arrived on (the ASGI scope's `server`): the metrics port answers GET /metrics and nothing else (404), and
-the API port has no /metrics (the app has no such route).
+arrived on (the ASGI scope's `server`): the metrics port answers GET /metrics and GET /startup (the start's
+phases as JSON, servlane_runtime.startup) and nothing else (404), and the API port has neither (the app has
+no such routes).
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from servlane_api.cold_start import STARTUP_PATH
 from servlane_api.runtime_config import METRICS_PATH
 from servlane_runtime.runtime_metrics import RuntimeMetrics
+from servlane_runtime.startup import StartupClock
 
 
 def arrived_on(scope: Scope, port: int) -> bool:
@@ -30,24 +33,29 @@ def arrived_on(scope: Scope, port: int) -> bool:
 
 
 class MetricsPort:
-    """Outermost ASGI layer: requests that arrived on the metrics port get /metrics (or 404), never the API;
-    all others go to the app."""
+    """Outermost ASGI layer: requests that arrived on the metrics port get /metrics or /startup (or 404),
+    never the API; all others go to the app."""
 
-    def __init__(self, app: ASGIApp, port: int, metrics: RuntimeMetrics) -> None:
+    def __init__(self, app: ASGIApp, port: int, metrics: RuntimeMetrics, startup: StartupClock) -> None:
         self.app = app
         self.port = port
         self.metrics = metrics
+        self.startup = startup
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not arrived_on(scope, self.port):
             await self.app(scope, receive, send)
             return
-        if scope["path"] == METRICS_PATH and scope["method"] in ("GET", "HEAD"):
+        reading = scope["method"] in ("GET", "HEAD")
+        if scope["path"] == METRICS_PATH and reading:
             status, body, content_type = 200, self.metrics.render(), CONTENT_TYPE_LATEST
+        elif scope["path"] == STARTUP_PATH and reading:
+            status, body, content_type = 200, self.startup.snapshot().model_dump_json().encode(), "application/json"
         else:
             status, content_type = 404, "application/json"
             error = {
-                "message": f"the metrics port serves {METRICS_PATH} only; the API is on the runtime's port",
+                "message": f"the metrics port serves {METRICS_PATH} and {STARTUP_PATH} only; the API is on the "
+                "runtime's port",
                 "type": "invalid_request_error",
                 "code": "not_found",
             }

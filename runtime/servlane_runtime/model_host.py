@@ -33,6 +33,7 @@ from .engines.base import (
     ToolCallParser,
 )
 from .model_source import resolve_model_source
+from .startup import StartupClock
 from .termination import redact, secret_values
 
 log = logging.getLogger(__name__)
@@ -51,8 +52,12 @@ _RETRY_AFTER_FAILED = 30.0
 
 
 class ModelHost:
-    def __init__(self, config: RuntimeConfig, engine_factory: EngineFactory) -> None:
+    def __init__(
+        self, config: RuntimeConfig, engine_factory: EngineFactory, startup: StartupClock | None = None
+    ) -> None:
         self.config = config
+        # The start's phases (GET /startup): weights fetched, engine loaded and ready are stamped here.
+        self.startup = startup if startup is not None else StartupClock()
         self._factory = engine_factory
         self.state: State = "loading"
         self.reason = "the model is loading"
@@ -109,6 +114,7 @@ class ModelHost:
             self._adapter_sync = asyncio.create_task(self.adapters.run(self._engine), name="adapter-sync")
         self.load_seconds = time.monotonic() - start
         self.state = "ready"
+        self.startup.mark("ready")
         self.reason = ""
         log.info("model %s ready in %.1fs", self.config.served_model_name, self.load_seconds)
         self._watchdog = asyncio.create_task(self._watch(engine), name="engine-health")
@@ -118,6 +124,7 @@ class ModelHost:
         self.reason = f"resolving model source {source}"
         log.info(self.reason)
         path = await asyncio.to_thread(resolve_model_source, source, self.config.cache_dir)
+        self.startup.mark("weights_fetched")
         self.reason = f"loading {self.config.engine} engine from {path}"
         log.info(self.reason)
         # In a thread: the factory imports the engine's module (torch, vLLM: seconds), and the loop
@@ -125,6 +132,7 @@ class ModelHost:
         engine = await asyncio.to_thread(self._factory, self.config, path)
         try:
             await engine.load()
+            self.startup.mark("engine_loaded")
             self.reason = "warming up"
             await _warm_up(engine, self.config.task)
         except BaseException:

@@ -2,7 +2,8 @@
 
 Names: servlane_runtime_requests_total{endpoint,code}, _in_flight, _queue_depth,
 _request_duration_seconds{endpoint}, _time_to_first_token_seconds{endpoint},
-_tokens_total{kind=prompt|completion}. Buckets are the gateway's, so the two compare directly.
+_tokens_total{kind=prompt|completion}, _startup_phase_timestamp_seconds{phase} and _startup_seconds{phase}
+(the start's phases, servlane_runtime.startup). Buckets are the gateway's, so the two compare directly.
 """
 
 from __future__ import annotations
@@ -39,6 +40,27 @@ class RuntimeMetrics:
         self.tokens = Counter(f"{PREFIX}_tokens", "Prompt and generated tokens", ["kind"], registry=r)
         Gauge(f"{PREFIX}_in_flight", "Requests being served", registry=r).set_function(in_flight)
         Gauge(f"{PREFIX}_queue_depth", "Requests waiting for a slot", registry=r).set_function(queue_depth)
+        self.startup_at = Gauge(
+            f"{PREFIX}_startup_phase_timestamp_seconds",
+            "When the runtime reached each phase of its start (Unix time)",
+            ["phase"],
+            registry=r,
+        )
+        self.startup_seconds = Gauge(
+            f"{PREFIX}_startup_seconds",
+            "Seconds from the process's start to each phase of its start",
+            ["phase"],
+            registry=r,
+        )
+        self._process_start: float | None = None
+
+    def record_startup(self, phase: str, at: float) -> None:
+        """A StartupClock listener: the phase's time, and its seconds since the process started."""
+        if phase == "process_start":
+            self._process_start = at
+        self.startup_at.labels(phase).set(at)
+        if self._process_start is not None:
+            self.startup_seconds.labels(phase).set(at - self._process_start)
 
     def count_tokens(self, prompt: int, completion: int) -> None:
         self.tokens.labels("prompt").inc(prompt)

@@ -135,6 +135,7 @@ class OpenAIServing:
             async for index, delta in merged:
                 if first:
                     self.metrics.ttft.labels(endpoint).observe(time.monotonic() - started)
+                    self.host.startup.mark("first_token")
                     first = False
                 choice = choices[index]
                 choice.text += delta.text
@@ -230,6 +231,7 @@ class OpenAIServing:
             async for index, delta in merged:
                 if first:
                     self.metrics.ttft.labels(CHAT).observe(time.monotonic() - started)
+                    self.host.startup.mark("first_token")
                     first = False
                 completion[index] = delta.completion_tokens
                 prompt_tokens = delta.prompt_tokens
@@ -313,6 +315,7 @@ class OpenAIServing:
             async for index, delta in merged:
                 if first:
                     self.metrics.ttft.labels(COMPLETIONS).observe(time.monotonic() - started)
+                    self.host.startup.mark("first_token")
                     first = False
                 completion[index] = delta.completion_tokens
                 prompt_by_choice[index] = delta.prompt_tokens
@@ -349,6 +352,7 @@ class OpenAIServing:
         except EngineError as exc:
             raise OpenAIError(400, str(exc), param="model") from exc
         self.metrics.count_tokens(result.prompt_tokens, 0)
+        self.host.startup.mark("first_token")  # an embedding model's first answer
         data = [
             p.EmbeddingData(index=i, embedding=_base64(v) if req.encoding_format == "base64" else v)
             for i, v in enumerate(result.vectors)

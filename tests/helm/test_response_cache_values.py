@@ -59,3 +59,15 @@ def test_a_cache_redis_of_its_own_comes_from_a_secret_or_a_url_without_password(
         result = helm.run("template", "mp", str(CHART), "--set", bad, check=False)
         assert result.returncode != 0
         assert "values don't meet the specifications of the schema" in result.stderr
+
+
+def test_a_cache_redis_of_its_own_keeps_the_release_scoped_key_prefix(helm: Helm) -> None:
+    """Without the limits' Redis the cache's keys still carry servlane:<release namespace>:<gateway>: two
+    releases sharing the cache's Redis keep apart budgets (its byte sums live under the prefix)."""
+    for own in ("gateway.responseCache.redis.url=redis://cache:6379/0", "gateway.responseCache.redis.existingSecret=c"):
+        for namespace in ("team-x", "team-y"):
+            env = gateway_env(helm.template(set_values=(own,), namespace=namespace))
+            assert env["SERVLANE_GATEWAY_REDIS_KEY_PREFIX"]["value"] == f"servlane:{namespace}:mp-servlane-gateway"
+    chosen = ("gateway.responseCache.redis.url=redis://cache:6379/0", "gateway.rateLimits.redis.keyPrefix=shared-x")
+    assert gateway_env(helm.template(set_values=chosen))["SERVLANE_GATEWAY_REDIS_KEY_PREFIX"]["value"] == "shared-x"
+    assert "SERVLANE_GATEWAY_REDIS_KEY_PREFIX" not in gateway_env(helm.template())  # no Redis: nothing to prefix

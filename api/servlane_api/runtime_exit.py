@@ -13,6 +13,9 @@ from __future__ import annotations
 MODEL_LOAD_FAILED = 10
 # The engine died while serving (vLLM's engine core process is gone, the GPU failed): a restart may help.
 ENGINE_DIED = 11
+# The model's files could not be had from its source (wrong credentials, a missing bucket, key or image, a
+# stalled transfer): the message starts with the store's own words, and the AIModel says ModelSourceFailed.
+MODEL_SOURCE_FAILED = 12
 
 TERMINATION_LOG_PATH = "/dev/termination-log"
 # Overrides TERMINATION_LOG_PATH (tests; a pod with another terminationMessagePath).

@@ -5,6 +5,7 @@ Handlers parse watched Deployments and Pods into these once; the status logic re
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,9 @@ from typing import Any
 BLOCKING_WAIT_REASONS = frozenset(
     {"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError", "InvalidImageName"}
 )
+# Waiting reasons of a pull that failed. The kubelet reports a failed image volume pull on each container that
+# mounts the volume, under these reasons, with a message that names the volume's reference.
+PULL_FAILED_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName"})
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,21 @@ class ContainerExit:
         )
 
 
+def names_image(message: str, reference: str) -> bool:
+    """Whether a kubelet/containerd message names `reference` (as given, or with the default tag the kubelet
+    adds), not merely a longer name that starts like it (`r.io/m:v1` is not `r.io/m:v10`)."""
+    return (
+        re.search(re.escape(reference) + r"(?![A-Za-z0-9_.:/@-])|" + re.escape(reference) + ":latest", message)
+        is not None
+    )
+
+
+def image_volume_references(pod_spec: Mapping[str, Any]) -> list[str]:
+    return [
+        str(v["image"]["reference"]) for v in pod_spec.get("volumes") or [] if (v.get("image") or {}).get("reference")
+    ]
+
+
 @dataclass(frozen=True)
 class PodView:
     name: str
@@ -112,6 +131,8 @@ class PodView:
     blocking_reason: str | None
     blocking_message: str | None
     runtime_exit: ContainerExit | None = None
+    # The kubelet's message when the pod's image volume (an oci:// model source) cannot be pulled.
+    model_image_failure: str | None = None
 
     @classmethod
     def parse(cls, body: Mapping[str, Any]) -> PodView:
@@ -122,10 +143,16 @@ class PodView:
                 unschedulable = str(cond.get("message") or "the pod cannot be scheduled")
         reason = message = None
         runtime_exit = None
+        model_image_failure = None
+        volume_images = image_volume_references(body.get("spec") or {})
         for cs in status.get("containerStatuses") or []:
             waiting = (cs.get("state") or {}).get("waiting") or {}
             if waiting.get("reason") in BLOCKING_WAIT_REASONS:
                 reason, message = str(waiting["reason"]), str(waiting.get("message") or waiting["reason"])
+            if waiting.get("reason") in PULL_FAILED_REASONS and any(
+                names_image(str(waiting.get("message") or ""), ref) for ref in volume_images
+            ):
+                model_image_failure = f"{waiting['reason']}: {waiting.get('message')}"
             runtime_exit = ContainerExit.parse(cs) or runtime_exit
         if body.get("metadata", {}).get("deletionTimestamp"):
             runtime_exit = None  # stopped on purpose (rollout, scale-down): SIGTERM's exit is no crash
@@ -135,6 +162,7 @@ class PodView:
             blocking_reason=reason,
             blocking_message=message,
             runtime_exit=runtime_exit,
+            model_image_failure=model_image_failure,
         )
 
 

@@ -19,7 +19,6 @@ from typing import Any
 
 import openai
 import pytest
-import yaml
 
 from e2e.harness import (
     ARTIFACTS,
@@ -28,6 +27,7 @@ from e2e.harness import (
     RUNTIME_CPU_IMAGE,
     Kube,
 )
+from e2e.helm_install import gateway_node_port, helm_or_fail, install_chart, uninstall_chart
 from e2e.pod_netns import blocked, get_in_pod, netns_of
 from e2e.real_pods import (
     NODE,
@@ -44,7 +44,7 @@ from e2e.real_pods import (
 from e2e.traffic import Load
 from localcluster.cluster import LocalCluster
 from servlane_operator.labels import GATEWAY_LABELS
-from tests.helm.helmtool import CHART, Helm, HelmUnavailable, find_helm
+from tests.helm.helmtool import Helm
 from tests.polling import wait_until
 
 # Part of `make test` with the other real-node suites (SERVLANE_REAL_NODE=0 opts out of all of them).
@@ -109,27 +109,15 @@ def values() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def installed(real_cluster: LocalCluster, real_node_images: list[str]) -> Iterator[Installed]:
     assert {RUNTIME_CPU_IMAGE, OPERATOR_IMAGE, GATEWAY_IMAGE} <= set(real_node_images)
-    try:
-        helm = Helm(find_helm())
-    except HelmUnavailable as exc:
-        pytest.fail(f"helm is built with the control plane, so it must be there: {exc}")
-    inst = Installed(real_cluster, Kube(real_cluster.kubeconfig), helm)
+    inst = Installed(real_cluster, Kube(real_cluster.kubeconfig), helm_or_fail())
     ensure_namespace(real_cluster, TEAM)
-    values_file = ARTIFACTS / "real-helm-values.yaml"
-    values_file.write_text(yaml.safe_dump(values()))
-    started = time.monotonic()
-    try:
-        inst.helm_run(
-            "install", RELEASE, str(CHART), "--create-namespace", "--values", str(values_file),
-            "--wait", "--timeout", "300s",
-        )  # fmt: skip
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{inst.story()}") from None
-    inst.record("helm install --wait (s)", round(time.monotonic() - started, 1))
-    service = real_cluster.api("GET", f"/api/v1/namespaces/{SYSTEM}/services/{RELEASE}-gateway")
-    inst.gateway_url = f"http://127.0.0.1:{service['spec']['ports'][0]['nodePort']}/v1"
+    seconds = install_chart(
+        real_cluster, inst.helm, RELEASE, SYSTEM, values(), ARTIFACTS / "real-helm-values.yaml", inst.story
+    )
+    inst.record("helm install --wait (s)", round(seconds, 1))
+    inst.gateway_url = gateway_node_port(real_cluster, RELEASE, SYSTEM) + "/v1"
     yield inst
-    inst.helm.run("uninstall", RELEASE, "-n", SYSTEM, "--ignore-not-found", kubeconfig=real_cluster.kubeconfig)
+    uninstall_chart(real_cluster, inst.helm, RELEASE, SYSTEM)
 
 
 def model_spec(folder: str, **extra: Any) -> dict[str, Any]:

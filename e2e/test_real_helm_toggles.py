@@ -338,9 +338,9 @@ def test_a_repeated_request_is_answered_from_the_response_cache_in_redis(served:
 
 
 def test_the_shared_rate_limit_holds_across_the_gateway_workers_in_redis(served: Toggled) -> None:
-    """keyRequestsPerMinute for the `limited` key, counted in Redis by both worker processes: twice the limit
-    sent on fresh connections (spread over the workers by the kernel), only the limit (and what refills while
-    they are sent) is admitted; a worker counting on its own would admit up to twice as many."""
+    """keyRequestsPerMinute for the `limited` key, counted in Redis by both worker processes: of twice the
+    limit, sent on fresh connections (the kernel hands each to either worker), only the limit and what refills
+    while they are sent is admitted, then 429 with Retry-After; its bucket is in Redis under the release's prefix."""
     body = cacheable(f"Limit me {secrets.token_hex(4)}")  # answered from the cache after the first: cheap
     started = time.monotonic()
     answers = [served.call("/v1/chat/completions", served.limited_key, body) for _ in range(2 * REQUESTS_PER_MINUTE)]

@@ -20,15 +20,18 @@ from servlane_core.protocol.errors import install_error_handlers
 from servlane_core.protocol.limits import RequestLimits
 from servlane_core.routing.overrides import apply_overrides
 from servlane_core.routing.routes import RouteTable, describe_ambiguity, describe_refused, resolve_plain_names
+from servlane_core.routing.waking import HoldLimits
 from servlane_core.tracing import TracingMiddleware, start_tracing, stop_tracing
 from servlane_gateway.access import KeyRing, names_for, parse_keys
 from servlane_gateway.batch.service import BatchService
 from servlane_gateway.cache_store import AnswerStore, MemoryStore, RedisStore, ResponseCacher
 from servlane_gateway.console.recent import RequestLog
 from servlane_gateway.console.router import install_console
-from servlane_gateway.endpoints import EndpointRouter, EndpointSliceSource
+from servlane_gateway.demand_lease import DemandSink, KubeDemandLease, NoDemand
+from servlane_gateway.endpoints import EndpointRouter, EndpointSliceSource, Services
 from servlane_gateway.forwarding import GatewayState, handle
 from servlane_gateway.gateway_metrics import GatewayMetrics
+from servlane_gateway.hold import HoldQueue
 from servlane_gateway.kube_watch import KubeRouteSource, own_namespace
 from servlane_gateway.metrics_listener import MetricsEndpoint, arrived_on
 from servlane_gateway.proxy import Timeouts
@@ -215,7 +218,20 @@ def _document_proxied(app: FastAPI, state: GatewayState) -> None:
         return await handle(state, request, "embeddings")
 
 
-def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> FastAPI:
+def hold_limits_for(settings: GatewaySettings) -> HoldLimits:
+    return HoldLimits(
+        per_model=settings.hold_max_per_model,
+        per_namespace=settings.hold_max_per_namespace,
+        max_wait=settings.hold_max_wait_seconds,
+        keep_alive=settings.hold_keep_alive_seconds,
+    )
+
+
+def create_app(
+    settings: GatewaySettings, source: RouteSource | None = None, demand: DemandSink | None = None
+) -> FastAPI:
+    """`demand`: where the demand for models at zero goes; default: their demand Leases when watching the
+    cluster, nowhere with a routes file (servlane_gateway.demand_lease)."""
     timeouts = Timeouts(settings.connect_timeout, settings.first_byte_timeout, settings.idle_timeout)
     state = GatewayState(
         metrics=GatewayMetrics(),
@@ -242,6 +258,11 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
     state.endpoints = EndpointRouter(state.metrics)
     # The pods behind each AIModel's Service, when watching the cluster; else its Service URL is called.
     slices = EndpointSliceSource(settings.namespaces) if isinstance(routes, KubeRouteSource) else None
+    limits = hold_limits_for(settings)
+    if limits.per_model > 0 and limits.per_namespace > 0:  # else a model with no ready pod is a 503 at once
+        if demand is None:
+            demand = KubeDemandLease() if isinstance(routes, KubeRouteSource) else NoDemand()
+        state.hold = HoldQueue(state.endpoints, state.metrics, limits, demand, settings.unavailable_retry_after)
     serving = plain_name_namespaces(settings, own_namespace)
     log.info(
         "plain model names resolve in namespace(s) %s for callers whose API key names no namespace (a name "
@@ -263,6 +284,13 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
                 log.warning(line)
         state.table = table
         state.metrics.set_weights(table)
+        if state.hold is not None:
+            state.hold.table_changed(table)
+
+    def on_services(services: Services) -> None:
+        state.endpoints.update(services)
+        if state.hold is not None:
+            state.hold.poke()  # a pod that became ready releases the requests held for its model now
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -275,7 +303,7 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
         await limiter.start()
         await cache.start()
         if slices is not None:
-            await slices.start(state.endpoints.update)
+            await slices.start(on_services)
         await routes.start(on_table)
         # uvicorn lets a process take connections once this startup returns: waiting for the routes here keeps
         # a worker that starts (or is restarted) next to serving ones from answering 404 for every model.
@@ -297,6 +325,8 @@ def create_app(settings: GatewaySettings, source: RouteSource | None = None) -> 
             await routes.stop()
             if slices is not None:
                 await slices.stop()
+            if state.hold is not None:
+                await state.hold.aclose()
             await limiter.aclose()
             await cache.aclose()
             await state.pool.aclose()

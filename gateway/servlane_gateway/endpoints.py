@@ -30,6 +30,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import replace
 from typing import Any
 
 from servlane_api.children import child_name
@@ -57,6 +58,9 @@ SLICE_CONTROLLER = "endpointslice-controller.k8s.io"  # the control plane's, for
 SLICE_SELECTOR = f"{SERVICE_NAME_LABEL},{MODEL_LABEL},{MANAGED_BY_LABEL}={SLICE_CONTROLLER}"
 SLICES = Resource("discovery.k8s.io", "v1", "endpointslices", SLICE_SELECTOR)
 PORT_NAME = "http"  # the operator's Service port
+# How long a pod whose /ready answered 200 takes requests while its slice still says not ready: past the
+# kubelet's readiness probe (every 5 s) and the slice update, after which the slice's word stands.
+PROBED_READY_SECONDS = 30.0
 ServiceKey = tuple[str, str]  # (namespace, service)
 Services = dict[ServiceKey, tuple[Endpoint, ...]]
 
@@ -321,12 +325,21 @@ class EndpointRouter:
         self.clock = clock
         self.rng = rng or random.Random()
         self._series: dict[str, tuple[str, str, str]] = {}  # address -> metric labels in use
+        # Pods (addresses) the slices list as not ready yet whose runtime's /ready answered 200 when asked
+        # (servlane_gateway.hold), and backends without slices (called at their URL) likewise: since when.
+        # They take requests before the kubelet's next readiness probe says so, for PROBED_READY_SECONDS.
+        self._probed_pods: dict[str, float] = {}
+        self._probed_urls: dict[str, float] = {}
 
     def update(self, services: Services) -> None:
         """A new view of the slices: takes effect for the next pick."""
         self.services = services
         present = self._present = frozenset(e.address for endpoints in services.values() for e in endpoints)
         self.outliers.forget(present)
+        if self._probed_pods:  # the slices caught up (or the pod left): their word stands from now on
+            settled = {e.address for endpoints in services.values() for e in endpoints if e.ready or e.terminating}
+            for address in [a for a in self._probed_pods if a not in present or a in settled]:
+                del self._probed_pods[address]
         for address in [a for a in self._series if a not in present and not self.in_flight[a]]:
             self._drop_series(address)
 
@@ -334,11 +347,40 @@ class EndpointRouter:
         key = _service_key(backend.base_url) if backend.base_url else None
         return self.services.get(key) if key is not None else None
 
+    def is_live(self, backend: Backend) -> bool:
+        """Whether `backend` has a pod to take a request now: one its slices say is ready, or one whose
+        /ready answered 200 (mark_probed); without slices, its URL's /ready answered 200."""
+        endpoints = self.endpoints_of(backend)
+        if endpoints is None:
+            return self._probed_recently(self._probed_urls.get(backend.base_url))
+        return any(e.eligible or self._probed_pod(e) for e in endpoints)
+
+    def probe_targets(self, backend: Backend) -> list[tuple[str, str]]:
+        """(key, base URL) of each target whose /ready to ask while requests wait for `backend`: the pods
+        its slices list as not ready yet and not terminating; without slices, its URL."""
+        endpoints = self.endpoints_of(backend)
+        if endpoints is None:
+            return [(backend.base_url, backend.base_url)] if backend.base_url else []
+        return [(e.address, e.base_url) for e in endpoints if not e.ready and not e.terminating]
+
+    def mark_probed(self, backend: Backend, key: str) -> None:
+        """A probe target of `backend` (a key from probe_targets) answered /ready with 200."""
+        probed = self._probed_urls if self.endpoints_of(backend) is None else self._probed_pods
+        probed[key] = self.clock()
+
+    def _probed_pod(self, endpoint: Endpoint) -> bool:
+        return not endpoint.terminating and self._probed_recently(self._probed_pods.get(endpoint.address))
+
+    def _probed_recently(self, at: float | None) -> bool:
+        return at is not None and self.clock() - at < PROBED_READY_SECONDS
+
     def choose(self, backend: Backend, policy: str, prefix: str | None, exclude: Collection[str] = ()) -> Lease | None:
         """The target of the next attempt on `backend`, counted in flight; None when every target of it
         was tried already (`exclude` holds the tried leases' keys)."""
         endpoints = self.endpoints_of(backend)
         eligible = [e for e in endpoints or () if e.eligible]
+        if self._probed_pods and endpoints:
+            eligible += [replace(e, ready=True) for e in endpoints if not e.eligible and self._probed_pod(e)]
         if not eligible:  # nothing known, or nothing ready: the Service URL, as without slices
             return None if backend.base_url in exclude else self._start(Lease(self, backend, None))
         now = self.clock()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -35,6 +36,7 @@ from servlane_core.routing.picking import pick_backend
 from servlane_core.routing.prompt_prefix import prompt_prefix
 from servlane_core.routing.routes import Backend, Route, RouteTable
 from servlane_core.routing.sticky_share import StickyShareGuard
+from servlane_core.routing.waking import waking_pick
 from servlane_core.tracing import NO_SPANS, Phase, RequestSpans, spans_of
 from servlane_gateway.access import KeyRing, route_for
 from servlane_gateway.cache_store import Leading, ResponseCacher
@@ -42,6 +44,8 @@ from servlane_gateway.client_watch import ClientGone, unless_client_leaves
 from servlane_gateway.console.recent import RequestLog
 from servlane_gateway.endpoints import EndpointRouter, Lease
 from servlane_gateway.gateway_metrics import NONE, GatewayMetrics, exemplar
+from servlane_gateway.held_stream import HeldStreamResponse
+from servlane_gateway.hold import HoldQueue
 from servlane_gateway.proxy import (
     CLIENT_GONE,
     COMPLETED,
@@ -95,6 +99,7 @@ class GatewayState:
     # Picks the pod of each attempt; without EndpointSlices it hands back the backend's Service URL.
     endpoints: EndpointRouter = field(default_factory=EndpointRouter)
     recent: RequestLog | None = None  # with the console on: its slow/failed requests and per-model rates
+    hold: HoldQueue | None = None  # requests waiting for a model with no ready pod; None: 503 at once
 
 
 @dataclass
@@ -228,24 +233,33 @@ async def handle(state: GatewayState, request: Request, endpoint: str) -> Respon
             call.release()  # a stream's pod is released when its relay ends; no relay follows an error
             raise
     except (ClientGone, ClientDisconnect):
-        call.settle(None)  # the backend may have generated before the call was cancelled
-        state.metrics.record(
-            call.namespace, call.feature, call.model, CLIENT_CLOSED, time.perf_counter() - call.started
-        )
-        _note(state, call, CLIENT_CLOSED, time.perf_counter() - call.started)
+        _client_left(state, call)
         return Response(status_code=CLIENT_CLOSED)  # nobody reads it; the connection is gone
     except OpenAIError as exc:
         error = exc
     except Exception:  # a bug: still one error shape, and still counted
         log.exception("unexpected error while proxying%s", _trace_note(spans_of(request.scope)))
         error = OpenAIError(500, "The gateway had an error while processing your request.", type="server_error")
+    _failed(state, call, error)
+    return error_response(error)
+
+
+def _client_left(state: GatewayState, call: Call) -> None:
+    call.release()
+    call.settle(None)  # the backend may have generated before the call was cancelled
+    state.metrics.record(call.namespace, call.feature, call.model, CLIENT_CLOSED, time.perf_counter() - call.started)
+    _note(state, call, CLIENT_CLOSED, time.perf_counter() - call.started)
+
+
+def _failed(state: GatewayState, call: Call, error: OpenAIError) -> None:
+    """Counts a request that ended with the gateway's own error (`error`), and settles its admission."""
+    call.release()
     # A timed-out backend may have generated; every other error here means no backend answer to charge.
     call.settle(None if error.status == 504 else 0)
     reason = {503: "upstream_unavailable", 502: "upstream_unavailable", 504: "upstream_timeout"}.get(error.status)
     elapsed = time.perf_counter() - call.started
     state.metrics.record(call.namespace, call.feature, call.model, error.status, elapsed, reason)
     _note(state, call, error.status, elapsed, reason)
-    return error_response(error)
 
 
 def _note(
@@ -299,6 +313,8 @@ async def _forward(
     backend = pick.backend
     if pick.unpinned and backend is not None:
         state.metrics.sticky_unpinned.labels(route.namespace, route.name, backend.model).inc()
+    if backend is None and state.hold is not None and (waking := waking_pick(route, sticky)) is not None:
+        return await _when_ready(state, request, endpoint, call, route, body, priority, sticky, waking)
     # After admission, so the limits hold for answers from the cache too (they are charged no tokens).
     key = lookup_key(body, endpoint, route, backend) if state.cache is not None else None
     if state.cache is not None and key is not None and (entry := await state.cache.get(key)) is not None:
@@ -319,6 +335,44 @@ async def _forward(
         return await to_backend()
     finally:
         state.cache.release(call.leading)
+
+
+async def _when_ready(
+    state: GatewayState,
+    request: Request,
+    endpoint: str,
+    call: Call,
+    route: Route,
+    body: dict[str, Any],
+    priority: str | None,
+    sticky: str | None,
+    backend: Backend,
+) -> Response:
+    """No backend of the route is ready, `backend` (picked by weight among the waking ones) is on its way:
+    the request goes to it now if a pod of it already takes requests, else once one does (held: see
+    servlane_gateway.hold). A held stream gets its response head at once (held_stream). Not answered from
+    the response cache: the request has waited for a model that was not up, nothing identical was answered."""
+    assert state.hold is not None
+    send_to = partial(_to_backend, state, request, endpoint, call, route, body, priority)
+    if state.endpoints.is_live(backend):
+        return await send_to(backend, None, sticky)
+    ticket = state.hold.enter(backend)  # 429 when its model's or namespace's queue is full
+    call.model = backend.model
+    if body.get("stream") is True and endpoint in STREAMING_ENDPOINTS:
+        forward = partial(_forward_released, send_to, sticky)
+        failed, left = partial(_failed, state, call), partial(_client_left, state, call)
+        return HeldStreamResponse(ticket, state.hold.limits.keep_alive, forward, failed, left)
+    try:
+        released = await unless_client_leaves(request.scope, request.receive, ticket.wait())
+    finally:
+        ticket.leave()
+    return await send_to(released, None, sticky)
+
+
+async def _forward_released(
+    send_to: Callable[[Backend, CacheKey | None, str | None], Awaitable[Response]], sticky: str | None, backend: Backend
+) -> Response:
+    return await send_to(backend, None, sticky)
 
 
 def _from_cache(state: GatewayState, call: Call, request: Request, entry: Entry, how: str) -> Response:

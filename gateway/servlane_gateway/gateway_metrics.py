@@ -34,6 +34,12 @@ CACHE_EVICTIONS = "servlane_gateway_response_cache_evictions_total"
 ENDPOINT_IN_FLIGHT = "servlane_gateway_endpoint_in_flight"
 ENDPOINT_PICKS = "servlane_gateway_endpoint_picks_total"
 ENDPOINT_EJECTIONS = "servlane_gateway_endpoint_ejections_total"
+# Requests held for a model with no ready pod (servlane_gateway.hold): the gateway's own series, so they
+# exist while no pod of the model does.
+REQUESTS_HELD = "servlane_gateway_requests_held"
+HOLD_SECONDS = "servlane_gateway_hold_seconds"
+HOLD_REJECTIONS = "servlane_gateway_hold_rejections_total"
+HOLD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0)
 # The API keys file (servlane_gateway.access): 1 while the file in use parses, 0 while a broken one
 # refuses every request; and when it was last (re)loaded, parsed or not.
 KEYS_FILE_VALID = "servlane_gateway_keys_file_valid"
@@ -155,6 +161,21 @@ class GatewayMetrics:
         self.endpoint_ejections = Counter(
             _base(ENDPOINT_EJECTIONS, "_total"), "Times a pod was ejected for failing (outlier detection).", pod,
             registry=r,
+        )  # fmt: skip
+
+        self.requests_held = Gauge(
+            REQUESTS_HELD, "Requests held now for a model with no ready pod, waiting for one.",
+            ["namespace", "model"], registry=r, multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.hold_seconds = Histogram(
+            HOLD_SECONDS, "How long held requests waited for a ready pod (released, refused or abandoned).",
+            ["namespace"], buckets=HOLD_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.hold_rejections = Counter(
+            _base(HOLD_REJECTIONS, "_total"),
+            "Requests for a model with no ready pod that were not held (queue full) or stopped being held "
+            "(waited too long, model gone), by reason.",
+            ["namespace", "reason"], registry=r,
         )  # fmt: skip
 
         # Label children cached per label values: `.labels()` takes a lock and builds a key on every call,

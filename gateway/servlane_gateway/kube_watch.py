@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from servlane_api import GROUP, VERSION, AIFeature, AIModel
 from servlane_api.children import DEFAULT_CLUSTER_DOMAIN
-from servlane_core.routing.routes import RouteTable, build_route_table
+from servlane_core.routing.routes import WAKING_PHASES, RouteTable, build_route_table
 from servlane_gateway.sources import OnTable, parse_object, split_kinds
 
 log = logging.getLogger(__name__)
@@ -89,9 +89,10 @@ READY = "Ready"
 def routing_view(obj: dict[str, Any], valid: bool = True) -> tuple[Any, ...]:
     """What the route table reads of an object (servlane_core.routing.routes): its kind, namespace and
     name, whether it is valid, its spec, and the status fields routing reads (an AIModel's endpoint,
-    served name and Ready condition; a feature's weights). Two versions of an object with the same view
-    build the same routes, so a change of anything else (annotations, labels, managedFields,
-    resourceVersion, the phase or replica counts) needs no rebuild. Keep it in step with routes.py."""
+    served name and Ready condition, and while it is not ready whether its phase wakes it (routes.can_wake:
+    requests then wait for it); a feature's weights). Two versions of an object with the same view build the
+    same routes, so a change of anything else (annotations, labels, managedFields, resourceVersion, the
+    phase of a ready model, replica counts) needs no rebuild. Keep it in step with routes.py."""
     meta = obj.get("metadata") or {}
     kind = obj.get("kind")
     status = obj.get("status") or {}
@@ -99,6 +100,8 @@ def routing_view(obj: dict[str, Any], valid: bool = True) -> tuple[Any, ...]:
     if kind == "AIModel":
         conditions = status.get("conditions") or []
         read[READY] = [c.get("status") for c in conditions if isinstance(c, dict) and c.get("type") == READY]
+        if read[READY] != ["True"]:
+            read["wakes"] = status.get("phase") in WAKING_PHASES
     return (kind, meta.get("namespace", "default"), meta.get("name", ""), valid, obj.get("spec"), read)
 
 

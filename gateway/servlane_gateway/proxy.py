@@ -197,10 +197,15 @@ class RelayResponse(Response):
         self.tap = tap  # gets every chunk as the backend sent it (the response cache records the stream)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.relay(scope, receive, send)
+
+    async def relay(self, scope: Scope, receive: Receive, send: Send, headers_sent: bool = False) -> None:
+        """The relay; `headers_sent`: the client already has its response head (a held stream's, sent
+        before its backend was up: servlane_gateway.held_stream), so only the body follows."""
         result = StreamResult()
         scanner = UsageScanner(self.strip_usage)
         try:
-            await unless_client_leaves(scope, receive, self._relay(send, result, scanner))
+            await unless_client_leaves(scope, receive, self._relay(send, result, scanner, headers_sent))
         except (ClientGone, OSError):  # OSError: a send failed, the client went away mid-send
             result.outcome = CLIENT_GONE
         finally:
@@ -215,8 +220,9 @@ class RelayResponse(Response):
                 result.outcome = STREAM_ERROR  # a failure the client sees, though the status was 200
             self.on_done(result)
 
-    async def _relay(self, send: Send, result: StreamResult, scanner: UsageScanner) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+    async def _relay(self, send: Send, result: StreamResult, scanner: UsageScanner, headers_sent: bool) -> None:
+        if not headers_sent:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         ending = b""
         while True:
             wait = self.timeouts.first_byte if result.first_chunk_at is None else self.timeouts.idle

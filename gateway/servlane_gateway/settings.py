@@ -160,6 +160,30 @@ class GatewaySettings(BaseModel):
     )
     unavailable_retry_after: float = Field(default=5.0, gt=0, description="Retry-After when no backend is ready.")
     reload_poll_seconds: float = Field(default=0.2, gt=0, description="How often the files are checked.")
+    hold_max_per_model: int = Field(
+        default=100,
+        ge=0,
+        le=100_000,
+        description="Requests held at once for one AIModel with no ready pod (at zero, or starting) while it "
+        "wakes; more: 429 with Retry-After. 0: never hold (503 at once). Per gateway process.",
+    )
+    hold_max_per_namespace: int = Field(
+        default=200,
+        ge=0,
+        le=1_000_000,
+        description="Requests held at once for all of one namespace's models; more: 429 with Retry-After "
+        "(one team's flood never takes another's places). Per gateway process.",
+    )
+    hold_max_wait_seconds: float = Field(
+        default=300.0, gt=0, le=3600, description="Longest a request is held for a pod; then 503 with Retry-After."
+    )
+    hold_keep_alive_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description="A held stream gets its 200 head at once and an SSE comment this often while it waits, so "
+        "proxies and SDKs do not time it out.",
+    )
     log_level: str = "info"
     batch_database_url: SecretStr | None = Field(
         default=None,

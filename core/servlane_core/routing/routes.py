@@ -39,6 +39,7 @@ class Backend:
     ready: bool
     weight: int
     version: str = ""  # model_version.answer_version of its spec: keys the gateway's response cache
+    wakes: bool = False  # not ready, but its pods are on their way: requests are held (waking.can_wake)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,18 @@ def is_ready(model: AIModel) -> bool:
     return ready and bool(model.status.endpoint)
 
 
+WAKING_PHASES = ("Pending", "Deploying")
+
+
+def can_wake(model: AIModel) -> bool:
+    """Whether a request for this not-ready model waits for its pods rather than getting a 503 (see
+    servlane_core.routing.waking): its pods are on their way and it has an endpoint; not when it is fixed at
+    `spec.replicas: 0`, which nothing scales back."""
+    if not model.status.endpoint or model.status.phase not in WAKING_PHASES:
+        return False
+    return not (model.spec.autoscaling is None and model.spec.replicas == 0)
+
+
 def _served_name(model: AIModel) -> str:
     return model.status.served_model_name or model.served_model_name
 
@@ -114,6 +127,7 @@ def _backend(model: AIModel, weight: int, adapter: str | None = None, cluster_do
         ready=is_ready(model) and listed,
         weight=weight,
         version=answer_version(model.spec) + ("" if adapter is None else f":{adapter}"),
+        wakes=listed and can_wake(model),
     )
 
 

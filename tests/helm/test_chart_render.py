@@ -174,7 +174,8 @@ def test_namespaced_operator_without_prometheus_may_read_pods_cluster_wide(helm:
     assert ("apps", "deployments", "create") not in cluster
 
 
-def test_gateway_rbac_is_read_only(helm: Helm) -> None:
+def test_gateway_rbac_reads_routing_and_writes_only_leases(helm: Helm) -> None:
+    """Read-only but for the demand Leases of the models it holds requests for (servlane_gateway.demand_lease)."""
     for objects, kind in (
         (helm.template(), "ClusterRole"),
         (helm.template(CHART / "ci/namespaced-values.yaml"), "Role"),
@@ -184,7 +185,9 @@ def test_gateway_rbac_is_read_only(helm: Helm) -> None:
         for role in roles:
             assert rule_set(role["rules"]) == {
                 ("servlane.dev", res, verb) for res in ("aifeatures", "aimodels") for verb in ("get", "list", "watch")
-            } | {("discovery.k8s.io", "endpointslices", verb) for verb in ("list", "watch")}
+            } | {("discovery.k8s.io", "endpointslices", verb) for verb in ("list", "watch")} | {
+                ("coordination.k8s.io", "leases", verb) for verb in ("get", "create", "update", "patch")
+            }
 
 
 @pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)

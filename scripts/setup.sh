@@ -9,7 +9,8 @@
 #            (scripts/install-ml.sh), then the package (operator, runtime, cli and dev extras) and devtools/, editable;
 #   cluster: the local Kubernetes control plane, helm and kubectl from Go modules (localcluster/build.sh, about
 #            15 minutes cold on 2 cores, then cached under ~/.cache/servlane), Jaeger for the tracing tests
-#            (localcluster/build-jaeger.sh), the real worker node
+#            (localcluster/build-jaeger.sh), SeaweedFS for the s3:// tests (scripts/build-seaweedfs.sh), the real
+#            worker node
 #            (localcluster/build-node.sh) and its NetworkPolicy enforcer (localcluster/build-netpol.sh);
 #   images:  the container images (scripts/build-images.sh: docker, cached by a content key of their inputs).
 # They share nothing but the cores: run one after the other they took 85 minutes on a fresh 2-core machine,
@@ -102,6 +103,8 @@ cluster_chain() {
   echo "setup: local control plane binaries in $(localcluster/build.sh)"
   # The trace backend the tracing tests export to and query (Jaeger v2, an OpenTelemetry Collector build).
   echo "setup: Jaeger in $(localcluster/build-jaeger.sh)"
+  # The S3-compatible store the s3:// model-source tests fetch from (SeaweedFS's weed, about 12 minutes cold).
+  echo "setup: SeaweedFS in $(scripts/build-seaweedfs.sh)"
   if [[ $real_node == 1 ]]; then
     # The real worker node (kubelet, kube-proxy, containerd, runc, CoreDNS from Go modules) where
     # e2e/test_real_*.py run pods for real, and its NetworkPolicy enforcer (kube-router, firewall only).

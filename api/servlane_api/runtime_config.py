@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from servlane_api.s3_source import S3Settings
+
 ENV_VAR = "SERVLANE_RUNTIME_CONFIG"
 DEFAULT_PORT = 8000
 # /metrics on a port of its own, never the API's: a scraper admitted to it is not admitted to the model's
@@ -36,6 +38,8 @@ class RuntimeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model_source: str = Field(description="A local path, or hf://org/name[@revision], or s3://bucket/path.")
+    # For s3:// sources: the store's endpoint, region, addressing style and stall timeout (credentials: env).
+    s3: S3Settings = Field(default_factory=S3Settings)
     served_model_name: str
     engine: Literal["vllm", "transformers"]
     task: Literal["generate", "embed"] = "generate"

@@ -20,7 +20,7 @@ from collections.abc import AsyncGenerator, Callable
 from typing import Any, Literal
 
 from servlane_api.runtime_config import RuntimeConfig
-from servlane_api.runtime_exit import ENGINE_DIED, MODEL_LOAD_FAILED
+from servlane_api.runtime_exit import ENGINE_DIED, MODEL_LOAD_FAILED, MODEL_SOURCE_FAILED
 from servlane_core.protocol.errors import OpenAIError, overloaded
 
 from .adapters import AdapterHost
@@ -32,7 +32,7 @@ from .engines.base import (
     SamplingOptions,
     ToolCallParser,
 )
-from .model_source import resolve_model_source
+from .model_source import ModelSourceError, resolve_model_source
 from .startup import StartupClock
 from .termination import redact, secret_values
 
@@ -102,6 +102,10 @@ class ModelHost:
         except TimeoutError:
             self._fatal(MODEL_LOAD_FAILED, f"loading did not finish within load_timeout_seconds={timeout:g}")
             return
+        except ModelSourceError as exc:
+            # The files cannot be had: the message names the source and quotes its store (AIModel: ModelSourceFailed).
+            self._fatal(MODEL_SOURCE_FAILED, str(exc))
+            return
         except Exception as exc:
             # What it was doing says where (e.g. which directory) when the error itself does not.
             self._fatal(MODEL_LOAD_FAILED, f"{self.reason} failed: {type(exc).__name__}: {exc}")
@@ -123,7 +127,7 @@ class ModelHost:
         source = self.config.model_source
         self.reason = f"resolving model source {source}"
         log.info(self.reason)
-        path = await asyncio.to_thread(resolve_model_source, source, self.config.cache_dir)
+        path = await asyncio.to_thread(resolve_model_source, source, self.config.cache_dir, self.config.s3)
         self.startup.mark("weights_fetched")
         self.reason = f"loading {self.config.engine} engine from {path}"
         log.info(self.reason)

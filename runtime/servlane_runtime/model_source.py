@@ -1,8 +1,11 @@
 """Turn a RuntimeConfig.model_source into a local directory of model files.
 
-Supported: a local or mounted path, and `hf://org/name[@revision]` through huggingface_hub's
-snapshot_download into the configured cache dir. huggingface_hub itself honours HF_HUB_OFFLINE
-(serve only what the cache holds) and HF_TOKEN (gated/private models).
+Supported: a local or mounted path; `hf://org/name[@revision]` through huggingface_hub's
+snapshot_download into the configured cache dir (huggingface_hub honours HF_HUB_OFFLINE, serve only what
+the cache holds, and HF_TOKEN, gated/private models; its own per-file locks and `.incomplete` files keep
+runtimes that share the cache from fetching a file twice or loading a half-written one); and
+`s3://bucket/prefix` from any S3-compatible store (servlane_runtime.sources.s3: one shared, locked copy
+in the cache dir). Every failure is a ModelSourceError whose message names the source.
 """
 
 from __future__ import annotations
@@ -10,9 +13,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from servlane_api.s3_source import S3Settings
 
-class ModelSourceError(Exception):
-    """The model files cannot be had; the message is shown in /ready and the logs."""
+from .sources.errors import ModelSourceError
+
+__all__ = ["HubSource", "ModelSourceError", "parse_hub_source", "resolve_model_source"]
 
 
 @dataclass(frozen=True)
@@ -29,12 +34,15 @@ def parse_hub_source(source: str) -> HubSource:
     return HubSource(repo_id, revision or None)
 
 
-def resolve_model_source(source: str, cache_dir: str) -> str:
-    """A local directory holding the model; downloads from the Hub when the source says so (blocking)."""
+def resolve_model_source(source: str, cache_dir: str, s3: S3Settings | None = None) -> str:
+    """A local directory holding the model; downloads from the Hub or an S3 store when the source says so
+    (blocking). `s3`: where and how an s3:// source is fetched (default: AWS S3)."""
     if source.startswith("hf://"):
         return _download(parse_hub_source(source), cache_dir)
     if source.startswith("s3://"):
-        raise ModelSourceError("s3:// model sources are not supported by this runtime yet; mount the files instead")
+        from .sources import s3 as s3_source  # minio and urllib3: only runtimes that fetch from S3 import them
+
+        return s3_source.fetch(source, cache_dir, s3 or S3Settings())
     path = source.removeprefix("file://")
     if not os.path.isdir(path):
         raise ModelSourceError(f"model path {path!r} does not exist or is not a directory")

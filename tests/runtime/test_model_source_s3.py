@@ -1,0 +1,160 @@
+"""s3:// sources fetched from a real S3-compatible store (SeaweedFS, tests/fixtures/s3_server.py) into the cache.
+
+Downloads are counted from the store's own log (one `GetObjectHandler` line per object GET it served) and, for
+a resumed transfer, from the bytes that crossed a proxy on the wire: never from the runtime's own counters.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from servlane_api.s3_source import S3Settings
+from servlane_runtime.model_source import ModelSourceError, resolve_model_source
+from servlane_runtime.sources import cache
+from servlane_runtime.sources.s3 import fetch
+from tests.fixtures import s3_server as s3_fixtures
+from tests.fixtures.s3_server import S3Server, StallingProxy
+
+s3_server = s3_fixtures.s3_server  # the module's SeaweedFS
+
+BUCKET = "models"
+PREFIX = "tiny/llama"
+SOURCE = f"s3://{BUCKET}/{PREFIX}"
+
+
+@pytest.fixture(scope="module")
+def uploaded(s3_server: S3Server, tiny_llama_dir: Path) -> list[str]:
+    return s3_server.upload_dir(tiny_llama_dir, BUCKET, PREFIX)
+
+
+@pytest.fixture
+def admin_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in s3_server.admin.env().items():
+        monkeypatch.setenv(name, value)
+
+
+def settings(endpoint: str, stall: float = 60) -> S3Settings:
+    return S3Settings(endpoint=endpoint, region="us-east-1", path_style=True, stall_timeout_seconds=stall)
+
+
+def gets_of(server: S3Server, keys: list[str]) -> dict[str, int]:
+    seen = server.object_gets(BUCKET)
+    return {key: seen.count(key) for key in keys}
+
+
+def same_files(local: Path, fetched: Path) -> bool:
+    names = sorted(p.name for p in local.iterdir())
+    _, mismatch, errors = filecmp.cmpfiles(local, fetched, names, shallow=False)
+    return not mismatch and not errors and sorted(p.name for p in fetched.iterdir()) == names
+
+
+@pytest.mark.usefixtures("admin_env")
+def test_every_file_is_fetched_once_and_a_complete_cache_fetches_nothing(
+    s3_server: S3Server, uploaded: list[str], tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    before = gets_of(s3_server, uploaded)
+    path = Path(resolve_model_source(SOURCE, str(tmp_path), settings(s3_server.endpoint)))
+    assert same_files(tiny_llama_dir, path)
+    assert gets_of(s3_server, uploaded) == {key: before[key] + 1 for key in uploaded}
+    marker = json.loads((path.parent / cache.MARKER).read_text())
+    assert marker["source"] == SOURCE
+    assert set(marker["files"]) == {key.rsplit("/", 1)[1] for key in uploaded}
+
+    again = Path(resolve_model_source(SOURCE, str(tmp_path), settings(s3_server.endpoint)))
+    assert again == path
+    assert gets_of(s3_server, uploaded) == {key: before[key] + 1 for key in uploaded}  # nothing downloaded
+
+
+@pytest.mark.usefixtures("admin_env")
+def test_a_stalled_transfer_fails_in_seconds_and_the_next_fetch_resumes_it_with_a_range(
+    s3_server: S3Server, uploaded: list[str], tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    weights = tiny_llama_dir / "model.safetensors"
+    total = sum(p.stat().st_size for p in tiny_llama_dir.iterdir())
+    upstream = ("127.0.0.1", int(s3_server.endpoint.rsplit(":", 1)[1]))
+    # The answers stop after ~700 kB: inside model.safetensors (1.8 MB), the files before it sorted by name.
+    with StallingProxy(upstream, budget=700_000) as proxy:
+        started = time.monotonic()
+        with pytest.raises(ModelSourceError) as failed:
+            fetch(SOURCE, str(tmp_path), settings(proxy.endpoint, stall=2))
+        took = time.monotonic() - started
+        assert took < 15, f"a stalled transfer took {took:.1f}s to fail"
+        message = str(failed.value)
+        assert message.startswith(f"{SOURCE}/model.safetensors: stalled: no data for 2s"), message
+        entry = cache.entry_dir(str(tmp_path), "s3", proxy.endpoint, SOURCE)
+        assert not (entry / cache.MARKER).exists()  # half written: never loaded
+        (part,) = (entry / "incoming").glob("model.safetensors.*.partial")
+        kept = part.stat().st_size
+        assert 100_000 < kept < weights.stat().st_size
+
+        gets_before = s3_server.object_gets(BUCKET).count(f"{PREFIX}/model.safetensors")
+        proxy.reset()  # the network heals; the same endpoint, so the same cache entry
+        path = Path(fetch(SOURCE, str(tmp_path), settings(proxy.endpoint)))
+        delivered = proxy.delivered
+    assert same_files(tiny_llama_dir, path)
+    # Only what was missing crossed the wire (plus the listing's and the answers' headers): the bytes kept
+    # were not fetched again, nor the files completed before the stall.
+    assert delivered < total - kept + 20_000, (delivered, total, kept)
+    assert s3_server.object_gets(BUCKET).count(f"{PREFIX}/model.safetensors") == gets_before + 1
+
+
+@pytest.mark.usefixtures("admin_env")
+def test_two_fetches_at_once_on_one_cache_fetch_each_file_once(
+    s3_server: S3Server, uploaded: list[str], tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    before = gets_of(s3_server, uploaded)
+    results: list[str | BaseException] = []
+
+    def fetch_into_the_shared_cache() -> None:
+        try:
+            results.append(fetch(SOURCE, str(tmp_path), settings(s3_server.endpoint)))
+        except BaseException as exc:  # reported below
+            results.append(exc)
+
+    threads = [threading.Thread(target=fetch_into_the_shared_cache) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(results) == 2, results
+    assert all(isinstance(r, str) for r in results), results
+    assert results[0] == results[1]
+    assert same_files(tiny_llama_dir, Path(str(results[0])))
+    assert gets_of(s3_server, uploaded) == {key: before[key] + 1 for key in uploaded}
+
+
+@pytest.mark.usefixtures("admin_env")
+def test_a_cache_without_its_marker_is_fetched_again_and_files_the_store_no_longer_lists_go(
+    s3_server: S3Server, uploaded: list[str], tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    path = Path(fetch(SOURCE, str(tmp_path), settings(s3_server.endpoint)))
+    (path / "model.safetensors").write_bytes(b"half written")
+    (path / "old-shard.safetensors").write_bytes(b"from an older version")
+    (path.parent / cache.MARKER).unlink()  # as a fetch that died before its end leaves it
+    before = gets_of(s3_server, uploaded)
+    again = Path(fetch(SOURCE, str(tmp_path), settings(s3_server.endpoint)))
+    assert same_files(tiny_llama_dir, again)
+    assert gets_of(s3_server, uploaded) == {key: before[key] + 1 for key in uploaded}
+
+
+def test_object_names_that_would_leave_the_cache_are_refused() -> None:
+    from servlane_runtime.sources.s3 import S3Path, _safe_name
+
+    path = S3Path("b", "p")
+    assert _safe_name(path, "sub/config.json") == "sub/config.json"
+    for name in ("../escape", "a/../../escape", "a//b", "./x", "a/.", "x\x00y"):
+        with pytest.raises(ModelSourceError, match="not a safe relative path"):
+            _safe_name(path, name)
+
+
+def test_one_of_the_two_keys_alone_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKONLYTHEID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+    with pytest.raises(ModelSourceError, match="AWS_SECRET_ACCESS_KEY is not set"):
+        fetch(SOURCE, str(tmp_path), settings("http://127.0.0.1:9"))

@@ -80,7 +80,10 @@ class GatewayProcess:
         served (a Prometheus may scrape a fixed one); None: a free port."""
         metrics_port = metrics_port or free_port()
         command = [sys.executable, "-m", "servlane_gateway", "--watch", "--host", "127.0.0.1", "--port", str(port),
-                   "--metrics-port", str(metrics_port), "--first-byte-timeout", "10", *args]  # fmt: skip
+                   "--metrics-port", str(metrics_port), "--first-byte-timeout", "10",
+                   # No node runs these models' pods: a request for one that is Deploying is held this long
+                   # (not the default 300 s), then a 503 as before holding.
+                   "--hold-max-wait-seconds", "3", *args]  # fmt: skip
         with log.open("ab") as out:
             proc = subprocess.Popen(
                 command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,

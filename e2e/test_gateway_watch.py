@@ -51,7 +51,8 @@ def set_model_status(kube: Kube, ns: str, name: str, ready: bool, endpoint: str 
     status = {
         "endpoint": f"{endpoint or service_url(ns, name)}/v1",
         "servedModelName": name,
-        "phase": "Ready" if ready else "Deploying",
+        # Not ready and not on its way: refused at once (a Deploying model's requests would wait for its pods).
+        "phase": "Ready" if ready else "Degraded",
         "conditions": [{"type": "Ready", "status": "True" if ready else "False", "reason": "Test", "message": "",
                         "lastTransitionTime": "2026-01-01T00:00:00Z"}],
     }  # fmt: skip

@@ -95,7 +95,7 @@ class KubeDemandLease:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="demand-lease")
         self._pending: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
-        self.writes = 0  # Lease writes done (the tests read it)
+        self.writes = 0  # Leases created or renewed (the tests read it)
 
     def signal(self, namespace: str, model: str) -> None:
         key = (namespace, model)
@@ -122,15 +122,16 @@ class KubeDemandLease:
 
     def _write(self, namespace: str, model: str) -> None:
         try:
-            self._write_lease(namespace, model)
-            self.writes += 1
+            if self._write_lease(namespace, model):
+                self.writes += 1
         except Exception as exc:  # the next renewal tries again; the held requests wait on regardless
             log.warning("could not write the demand Lease of %s/%s: %s", namespace, model, _reason(exc))
         finally:
             with self._lock:
                 self._pending.discard((namespace, model))
 
-    def _write_lease(self, namespace: str, model: str) -> None:
+    def _write_lease(self, namespace: str, model: str) -> bool:
+        """Creates or renews the Lease; False when one the gateway did not write holds its name."""
         from kubernetes.client.exceptions import ApiException
 
         api = self._client()
@@ -143,7 +144,7 @@ class KubeDemandLease:
                 raise
             try:
                 api.create_namespaced_lease(namespace, body)
-                return
+                return True
             except ApiException as created:
                 if created.status != 409:  # another gateway replica created it meanwhile: renew it below
                     raise
@@ -154,8 +155,9 @@ class KubeDemandLease:
                 "left alone, so requests held for AIModel %s do not wake it",
                 namespace, name, model,
             )  # fmt: skip
-            return
+            return False
         api.patch_namespaced_lease(name, namespace, {"spec": body["spec"]})
+        return True
 
 
 def _json(response: Any) -> dict[str, Any]:

@@ -158,3 +158,28 @@ def test_one_of_the_two_keys_alone_is_refused(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
     with pytest.raises(ModelSourceError, match="AWS_SECRET_ACCESS_KEY is not set"):
         fetch(SOURCE, str(tmp_path), settings("http://127.0.0.1:9"))
+
+
+def test_a_store_that_cannot_be_reached_is_named_after_bounded_retries(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from localcluster.cluster import free_port
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKSOMEKEY")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "some-secret-value")
+    started = time.monotonic()
+    with pytest.raises(ModelSourceError) as failed:
+        fetch(SOURCE, str(tmp_path), settings(f"http://127.0.0.1:{free_port()}"))  # nothing listens there
+    assert time.monotonic() - started < 15
+    assert str(failed.value).startswith(f"{SOURCE}: cannot reach the store: "), failed.value
+    assert "Connection refused" in str(failed.value)
+
+
+def test_query_strings_never_reach_a_message() -> None:
+    from servlane_runtime.sources.errors import without_query_strings
+
+    signed = (
+        "GET https://b.s3.amazonaws.com/k/model.safetensors?X-Amz-Credential=AKIA%2F20261205&X-Amz-Signature=f00d "
+        "failed; retried /b/k?partNumber=1&X-Amz-Security-Token=tok"
+    )
+    assert without_query_strings(signed) == ("GET https://b.s3.amazonaws.com/k/model.safetensors failed; retried /b/k")

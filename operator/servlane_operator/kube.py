@@ -143,6 +143,12 @@ class Kube:
         result = await asyncio.to_thread(self._call, "GET", path, query=query)
         return list(result.get("items", []))
 
+    async def list_events(self, namespace: str, field_selector: str) -> list[dict[str, Any]]:
+        """core/v1 Events of one namespace matching the field selector (e.g. one pod's)."""
+        query = [("fieldSelector", field_selector)]
+        result = await asyncio.to_thread(self._call, "GET", f"/api/v1/namespaces/{namespace}/events", query=query)
+        return list(result.get("items", []))
+
     async def get_peering(self, name: str, namespace: str | None) -> dict[str, Any] | None:
         """kopf's peering object: the ClusterKopfPeering `name`, or (namespaced) the KopfPeering in `namespace`."""
         path = (

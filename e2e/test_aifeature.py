@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from kubernetes import watch
-from kubernetes.client.exceptions import ApiException
 
 from e2e.harness import Kube, OperatorProcess, wait_until
 from tests.prometheus.gateway_endpoint import GatewayMetrics
@@ -163,13 +162,12 @@ def test_fixed_gpu_budget_carves_the_canary_out_of_the_stable(
     assert kube.get_model(namespace, "old")["spec"]["replicas"] == 4
 
 
-def test_a_promoted_canary_hands_its_replicas_back_to_its_hpa_without_dropping_any(
+def test_a_promoted_canary_hands_its_replicas_back_to_its_autoscaler_without_dropping_any(
     kube: Kube, operator: OperatorProcess, gateway_metrics: GatewayMetrics, namespace: str
 ) -> None:
-    """Releasing a fixed-GPU-budget pin brings the model's HPA back. The Deployment must keep the replicas it
-    had while the HPA takes over: server-side apply deletes a field its only manager stops sending, so a
-    naive release resets spec.replicas to 1 for a moment (pods killed, weights reloaded) until the HPA
-    raises it again."""
+    """Releasing a fixed-GPU-budget pin hands the model's replicas back to the operator's autoscaler, which
+    continues from the count the rollout left (status.autoscaler): the Deployment never dips below the
+    model's minimum (pods killed, weights reloaded) on the way."""
     feature = f"chat-{namespace}"
     minimum = 2
     autoscaled = {**CPU_MODEL, "autoscaling": {"minReplicas": minimum, "maxReplicas": 4}}
@@ -177,8 +175,8 @@ def test_a_promoted_canary_hands_its_replicas_back_to_its_hpa_without_dropping_a
     for model in ("old", "new"):
         gateway_metrics.declare(feature, model, namespace=namespace)
     read = kube.apps.read_namespaced_deployment
-    # The HPA (no metrics here) holds each model at its minimum before anything is pinned.
-    wait_until("new at its HPA minimum", lambda: read("model-new", namespace).spec.replicas == minimum, timeout=60)
+    # The autoscaler (no metrics here) holds each model at its minimum before anything is pinned.
+    wait_until("new at its minimum", lambda: read("model-new", namespace).spec.replicas == minimum, timeout=60)
 
     at_start = read("model-new", namespace)
     assert at_start.spec.replicas == minimum
@@ -214,13 +212,15 @@ def test_a_promoted_canary_hands_its_replicas_back_to_its_hpa_without_dropping_a
         return s.get("phase") == "Stable" and s.get("stableModel") == "new"
 
     wait_until("new promoted", promoted, timeout=60, interval=0.3)
-    # Released: no pin for `new` in the feature's status, and its HPA is back.
+    # Released: no pin for `new` in the feature's status, and its autoscaler decides again.
     assert all(o["model"] != "new" for o in status(kube, namespace, feature).get("replicaOverrides") or [])
-    wait_until("new's HPA back", lambda: _exists(lambda: kube.autoscaling.read_namespaced_horizontal_pod_autoscaler(
-        "model-new", namespace)), timeout=30)  # fmt: skip
-    # The HPA has acted on what it found: it records its view of the Deployment's replicas in its status.
-    wait_until("the HPA saw the Deployment", lambda: _hpa_current_replicas(kube, namespace, "model-new") is not None,
-               timeout=60)  # fmt: skip
+
+    def autoscaler_back() -> bool:
+        autoscaler = kube.get_model(namespace, "new").get("status", {}).get("autoscaler") or {}
+        return autoscaler.get("reason") not in (None, "FixedGpuBudget")
+
+    wait_until("new's autoscaler back", autoscaler_back, timeout=30)
+    assert not kube.autoscaling.list_namespaced_horizontal_pod_autoscaler(namespace).items
     wait_until("the watch caught up", lambda: last_seen["version"] == _version(read("model-new", namespace)), 30)
     stop.set()
     watcher_thread.join(timeout=30)
@@ -228,23 +228,8 @@ def test_a_promoted_canary_hands_its_replicas_back_to_its_hpa_without_dropping_a
     assert 1 in history, f"the canary was never carved out of the budget: {history}"
     after_carve = history[history.index(1) + 1 :]
     assert after_carve, f"the canary was never given the whole budget: {history}"
-    assert min(after_carve) >= minimum, f"replicas dropped when the HPA came back: {history}"
+    assert min(after_carve) >= minimum, f"replicas dropped when the autoscaler took over: {history}"
 
 
 def _version(obj: Any) -> str:
     return str(obj.metadata.resource_version)
-
-
-def _hpa_current_replicas(kube: Kube, namespace: str, name: str) -> int | None:
-    hpa = kube.autoscaling.read_namespaced_horizontal_pod_autoscaler(name, namespace)
-    return None if hpa.status is None else hpa.status.current_replicas
-
-
-def _exists(read: Any) -> bool:
-    try:
-        read()
-    except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
-    return True

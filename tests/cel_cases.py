@@ -32,9 +32,8 @@ def feature_spec(**fields: Any) -> Manifest:
     return {"model": "m1", **fields}
 
 
-def pods_metric(**metric: Any) -> Manifest:
-    """An AIModel autoscaled on a Pods metric (which needs no resources.cpu)."""
-    return ai_model(model_spec(autoscaling={"maxReplicas": 3, "metric": {"type": "Pods", **metric}}))
+def autoscaled(**autoscaling: Any) -> Manifest:
+    return ai_model(model_spec(autoscaling={"maxReplicas": 3, **autoscaling}))
 
 
 def steps(*percentages: int) -> Manifest:
@@ -60,6 +59,11 @@ GOOD_SOURCES = (
     "pvc://team.weights-1/v1.5/model_a",
     "s3://bucket/qwen",
     "s3://my.bucket-1",
+    "oci://registry.example.com/models/qwen:v1.5",
+    "oci://localhost:5000/m",
+    "oci://localhost/team__a/qwen--7b",
+    "oci://registry:5000/models/qwen@sha256:" + "0123456789abcdef" * 4,
+    "oci://10.0.0.1:5000/m_1.x:" + "t" * 128,
     "/models/qwen",
     "/m",
     # What standalone mode resolves pkg:// and ~ to: hidden directories and dotted names are fine.
@@ -112,6 +116,27 @@ BAD_SOURCES = (
     "s3://bucket-/qwen",
     "s3://key:secret@bucket/qwen",
     "s3://bucket/qwen/../../x",
+    # An oci:// registry is explicit (Docker Hub is never implied), names are lowercase, tags hold no '..'.
+    "oci://registry/models/qwen",
+    "oci://models/qwen:v1",
+    "oci://Registry.example.com/qwen",
+    "oci://registry.example.com/Qwen",
+    "oci://registry.example.com",
+    "oci://registry.example.com/",
+    "oci://registry.example.com/models//qwen",
+    "oci://registry.example.com/models/../qwen",
+    "oci://registry.example.com/qwen:v1..5",
+    "oci://registry.example.com/qwen:.v1",
+    "oci://registry.example.com/qwen:-v1",
+    "oci://registry.example.com/qwen:v1:v2",
+    "oci://registry.example.com/qwen@sha256:abc",
+    "oci://registry.example.com/qwen@md5:" + "0" * 32,
+    "oci://registry.example.com/qwen:v1@sha256:" + "0" * 64,
+    "oci://user:token@registry.example.com/qwen",
+    "oci://registry.example.com:port/qwen",
+    "oci://registry.example.com/qwen?tag=v1",
+    "oci://registry.example.com/qwen#v1",
+    "oci:///models/qwen",
 )
 # Well-formed paths into the kernel's, the kubelet's and the runtime's directories.
 SYSTEM_SOURCES = (
@@ -158,9 +183,10 @@ CEL_CASES: tuple[RuleCases, ...] = (
     ),
     RuleCases(
         "source-uri",
-        "source.uri must be hf://org/name[@revision], pvc://claim/path, s3://bucket/path, or an absolute path in the "
-        "image, each path segment letters, digits, '_', '-' and inner dots (no '.' or '..' segment, '//', '%', '~', "
-        "'\\', spaces, '?', '#' or '@')",
+        "source.uri must be hf://org/name[@revision], pvc://claim/path, s3://bucket/path, "
+        "oci://registry.host/repository[:tag|@sha256:digest], or an absolute path in the image, each path segment "
+        "letters, digits, '_', '-' and inner dots (no '.' or '..' segment, '//', '%', '~', '\\', spaces, '?', '#' "
+        "or '@')",
         good=tuple(ai_model(model_spec(source={"uri": uri})) for uri in GOOD_SOURCES),
         bad=tuple(ai_model(model_spec(source={"uri": uri})) for uri in BAD_SOURCES),
     ),
@@ -209,10 +235,11 @@ CEL_CASES: tuple[RuleCases, ...] = (
     ),
     RuleCases(
         "source-credentials",
-        "source.credentialsSecret applies only to hf:// and s3:// sources",
+        "source.credentialsSecret applies only to hf://, s3:// and oci:// sources",
         good=(
             ai_model(model_spec(source={"uri": "hf://org/name", "credentialsSecret": "hf-token"})),
             ai_model(model_spec(source={"uri": "s3://bucket/m", "credentialsSecret": "aws"})),
+            ai_model(model_spec(source={"uri": "oci://registry.example.com/m:v1", "credentialsSecret": "pull"})),
             ai_model(model_spec(source={"uri": "pvc://weights/m"})),
         ),
         bad=(
@@ -221,27 +248,17 @@ CEL_CASES: tuple[RuleCases, ...] = (
         ),
     ),
     RuleCases(
-        "pods-metric-name",
-        "a Pods metric needs metric.name, e.g. servlane_requests_in_flight",
+        "source-s3-options",
+        "source.s3 applies only to s3:// sources",
         good=(
-            pods_metric(name="servlane_requests_in_flight", targetAverageValue="4"),
-            # A CPU metric needs no name.
-            ai_model(model_spec(resources=CPU, autoscaling={"maxReplicas": 3, "metric": {"type": "CPU"}})),
+            ai_model(model_spec(source={"uri": "s3://bucket/m", "s3": {"endpoint": "http://store:8333"}})),
+            ai_model(model_spec(source={"uri": "s3://bucket/m", "s3": {"pathStyle": False}})),
+            ai_model(model_spec(source={"uri": "hf://org/name"})),
         ),
-        bad=(pods_metric(targetAverageValue="4"),),
-    ),
-    RuleCases(
-        "pods-metric-target",
-        "a Pods metric needs metric.targetAverageValue",
-        good=(
-            pods_metric(name="servlane_requests_in_flight", targetAverageValue="500m"),
-            ai_model(
-                model_spec(
-                    resources=CPU, autoscaling={"maxReplicas": 3, "metric": {"type": "CPU", "targetUtilization": 50}}
-                )
-            ),
+        bad=(
+            ai_model(model_spec(source={"uri": "hf://org/name", "s3": {"region": "us-east-1"}})),
+            ai_model(model_spec(source={"uri": "/models/m", "s3": {"endpoint": "http://store:8333"}})),
         ),
-        bad=(pods_metric(name="servlane_requests_in_flight"),),
     ),
     RuleCases(
         "autoscaling-bounds",
@@ -276,14 +293,24 @@ CEL_CASES: tuple[RuleCases, ...] = (
         ),
     ),
     RuleCases(
-        "cpu-autoscaling-needs-cpu",
-        "autoscaling on CPU utilisation needs resources.cpu, the request utilisation is measured against",
+        "scale-to-zero-after-min",
+        "autoscaling.scaleToZeroAfter must be at least 1s",
         good=(
-            ai_model(model_spec(resources={"cpu": "500m"}, autoscaling={"maxReplicas": 3})),
-            ai_model(model_spec(resources={"gpus": 1})),
+            autoscaled(minReplicas=0, scaleToZeroAfter="1s"),
+            autoscaled(minReplicas=0, scaleToZeroAfter="1000ms"),
+            autoscaled(scaleToZeroAfter="1h30m"),
         ),
-        # The metric defaults to CPU.
-        bad=(ai_model(model_spec(resources={"gpus": 1, "memory": "16Gi"}, autoscaling={"maxReplicas": 3})),),
+        bad=(autoscaled(minReplicas=0, scaleToZeroAfter="999ms"), autoscaled(scaleToZeroAfter="0s")),
+    ),
+    RuleCases(
+        "kv-cache-target-vllm-only",
+        "autoscaling.targetKVCacheUsage applies to the vllm engine only (the transformers engine reports no "
+        "KV-cache use)",
+        good=(
+            autoscaled(targetKVCacheUsage=0.8),
+            ai_model(model_spec(engine="transformers", autoscaling={"maxReplicas": 3})),
+        ),
+        bad=(ai_model(model_spec(engine="transformers", autoscaling={"maxReplicas": 3, "targetKVCacheUsage": 0.8})),),
     ),
     RuleCases(
         "gpu-memory-utilization-vllm-only",
@@ -338,10 +365,11 @@ CEL_CASES: tuple[RuleCases, ...] = (
         "adapter source must be hf://org/name[@revision], pvc://claim/path, or an absolute path, each path segment "
         "letters, digits, '_', '-' and inner dots (no '.' or '..' segment, '//', '%', '~', '\\', spaces, '?', '#' "
         "or '@')",
-        good=tuple(adapter_from(uri) for uri in GOOD_SOURCES if not uri.startswith("s3://")),
+        good=tuple(adapter_from(uri) for uri in GOOD_SOURCES if not uri.startswith(("s3://", "oci://"))),
         bad=(
             adapter_from("s3://bucket/sql"),  # the runtime does not fetch adapters from S3
-            *(adapter_from(uri) for uri in BAD_SOURCES if not uri.startswith("s3://")),
+            adapter_from("oci://registry.example.com/sql:v1"),  # nor from an image (a model's volume only)
+            *(adapter_from(uri) for uri in BAD_SOURCES if not uri.startswith(("s3://", "oci://"))),
         ),
     ),
     RuleCases(

@@ -40,19 +40,8 @@ PARTIAL_MANIFESTS: tuple[Partial, ...] = (
     Partial("model-bare", ai_model(model_spec())),
     Partial("autoscaling-only-max", ai_model(model_spec(resources={"cpu": "1"}, autoscaling={"maxReplicas": 3}))),
     Partial(
-        "autoscaling-metric-partial",
-        ai_model(
-            model_spec(
-                autoscaling={
-                    "maxReplicas": 3,
-                    "metric": {"type": "Pods", "name": "servlane_requests_in_flight", "targetAverageValue": "4"},
-                }
-            )
-        ),
-    ),
-    Partial(
-        "autoscaling-metric-empty",
-        ai_model(model_spec(resources={"cpu": "1"}, autoscaling={"maxReplicas": 2, "metric": {}})),
+        "autoscaling-partial",
+        ai_model(model_spec(autoscaling={"maxReplicas": 3, "minReplicas": 0, "scaleToZeroAfter": "30s"})),
     ),
     Partial("resources-only-gpus", ai_model(model_spec(resources={"gpus": 1}))),
     Partial("resources-only-memory", ai_model(model_spec(resources={"memory": "16Gi"}))),

@@ -9,9 +9,12 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from servlane_api._base import ApiModel, ApiObject
+from servlane_api.autoscaling import AutoscalerStatus, Autoscaling
 from servlane_api.cel import CelRule, CelValidated, max_name_length
+from servlane_api.cold_start import ColdStartStatus
 from servlane_api.conditions import Condition
 from servlane_api.pod_env import RESERVED_ENV_NAMES
+from servlane_api.s3_source import S3Options
 
 # Children are named model-<name> and must stay valid DNS labels (63 characters).
 MAX_MODEL_NAME = 57
@@ -35,15 +38,25 @@ DNS_1123_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
 PVC_SOURCE = rf"pvc://{DNS_1123_LABEL}(?:\.{DNS_1123_LABEL})*(?:/{SOURCE_PATH})?"
 # An S3 bucket: lowercase labels joined by single dots (its length and reserved names: RESERVED_BUCKET below).
 S3_SOURCE = rf"s3://{DNS_1123_LABEL}(?:\.{DNS_1123_LABEL})*(?:/{SOURCE_PATH})?"
+# An OCI image of weights (mounted as an image volume): oci://<registry>/<repository>[:tag|@sha256:digest]. The
+# registry is always explicit (a host with a dot or a port, or localhost), so a name never silently means
+# Docker Hub; repository components as the distribution spec has them (lowercase, single '.' or '_', '__', '-'
+# runs); a tag as Docker's but without '..' or a trailing '.'; a digest is sha256 only.
+OCI_HOST = rf"(?:localhost|{DNS_1123_LABEL}(?:\.{DNS_1123_LABEL})+)"
+OCI_REGISTRY = rf"(?:{OCI_HOST}(?::[0-9]{{1,5}})?|{DNS_1123_LABEL}:[0-9]{{1,5}})"
+OCI_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+OCI_TAG = r"[A-Za-z0-9_](?:\.?[A-Za-z0-9_-]){0,127}"
+OCI_SOURCE = rf"oci://{OCI_REGISTRY}/{OCI_COMPONENT}(?:/{OCI_COMPONENT})*(?::{OCI_TAG}|@sha256:[a-f0-9]{{64}})?"
 IMAGE_SOURCE = rf"/{SOURCE_PATH}"
-SOURCE_URI = rf"^(?:{HF_SOURCE}|{PVC_SOURCE}|{S3_SOURCE}|{IMAGE_SOURCE})$"
+SOURCE_URI = rf"^(?:{HF_SOURCE}|{PVC_SOURCE}|{S3_SOURCE}|{OCI_SOURCE}|{IMAGE_SOURCE})$"
 SOURCE_PATH_RULES = (
     "each path segment letters, digits, '_', '-' and inner dots (no '.' or '..' segment, '//', '%', '~', "
     "'\\', spaces, '?', '#' or '@')"
 )
 SOURCE_URI_MESSAGE = (
-    "source.uri must be hf://org/name[@revision], pvc://claim/path, s3://bucket/path, or an absolute path in the "
-    f"image, {SOURCE_PATH_RULES}"
+    "source.uri must be hf://org/name[@revision], pvc://claim/path, s3://bucket/path, "
+    "oci://registry.host/repository[:tag|@sha256:digest], or an absolute path in the image, "
+    f"{SOURCE_PATH_RULES}"
 )
 # Paths in the image under which the kernel, the kubelet and the container runtime put things that are no
 # model's weights (process memory, devices, Secrets and tokens mounted into the pod): never a source.
@@ -85,6 +98,7 @@ class SourceKind(StrEnum):
     HF = "hf"
     PVC = "pvc"
     S3 = "s3"
+    OCI = "oci"
     IMAGE = "image"
 
 
@@ -111,10 +125,17 @@ class ModelSource(CelValidated):
             RESERVED_BUCKET_MESSAGE,
             lambda source: re.fullmatch(RESERVED_BUCKET, source.uri) is None,
         ),
+        # For oci:// the Secret is the pod's imagePullSecret (kubernetes.io/dockerconfigjson), never env.
         CelRule(
-            "!has(self.credentialsSecret) || self.uri.startsWith('hf://') || self.uri.startsWith('s3://')",
-            "source.credentialsSecret applies only to hf:// and s3:// sources",
-            lambda source: source.credentials_secret is None or source.uri.startswith(("hf://", "s3://")),
+            "!has(self.credentialsSecret) || self.uri.startsWith('hf://') || self.uri.startsWith('s3://') "
+            "|| self.uri.startsWith('oci://')",
+            "source.credentialsSecret applies only to hf://, s3:// and oci:// sources",
+            lambda source: source.credentials_secret is None or source.uri.startswith(("hf://", "s3://", "oci://")),
+        ),
+        CelRule(
+            "!has(self.s3) || self.uri.startsWith('s3://')",
+            "source.s3 applies only to s3:// sources",
+            lambda source: source.s3 is None or source.uri.startswith("s3://"),
         ),
     )
 
@@ -122,7 +143,8 @@ class ModelSource(CelValidated):
         max_length=1024,
         description=(
             "Where the weights are: hf://org/name[@revision], pvc://claim/path, s3://bucket/path, "
-            "or an absolute path baked into the image."
+            "oci://registry.host/repository[:tag|@sha256:digest] (an image of the weights, mounted read-only as "
+            "an image volume), or an absolute path baked into the image."
         ),
     )
     credentials_secret: str | None = Field(
@@ -130,13 +152,26 @@ class ModelSource(CelValidated):
         pattern=DNS_LABEL,
         max_length=253,
         description="Secret in the same namespace whose keys become environment variables "
-        "(HF_TOKEN for hf://, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY for s3://).",
+        "(HF_TOKEN for hf://, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY for s3://); for oci:// a "
+        "kubernetes.io/dockerconfigjson Secret, the pod's imagePullSecret (never environment variables).",
+    )
+    s3: S3Options | None = Field(
+        default=None,
+        description="For s3://: the store's endpoint, region, addressing style and stall timeout. Default: AWS S3, "
+        "the bucket's own region, a 60 s stall timeout. The keys come from credentialsSecret.",
     )
 
     @property
     def kind(self) -> SourceKind:
         scheme = self.uri.split("://", 1)[0] if "://" in self.uri else ""
-        return {"hf": SourceKind.HF, "pvc": SourceKind.PVC, "s3": SourceKind.S3}.get(scheme, SourceKind.IMAGE)
+        kinds = {"hf": SourceKind.HF, "pvc": SourceKind.PVC, "s3": SourceKind.S3, "oci": SourceKind.OCI}
+        return kinds.get(scheme, SourceKind.IMAGE)
+
+    def oci_reference(self) -> str:
+        """For oci://registry/repository[:tag|@digest]: the image reference a kubelet pulls."""
+        if not self.uri.startswith("oci://"):
+            raise ValueError(f"{self.uri!r} is not an oci:// source")
+        return self.uri.removeprefix("oci://")
 
     def pvc_claim_and_path(self) -> tuple[str, str]:
         """For pvc://claim/path: the claim name and the path inside it ('' for its root)."""
@@ -281,44 +316,6 @@ class Scheduling(ApiModel):
     priority_class_name: str | None = Field(default=None, max_length=253)
 
 
-class AutoscalingMetric(CelValidated):
-    cel_rules = (
-        CelRule(
-            "self.type != 'Pods' || has(self.name)",
-            "a Pods metric needs metric.name, e.g. servlane_requests_in_flight",
-            lambda metric: metric.type != "Pods" or metric.name is not None,
-        ),
-        CelRule(
-            "self.type != 'Pods' || has(self.targetAverageValue)",
-            "a Pods metric needs metric.targetAverageValue",
-            lambda metric: metric.type != "Pods" or metric.target_average_value is not None,
-        ),
-    )
-
-    type: Literal["CPU", "Pods"] = Field(
-        default="CPU", description="CPU utilisation, or a per-pod custom metric served by a metrics adapter."
-    )
-    target_utilization: int = Field(
-        default=70, ge=1, le=100, description="Target average CPU utilisation in percent (type CPU)."
-    )
-    name: str | None = Field(default=None, max_length=253, description="Pods metric name (type Pods).")
-    target_average_value: Quantity | None = Field(default=None, description="Per-pod target (type Pods).")
-
-
-class Autoscaling(CelValidated):
-    cel_rules = (
-        CelRule(
-            "self.minReplicas <= self.maxReplicas",
-            "autoscaling.minReplicas must not exceed autoscaling.maxReplicas",
-            lambda autoscaling: autoscaling.min_replicas <= autoscaling.max_replicas,
-        ),
-    )
-
-    min_replicas: int = Field(default=1, ge=0, le=1000)
-    max_replicas: int = Field(ge=1, le=1000)
-    metric: AutoscalingMetric = Field(default_factory=AutoscalingMetric)
-
-
 class EnvVar(ApiModel):
     name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", max_length=253)
     value: str | None = None
@@ -356,10 +353,11 @@ class AIModelSpec(CelValidated):
             lambda spec: spec.replicas is None or spec.autoscaling is None,
         ),
         CelRule(
-            "!has(self.autoscaling) || self.autoscaling.metric.type != 'CPU' || has(self.resources.cpu)",
-            "autoscaling on CPU utilisation needs resources.cpu, the request utilisation is measured against",
+            "self.engine == 'vllm' || !has(self.autoscaling) || !has(self.autoscaling.targetKVCacheUsage)",
+            "autoscaling.targetKVCacheUsage applies to the vllm engine only (the transformers engine reports no "
+            "KV-cache use)",
             lambda spec: (
-                spec.autoscaling is None or spec.autoscaling.metric.type != "CPU" or spec.resources.cpu is not None
+                spec.engine == Engine.VLLM or spec.autoscaling is None or spec.autoscaling.target_kv_cache_usage is None
             ),
         ),
         CelRule(
@@ -436,8 +434,18 @@ class AIModelSpec(CelValidated):
     engine_options: EngineOptions = Field(default_factory=EngineOptions)
     resources: Resources = Field(default_factory=Resources)
     scheduling: Scheduling = Field(default_factory=Scheduling)
-    replicas: int | None = Field(default=None, ge=0, le=1000, description="Fixed replica count (default 1).")
-    autoscaling: Autoscaling | None = None
+    replicas: int | None = Field(
+        default=None,
+        ge=0,
+        le=1000,
+        description="Fixed replica count (default 1), also written by `kubectl scale`, an HPA or KEDA through "
+        "the scale subresource; the operator copies it to the Deployment. Not with autoscaling.",
+    )
+    autoscaling: Autoscaling | None = Field(
+        default=None,
+        description="The operator's own autoscaler, on the engine's signals, down to zero and back; it is then "
+        "the only writer of the replicas (spec.replicas and the scale subresource are refused).",
+    )
     image: str | None = Field(default=None, max_length=512, description="Runtime image override.")
     env: list[EnvVar] = Field(default_factory=list, max_length=128)
     cache: CacheVolume | None = Field(default=None, description="Volume at the model cache for downloaded weights.")
@@ -465,8 +473,15 @@ class AIModelStatus(ApiModel):
     ready_replicas: int | None = None
     desired_replicas: int | None = None
     endpoint: str | None = Field(default=None, description="In-cluster base URL of the OpenAI API.")
+    selector: str | None = Field(
+        default=None, description="Label selector of the model's pods (the scale subresource's, for HPA and KEDA)."
+    )
+    autoscaler: AutoscalerStatus | None = Field(default=None, description="The autoscaler's last decision.")
     served_model_name: str | None = None
     conditions: list[Condition] = Field(default_factory=list)
+    cold_start: ColdStartStatus | None = Field(
+        default=None, description="How the pods started: the last start, the median of recent ones (cold_start_reader)."
+    )
 
 
 class AIModel(ApiObject, CelValidated):

@@ -152,9 +152,14 @@ def crd(
     spec: type[BaseModel],
     status: type[BaseModel],
     columns: list[dict[str, Any]],
+    scale: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The CRD of `resource`, whose own CEL rules (on metadata) go to the root of the schema."""
+    """The CRD of `resource`, whose own CEL rules (on metadata) go to the root of the schema; `scale`: its
+    scale subresource's paths, if it has one."""
     kind = resource.__name__
+    subresources: dict[str, Any] = {"status": {}}
+    if scale is not None:
+        subresources["scale"] = scale
     root_rules = [rule.to_schema() for rule in resource.cel_rules]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -176,7 +181,7 @@ def crd(
                     "name": VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": subresources,
                     "additionalPrinterColumns": columns,
                     "schema": {
                         "openAPIV3Schema": {
@@ -207,6 +212,11 @@ def _col(name: str, path: str, kind: str = "string", priority: int = 0) -> dict[
 
 
 AGE = _col("Age", ".metadata.creationTimestamp", "date")
+AIMODEL_SCALE = {
+    "specReplicasPath": ".spec.replicas",
+    "statusReplicasPath": ".status.replicas",
+    "labelSelectorPath": ".status.selector",
+}
 
 
 def all_crds() -> dict[str, dict[str, Any]]:
@@ -226,8 +236,13 @@ def all_crds() -> dict[str, dict[str, Any]]:
                 _col("Phase", ".status.phase"),
                 _col("Model", ".spec.source.uri", priority=1),
                 _col("Endpoint", ".status.endpoint", priority=1),
+                # The last pod start, created to Ready (status.coldStart: each step of it in `kubectl describe`).
+                _col("Cold start", ".status.coldStart.last.total", "number", priority=1),
+                _col("Scaling", ".status.autoscaler.reason", priority=1),
                 AGE,
             ],
+            # `kubectl scale aimodel`, an HPA or KEDA write spec.replicas; the operator writes the selector.
+            scale=AIMODEL_SCALE,
         ),
         "aifeatures.yaml": crd(
             AIFeature,

@@ -55,6 +55,12 @@ class OperatorSettings(BaseModel):
         "series of the same names from any other target (a tenant's pod, its own monitor) never enter the analysis.",
     )
     analysis_interval_seconds: float = Field(default=10, gt=0, description="How often canaries are checked.")
+    autoscale_interval_seconds: float = Field(
+        default=5,
+        gt=0,
+        description="How often the autoscaler reads the autoscaled models' pods and decides their replicas "
+        "(a demand Lease wakes a model at zero at once, without waiting for it).",
+    )
     gateway_metrics_urls: list[str] = Field(
         default_factory=list, description="Gateway /metrics URLs to scrape without Prometheus; empty: find the pods."
     )
@@ -68,6 +74,13 @@ class OperatorSettings(BaseModel):
         default=True,
         description="Give every AIModel a NetworkPolicy admitting its serving port only from the gateway pods "
         "(in gateway_namespace) and the metrics scraper. Off for clusters without a NetworkPolicy controller.",
+    )
+    operator_namespace: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Namespace of the operator's own pods, admitted by the AIModels' NetworkPolicies to the "
+        "model pods' metrics port (its autoscaler reads them there); None: not admitted, and where "
+        "NetworkPolicies are enforced the autoscaler then holds every model's count (it reads no signals).",
     )
     metrics_scraper_namespace: str | None = Field(
         default=None,
@@ -114,10 +127,12 @@ class OperatorSettings(BaseModel):
             ("SERVLANE_PROMETHEUS_SCRAPE_INTERVAL_SECONDS", "prometheus_scrape_interval_seconds"),
             ("SERVLANE_PROMETHEUS_GATEWAY_JOB", "prometheus_gateway_job"),
             ("SERVLANE_ANALYSIS_INTERVAL_SECONDS", "analysis_interval_seconds"),
+            ("SERVLANE_AUTOSCALE_INTERVAL_SECONDS", "autoscale_interval_seconds"),
             ("SERVLANE_GATEWAY_METRICS_PORT", "gateway_metrics_port"),
             ("SERVLANE_GATEWAY_NAMESPACE", "gateway_namespace"),
             ("SERVLANE_MODEL_NETWORK_POLICY", "model_network_policy"),
             ("SERVLANE_METRICS_SCRAPER_NAMESPACE", "metrics_scraper_namespace"),
+            ("SERVLANE_OPERATOR_NAMESPACE", "operator_namespace"),
             ("SERVLANE_TRACING_OTLP_ENDPOINT", "tracing_otlp_endpoint"),
             ("SERVLANE_TRACING_SAMPLING_RATIO", "tracing_sampling_ratio"),
         ):

@@ -7,11 +7,29 @@ from dataclasses import dataclass
 
 from servlane_api.aimodel import AIModel, AIModelStatus, Phase
 from servlane_api.conditions import CHILD_CONFLICT, Condition, merge_conditions
-from servlane_api.runtime_exit import ENGINE_DIED, MODEL_LOAD_FAILED
+from servlane_api.runtime_exit import ENGINE_DIED, MODEL_LOAD_FAILED, MODEL_SOURCE_FAILED
+from servlane_operator.labels import MODEL_LABEL
 from servlane_operator.observed import ContainerExit, DeploymentView, PodView
 
 # How much of a container's termination message a condition quotes (its end: where a log tail says why).
 MAX_EXIT_MESSAGE_CHARS = 512
+
+
+# The condition (and Ready's reason) of a model at zero replicas.
+SCALED_TO_ZERO = "ScaledToZero"
+
+
+def scaled_to_zero_message(model: AIModel) -> str:
+    """What a model at zero means for its callers: autoscaled, the next request wakes it; else it stays."""
+    scaling = model.spec.autoscaling
+    if scaling is not None and scaling.min_replicas == 0:
+        return (
+            f"Scaled to zero after {scaling.scale_to_zero_after} without requests; the next request through the "
+            "gateway wakes it (held until a pod is ready)."
+        )
+    if scaling is not None:
+        return "At zero replicas; the autoscaler brings it back to minReplicas."
+    return "Scaled to zero replicas (spec.replicas 0): requests get 503 until it is scaled up."
 
 
 @dataclass(frozen=True)
@@ -35,6 +53,10 @@ def _problem(model: AIModel, pods: Sequence[PodView]) -> tuple[str, str] | None:
         if pod.unschedulable_message is not None:
             return "Unschedulable", f"pod {pod.name} cannot be scheduled: {pod.unschedulable_message}"
     for pod in pods:
+        if pod.model_image_failure is not None:
+            message = _tail(pod.model_image_failure, MAX_EXIT_MESSAGE_CHARS)
+            return MODEL_SOURCE_FAILED_REASON, f"pod {pod.name}: the model image cannot be pulled: {message}"
+    for pod in pods:
         if pod.runtime_exit is not None:
             return _exit_problem(pod.name, pod.runtime_exit)
     for pod in pods:
@@ -43,12 +65,21 @@ def _problem(model: AIModel, pods: Sequence[PodView]) -> tuple[str, str] | None:
     return None
 
 
+# The weights cannot be had from the source: the runtime's exit (MODEL_SOURCE_FAILED), or a model image volume
+# the kubelet cannot pull.
+MODEL_SOURCE_FAILED_REASON = "ModelSourceFailed"
+_EXIT_REASONS = {MODEL_LOAD_FAILED: "ModelLoadFailed", MODEL_SOURCE_FAILED: MODEL_SOURCE_FAILED_REASON}
+_EXIT_WHAT = {
+    MODEL_LOAD_FAILED: "the model failed to load",
+    MODEL_SOURCE_FAILED: "the model's files could not be fetched from its source",
+    ENGINE_DIED: "the engine died",
+}
+
+
 def _exit_problem(pod: str, last: ContainerExit) -> tuple[str, str]:
-    """ModelLoadFailed or RuntimeCrashLoop, with what the runtime said as it exited."""
-    reason = "ModelLoadFailed" if last.exit_code == MODEL_LOAD_FAILED else "RuntimeCrashLoop"
-    what = {MODEL_LOAD_FAILED: "the model failed to load", ENGINE_DIED: "the engine died"}.get(
-        last.exit_code, f"the runtime exited with code {last.exit_code}"
-    )
+    """ModelLoadFailed, ModelSourceFailed or RuntimeCrashLoop, with what the runtime said as it exited."""
+    reason = _EXIT_REASONS.get(last.exit_code, "RuntimeCrashLoop")
+    what = _EXIT_WHAT.get(last.exit_code, f"the runtime exited with code {last.exit_code}")
     restarts = f"{last.restarts} restart{'' if last.restarts == 1 else 's'}"
     waiting = ", back-off before the next" if last.backing_off else ""
     return reason, f"pod {pod}: {what} ({restarts}{waiting}): {_tail(last.message, MAX_EXIT_MESSAGE_CHARS)}"
@@ -78,7 +109,7 @@ def decide(
     rolled_out = deployment.observed_generation >= deployment.generation and deployment.updated >= deployment.desired
     ready = deployment.ready > 0
     if deployment.desired == 0:
-        return Verdict("Pending", "ScaledToZero", "The model is scaled to zero replicas.", False, False, False)
+        return Verdict("Pending", SCALED_TO_ZERO, scaled_to_zero_message(model), False, False, False)
     if deployment.deadline_exceeded:
         return Verdict(
             "Failed", "ProgressDeadlineExceeded", "The Deployment did not become ready in time.", ready, False, True
@@ -121,6 +152,13 @@ def build_status(
         cond("Ready", verdict.ready, "ReplicasReady", verdict.reason),
         cond("Progressing", verdict.progressing, verdict.reason, "Stable"),
         cond("Degraded", verdict.degraded, verdict.reason, "AsExpected"),
+        Condition(
+            type=SCALED_TO_ZERO,
+            status="True" if verdict.reason == SCALED_TO_ZERO else "False",
+            reason="NoReplicas" if verdict.reason == SCALED_TO_ZERO else "HasReplicas",
+            message=verdict.message if verdict.reason == SCALED_TO_ZERO else "",
+            observed_generation=observed_generation,
+        ),
     ]
     return AIModelStatus(
         observed_generation=observed_generation,
@@ -129,6 +167,9 @@ def build_status(
         ready_replicas=deployment.ready if deployment else 0,
         desired_replicas=deployment.desired if deployment else None,
         endpoint=endpoint,
+        selector=f"{MODEL_LABEL}={model.name}",
+        # Written by the autoscaler alone (autoscaler.py); carried so that a status write never clears it.
+        autoscaler=model.status.autoscaler,
         served_model_name=model.served_model_name,
         conditions=merge_conditions(model.status.conditions, conditions, now),
     )

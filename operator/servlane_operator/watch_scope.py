@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import kopf
 
+from servlane_core.scaling.demand import DEMAND_LABELS
 from servlane_operator.labels import MANAGED_BY, OPERATOR_NAME
 
 # The handlers' client-side filter and the server-side selector are the same one label.
@@ -33,6 +34,11 @@ OWNED_SELECTOR = ",".join(f"{key}={value}" for key, value in OWNED.items())
 DEPLOYMENTS = ("apps", "v1", "deployments")
 PODS = ("", "v1", "pods")
 CHILD_KINDS = (DEPLOYMENTS, PODS)
+# The gateway's demand Leases (servlane_core.scaling.demand), never the cluster's other Leases (one per node, and
+# every controller's leader election).
+LEASES = ("coordination.k8s.io", "v1", "leases")
+DEMAND = DEMAND_LABELS
+DEMAND_SELECTOR = ",".join(f"{key}={value}" for key, value in DEMAND.items())
 
 
 def restrict_watches(settings: kopf.OperatorSettings) -> None:
@@ -47,3 +53,4 @@ def restrict_watches(settings: kopf.OperatorSettings) -> None:
         )
     for kind in CHILD_KINDS:
         selectors[kind] = OWNED_SELECTOR
+    selectors[LEASES] = DEMAND_SELECTOR

@@ -128,7 +128,7 @@ def test_the_answer_version_changes_with_what_changes_answers_only() -> None:
     assert answer_version(model().spec) == base
     for scaling in (
         {"replicas": 3},
-        {"autoscaling": {"maxReplicas": 4, "metric": {"type": "Pods", "name": "m", "targetAverageValue": "2"}}},
+        {"autoscaling": {"maxReplicas": 4, "minReplicas": 0, "targetInFlightPerReplica": 2}},
     ):
         assert answer_version(model(**scaling).spec) == base, scaling
     assert answer_version(model(scheduling={"nodeSelector": {"pool": "b"}}).spec) == base

@@ -11,7 +11,6 @@ from pydantic import ValidationError
 from servlane_api.runtime_config import ENV_VAR, RuntimeConfig
 from servlane_operator.builders import (
     build_deployment,
-    build_hpa,
     build_service,
     endpoint_url,
     plan_children,
@@ -224,58 +223,37 @@ def test_cache_volume_kinds(settings: OperatorSettings) -> None:
     assert cache_volume(None)["emptyDir"] == {}
 
 
-def test_fixed_replicas_have_no_hpa(settings: OperatorSettings) -> None:
+def test_fixed_replicas_go_to_the_deployment_and_no_hpa_is_made(settings: OperatorSettings) -> None:
     model = make_model({**CPU_SPEC, "replicas": 3})
     assert build_deployment(model, settings)["spec"]["replicas"] == 3
-    assert build_hpa(model) is None
     plan = plan_children(model, settings)
     assert [o["kind"] for o in plan.apply] == ["Deployment", "Service", "NetworkPolicy"]
-    assert plan.delete == [("autoscaling/v2", "HorizontalPodAutoscaler")]
+    assert plan.delete == [("autoscaling/v2", "HorizontalPodAutoscaler")]  # an older operator's HPA goes
 
 
 def test_default_is_one_replica(settings: OperatorSettings) -> None:
     assert build_deployment(make_model(CPU_SPEC), settings)["spec"]["replicas"] == 1
 
 
-def test_autoscaling_on_cpu_hands_replicas_to_the_hpa(settings: OperatorSettings) -> None:
-    model = make_model({**CPU_SPEC, "autoscaling": {"minReplicas": 2, "maxReplicas": 6}})
-    dep = build_deployment(model, settings)
-    assert "replicas" not in dep["spec"]  # the HPA owns it; applying it would fight the HPA
-    hpa = build_hpa(model)
-    assert hpa is not None
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "model-llama"}
-    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
-    assert hpa["spec"]["metrics"] == [
-        {"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}}}
-    ]
-    assert [o["kind"] for o in plan_children(model, settings).apply] == [
-        "Deployment",
-        "Service",
-        "HorizontalPodAutoscaler",
-        "NetworkPolicy",
-    ]
+def test_zero_replicas_are_kept(settings: OperatorSettings) -> None:
+    assert build_deployment(make_model({**CPU_SPEC, "replicas": 0}), settings)["spec"]["replicas"] == 0
 
 
-def test_autoscaling_on_a_pods_metric(settings: OperatorSettings) -> None:
-    metric = {"type": "Pods", "name": "servlane_requests_in_flight", "targetAverageValue": "8"}
-    model = make_model({**GPU_SPEC, "autoscaling": {"minReplicas": 1, "maxReplicas": 4, "metric": metric}})
-    hpa = build_hpa(model)
-    assert hpa is not None
-    assert hpa["spec"]["metrics"] == [
-        {
-            "type": "Pods",
-            "pods": {
-                "metric": {"name": "servlane_requests_in_flight"},
-                "target": {"type": "AverageValue", "averageValue": "8"},
-            },
-        }
-    ]
-
-
-def test_autoscaling_with_equal_bounds_is_a_fixed_count(settings: OperatorSettings) -> None:
-    model = make_model({**CPU_SPEC, "autoscaling": {"minReplicas": 2, "maxReplicas": 2}})
-    assert build_hpa(model) is None
-    assert build_deployment(model, settings)["spec"]["replicas"] == 2
+def test_an_autoscaled_model_runs_the_autoscalers_decision_and_gets_no_hpa(settings: OperatorSettings) -> None:
+    """One writer: the Deployment carries the count the operator's autoscaler decided (status.autoscaler),
+    within the bounds of the spec as it is now; there is no HPA to fight over it."""
+    spec = {**CPU_SPEC, "autoscaling": {"minReplicas": 2, "maxReplicas": 6}}
+    assert build_deployment(make_model(spec), settings)["spec"]["replicas"] == 2  # not decided yet: the minimum
+    decided = make_model(spec, autoscaler={"desiredReplicas": 5})
+    assert build_deployment(decided, settings)["spec"]["replicas"] == 5
+    too_many = make_model(spec, autoscaler={"desiredReplicas": 9})
+    assert build_deployment(too_many, settings)["spec"]["replicas"] == 6
+    kinds = [o["kind"] for o in plan_children(decided, settings).apply]
+    assert "HorizontalPodAutoscaler" not in kinds
+    to_zero = {**CPU_SPEC, "autoscaling": {"minReplicas": 0, "maxReplicas": 2}}
+    assert build_deployment(make_model(to_zero), settings)["spec"]["replicas"] == 1  # starts with one
+    idle = make_model(to_zero, autoscaler={"desiredReplicas": 0})
+    assert build_deployment(idle, settings)["spec"]["replicas"] == 0
 
 
 def test_scheduling_passes_through(settings: OperatorSettings) -> None:
@@ -329,7 +307,7 @@ def test_served_model_name_override(settings: OperatorSettings) -> None:
     [
         ({**CPU_SPEC, "replicas": 2, "autoscaling": {"maxReplicas": 3}}, "either replicas or autoscaling"),
         ({**CPU_SPEC, "autoscaling": {"minReplicas": 5, "maxReplicas": 3}}, "minReplicas must not exceed"),
-        ({**CPU_SPEC, "resources": {}, "autoscaling": {"maxReplicas": 3}}, "needs resources.cpu"),
+        ({**CPU_SPEC, "autoscaling": {"maxReplicas": 3, "targetKVCacheUsage": 0.8}}, "vllm engine only"),
         ({**CPU_SPEC, "source": {"uri": "ftp://x/y"}}, "source.uri must be"),
         ({**CPU_SPEC, "engine": "tgi"}, "Input should be 'vllm' or 'transformers'"),
         ({**CPU_SPEC, "resources": {"gpus": -1}}, "greater than or equal to 0"),

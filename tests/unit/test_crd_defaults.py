@@ -74,7 +74,7 @@ def test_the_walk_reaches_every_object_with_defaults() -> None:
     assert {
         "AIFeatureSpec.Rollout",
         "AIFeatureSpec.Rollout.Analysis",
-        "AIModelSpec.Autoscaling.AutoscalingMetric",
+        "AIModelSpec.Autoscaling",
     } <= paths
     assert {"AIModelSpec.EngineOptions", "AIModelSpec.Resources", "AIModelSpec.Scheduling"} <= paths
     rollout = spec_schema("AIFeature")["properties"]["rollout"]["properties"]

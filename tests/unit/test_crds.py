@@ -38,7 +38,7 @@ def walk(schema: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, An
 def test_schemas_are_structural() -> None:
     for name, crd in all_crds().items():
         version = crd["spec"]["versions"][0]
-        assert version["subresources"] == {"status": {}}
+        assert version["subresources"]["status"] == {}
         for path, node in walk(version["schema"]["openAPIV3Schema"]):
             assert not {"$ref", "anyOf", "allOf", "oneOf", "title", "$defs"} & node.keys(), f"{name}{path}"
             assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), f"{name}{path} has no type"
@@ -59,3 +59,14 @@ def test_printer_columns_and_names() -> None:
 def test_rendered_yaml_round_trips() -> None:
     for crd in all_crds().values():
         assert yaml.safe_load(render(crd)) == crd
+
+
+def test_an_aimodel_can_be_scaled_through_its_scale_subresource() -> None:
+    """`kubectl scale aimodel`, an HPA or KEDA write spec.replicas; the operator reports pods and selector."""
+    crds = all_crds()
+    assert crds["aimodels.yaml"]["spec"]["versions"][0]["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    assert "scale" not in crds["aifeatures.yaml"]["spec"]["versions"][0]["subresources"]

@@ -118,6 +118,27 @@ def test_the_metrics_scraper_is_admitted_only_from_its_configured_namespace_and_
     assert any_pod["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
 
 
+def test_the_operator_reads_the_metrics_port_from_its_own_namespace_only() -> None:
+    """Its autoscaler reads the engine's signals there; it is never admitted to the API port."""
+    settings = OperatorSettings(gateway_namespace="gw", operator_namespace="servlane-system")
+    api, metrics = policy(settings)["spec"]["ingress"]
+    assert [peer["podSelector"] for peer in api["from"]] == [GATEWAY_PODS]
+    assert metrics == {
+        "from": [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "servlane-system"}},
+                "podSelector": {
+                    "matchLabels": {"app.kubernetes.io/component": "operator", "app.kubernetes.io/part-of": "servlane"}
+                },
+            }
+        ],
+        "ports": [{"port": "metrics", "protocol": "TCP"}],
+    }
+    both = policy(settings.model_copy(update={"metrics_scraper_namespace": "monitoring"}))["spec"]["ingress"][1]
+    assert len(both["from"]) == 2
+    assert OperatorSettings.from_env({"SERVLANE_OPERATOR_NAMESPACE": "ops"}).operator_namespace == "ops"
+
+
 def test_the_policy_ports_are_the_runtime_containers_named_ports() -> None:
     settings = OperatorSettings(gateway_namespace="gw", metrics_scraper_namespace="monitoring")
     model = make_model(SPEC, name="llama", namespace="team-a")
@@ -178,13 +199,10 @@ def test_a_scraper_selector_that_is_not_plain_equalities_is_refused(labels: str)
         OperatorSettings.from_env({"SERVLANE_METRICS_SCRAPER_LABELS": labels})
 
 
-def test_a_fixed_budget_override_suspends_the_hpa_and_releasing_it_restores_it() -> None:
+def test_a_fixed_budget_override_wins_over_the_autoscaler_and_releasing_it_restores_its_count() -> None:
     model = make_model({**SPEC, "autoscaling": {"minReplicas": 2, "maxReplicas": 6}})
     settings = OperatorSettings(gateway_namespace="gw")
     pinned = plan_children(model, settings, replicas_override=1)
-    assert "HorizontalPodAutoscaler" not in [o["kind"] for o in pinned.apply]
-    assert ("autoscaling/v2", "HorizontalPodAutoscaler") in pinned.delete
     assert pinned.apply[0]["spec"]["replicas"] == 1
     released = plan_children(model, settings, replicas_override=None)
-    assert "HorizontalPodAutoscaler" in [o["kind"] for o in released.apply]
-    assert "replicas" not in released.apply[0]["spec"]
+    assert released.apply[0]["spec"]["replicas"] == 2

@@ -104,7 +104,7 @@ def test_transition_time_only_moves_when_a_condition_changes() -> None:
     model = MODEL.model_copy(update={"status": first})
     second = build_status(model, dep(ready=1, updated=1), [], observed_generation=1, endpoint="e", now="t2")
     times = {c.type: c.last_transition_time for c in second.conditions}
-    assert times == {"Ready": "t2", "Progressing": "t1", "Degraded": "t1"}
+    assert times == {"Ready": "t2", "Progressing": "t1", "Degraded": "t1", "ScaledToZero": "t1"}
     assert isinstance(second, AIModelStatus)
 
 
@@ -238,3 +238,35 @@ def test_a_crash_loop_is_reported_before_the_bare_back_off() -> None:
     view = PodView.parse(pod_with(CRASH_LOOPING))
     assert view.blocking_reason == "CrashLoopBackOff"
     assert decide(MODEL, dep(ready=0), [view]).reason == "ModelLoadFailed"
+
+
+def test_a_model_at_zero_says_so_and_how_it_wakes() -> None:
+    autoscaled = make_model(
+        {
+            "source": {"uri": "/models/x"},
+            "autoscaling": {"minReplicas": 0, "maxReplicas": 2, "scaleToZeroAfter": "10m"},
+        },
+        autoscaler={"desiredReplicas": 0, "reason": "Idle", "lastActivityTime": "2026-01-01T00:00:00Z"},
+    )
+    status = build_status(
+        autoscaled, dep(desired=0, ready=0, updated=0), [], observed_generation=3, endpoint="e", now="t"
+    )
+    conditions = {c.type: c for c in status.conditions}
+    assert conditions["ScaledToZero"].status == "True"
+    assert conditions["Ready"].status == "False"
+    assert "after 10m without requests" in conditions["Ready"].message
+    assert "the next request through the gateway wakes it" in conditions["ScaledToZero"].message
+    # The autoscaler's own status survives a status write (a merge patch of null would clear it).
+    assert status.autoscaler is not None
+    assert status.autoscaler.reason == "Idle"
+    assert status.selector == "servlane.dev/model=llama"  # the scale subresource's selector
+    fixed = make_model({"source": {"uri": "/models/x"}, "replicas": 0})
+    message = {
+        c.type: c
+        for c in build_status(
+            fixed, dep(desired=0, ready=0, updated=0), [], observed_generation=3, endpoint="e", now="t"
+        ).conditions
+    }["ScaledToZero"].message
+    assert "spec.replicas 0" in message
+    serving = build_status(autoscaled, dep(), [], observed_generation=3, endpoint="e", now="t")
+    assert {c.type: c.status for c in serving.conditions}["ScaledToZero"] == "False"

@@ -129,10 +129,14 @@ def decide(
     now: float,
     state: ScalingState,
     pinned: int | None = None,
+    unread: int = 0,
 ) -> Decision:
     """The replicas for now. `current`: what the Deployment runs; `signals`: its ready pods'; `active`: a
     request was seen since the last decision (saw_activity); `demand`: the gateway holds a request for the
-    model (a fresh demand Lease); `pinned`: a fixed-GPU-budget rollout's count for the model."""
+    model (a fresh demand Lease); `pinned`: a fixed-GPU-budget rollout's count for the model; `unread`:
+    ready pods whose metrics could not be read. What is not read may be busy: with any unread pod the model
+    is never scaled down nor to zero (only up, on what the others report), so a NetworkPolicy that keeps
+    the operator out, say, holds the count rather than taking a busy model away."""
     seen = now if active or demand or state.last_activity_time is None else state.last_activity_time
     state = replace(state, last_activity_time=seen)
     if pinned is not None:
@@ -142,7 +146,8 @@ def decide(
     if current <= 0:
         return _at_zero(policy, demand, now, state)
     idle_for = now - seen
-    if policy.min_replicas == 0 and not demand and idle_for >= policy.scale_to_zero_after_seconds:
+    unknown = unread > 0
+    if policy.min_replicas == 0 and not demand and not unknown and idle_for >= policy.scale_to_zero_after_seconds:
         message = f"No request for {idle_for:.0f}s: scaled to zero; the next request wakes it."
         return _scaled(0, "Idle", message, now, state)
     if policy.bounded(current) != current:
@@ -150,7 +155,10 @@ def decide(
         return _scaled(bounded, "OutOfBounds", f"{current} replicas is outside the bounds: {bounded}.", now, state)
     needed = load_replicas(policy, signals)
     if needed is None:
-        return Decision(current, "NoSignals", "No ready pod reported its load yet: holding.", state)
+        why = (
+            f"{unread} ready pods did not answer on their metrics port" if unknown else "No ready pod reported its load"
+        )
+        return Decision(current, "NoSignals", f"{why}: holding.", state)
     if needed >= current or state.last_busy_time is None:
         state = replace(state, last_busy_time=now)
     target = policy.bounded(needed)
@@ -159,6 +167,9 @@ def decide(
         if since_scale >= policy.scale_up_stabilization_seconds:
             return _scaled(target, "HighLoad", f"The load needs {needed} replicas: {target}.", now, state)
         return Decision(current, "Stabilizing", f"The load needs {target}; waiting for the window.", state)
+    if target < current and unknown:
+        message = f"{unread} ready pods did not answer on their metrics port: not scaling down."
+        return Decision(current, "PartialSignals", message, state)
     if target < current:
         last_busy = state.last_busy_time if state.last_busy_time is not None else now
         quiet_for = min(now - last_busy, since_scale)

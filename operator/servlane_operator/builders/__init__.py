@@ -2,7 +2,6 @@
 
 from servlane_operator.builders.children import ChildPlan, plan_children
 from servlane_operator.builders.deployment import build_deployment, build_runtime_config, runtime_image
-from servlane_operator.builders.hpa import build_hpa
 from servlane_operator.builders.network_policy import build_network_policy
 from servlane_operator.builders.replicas_handover import replicas_handover
 from servlane_operator.builders.service import build_service, endpoint_url
@@ -10,7 +9,6 @@ from servlane_operator.builders.service import build_service, endpoint_url
 __all__ = [
     "ChildPlan",
     "build_deployment",
-    "build_hpa",
     "build_network_policy",
     "build_runtime_config",
     "build_service",

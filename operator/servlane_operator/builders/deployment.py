@@ -18,18 +18,24 @@ from servlane_api.runtime_config import (
     READY_PATH,
     RuntimeConfig,
 )
+from servlane_api.s3_source import S3Settings
+from servlane_core.scaling import autoscaled_replicas
 from servlane_operator.builders.adapters import adapter_volumes, serves_adapters
 from servlane_operator.builders.common import child_metadata
-from servlane_operator.builders.hpa import wants_hpa
 from servlane_operator.labels import model_labels, selector_labels
 from servlane_operator.observed import DeploymentView
 from servlane_operator.settings import OperatorSettings
 
 RUNTIME_UID = 10001  # the runtime image's user (Dockerfile.runtime)
-STARTUP_PERIOD_SECONDS = 10
+# The startup probe is what turns a loaded runtime into a Ready pod (the kubelet runs the readiness probe at once
+# after it passes): a runtime ready just after a probe waits for the next one, so its period is time every cold
+# start may lose. One second costs one GET /ready a second while a model loads, and nothing once it serves.
+STARTUP_PERIOD_SECONDS = 1
 # Long enough for load balancers to stop sending new requests before SIGTERM reaches the runtime.
 PRESTOP_SLEEP_SECONDS = 10
 DRAIN_SECONDS = 90
+# Where an oci:// model image is mounted (an image volume, read-only): the image's root holds the model files.
+MODEL_IMAGE_DIR = "/mnt/model-image"
 
 
 def runtime_image(spec: AIModelSpec, settings: OperatorSettings) -> str:
@@ -47,11 +53,14 @@ def build_runtime_config(model: AIModel) -> RuntimeConfig:
     if source.kind is SourceKind.PVC:
         _, path = source.pvc_claim_and_path()
         model_source = f"{PVC_MOUNT_DIR}/{path}".rstrip("/")
+    elif source.kind is SourceKind.OCI:
+        model_source = MODEL_IMAGE_DIR  # the kubelet has pulled and mounted it: nothing to fetch at start
     else:
         model_source = source.uri
     options = spec.engine_options
     return RuntimeConfig(
         model_source=model_source,
+        s3=source.s3.settings() if source.s3 is not None else S3Settings(),
         served_model_name=model.served_model_name,
         engine=spec.engine.value,
         task=spec.task.value,
@@ -73,15 +82,17 @@ def build_runtime_config(model: AIModel) -> RuntimeConfig:
     )
 
 
-def _replicas(model: AIModel, override: int | None) -> int | None:
-    """Fixed replica count, or None when an HPA owns spec.replicas (so the two never fight).
+def _replicas(model: AIModel, override: int | None) -> int:
+    """The one count the Deployment runs: spec.replicas (as `kubectl scale`, an HPA or KEDA wrote it through
+    the scale subresource), or with autoscaling the operator's own decision (status.autoscaler), never both.
     `override` comes from a fixed-GPU-budget canary of an AIFeature and wins over the model's own count."""
     if override is not None:
         return override
     scaling = model.spec.autoscaling
     if scaling is None:
         return 1 if model.spec.replicas is None else model.spec.replicas
-    return None if wants_hpa(model) else scaling.min_replicas
+    decided = model.status.autoscaler.desired_replicas if model.status.autoscaler else None
+    return autoscaled_replicas(scaling, decided)
 
 
 def _resources(model: AIModel) -> dict[str, Any]:
@@ -147,6 +158,11 @@ def _volumes(model: AIModel) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
         claim, _ = spec.source.pvc_claim_and_path()
         volumes.append({"name": "model-source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
         mounts.append({"name": "model-source", "mountPath": PVC_MOUNT_DIR, "readOnly": True})
+    elif spec.source.kind is SourceKind.OCI:
+        # Pulled once per node and kept by the container runtime like any image; mounted read-only (and noexec).
+        image = {"reference": spec.source.oci_reference(), "pullPolicy": "IfNotPresent"}
+        volumes.append({"name": "model-source", "image": image})
+        mounts.append({"name": "model-source", "mountPath": MODEL_IMAGE_DIR, "readOnly": True})
     adapter_vols, adapter_mounts = adapter_volumes(model)
     return volumes + adapter_vols, mounts + adapter_mounts
 
@@ -241,8 +257,9 @@ def _pod_spec(model: AIModel, settings: OperatorSettings) -> dict[str, Any]:
         },
         **_probes(),
     }
-    if spec.source.credentials_secret:
-        container["envFrom"] = [{"secretRef": {"name": spec.source.credentials_secret}}]
+    secret = spec.source.credentials_secret
+    if secret and spec.source.kind is not SourceKind.OCI:
+        container["envFrom"] = [{"secretRef": {"name": secret}}]
     pod: dict[str, Any] = {
         "containers": [container],
         "volumes": volumes,
@@ -257,6 +274,9 @@ def _pod_spec(model: AIModel, settings: OperatorSettings) -> dict[str, Any]:
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
+    if secret and spec.source.kind is SourceKind.OCI:
+        # The registry's credentials go to the kubelet, which pulls the image volume: the runtime never sees them.
+        pod["imagePullSecrets"] = [{"name": secret}]
     scheduling = spec.scheduling
     if scheduling.node_selector:
         pod["nodeSelector"] = dict(scheduling.node_selector)
@@ -285,7 +305,5 @@ def build_deployment(
             "spec": _pod_spec(model, settings),
         },
     }
-    replicas = _replicas(model, replicas_override)
-    if replicas is not None:
-        spec["replicas"] = replicas
+    spec["replicas"] = _replicas(model, replicas_override)
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": child_metadata(model), "spec": spec}

@@ -2,11 +2,12 @@
 
 Model pods serve an unauthenticated OpenAI API: the gateway is where API keys, rate limits and request
 limits are enforced, so nothing else in the cluster may call the pods directly. Each peer is admitted on
-its own port only: the gateway pods on the API port (`http`), the scraper on the runtime's metrics port
-(`metrics`, which serves /metrics and nothing else), so the scraper cannot call the model and the
-gateway cannot read the metrics. Both are pinned to a namespace: the scraper's explicit one
-(settings.metrics_scraper_namespace), never cluster-wide, and the gateway pods' own
-(settings.gateway_namespace), never their labels alone.
+its own port only: the gateway pods on the API port (`http`), the scraper and the operator (whose
+autoscaler reads the engine's signals there) on the runtime's metrics port (`metrics`, which serves
+/metrics and nothing else), so neither can call the model and the gateway cannot read the metrics.
+Each is pinned to a namespace: the scraper's explicit one (settings.metrics_scraper_namespace), never
+cluster-wide, the gateway pods' own (settings.gateway_namespace) and the operator's own
+(settings.operator_namespace), never their labels alone.
 
 Ingress only: egress (model downloads from hubs or object stores) differs too much between clusters.
 The kubelet's probes come from the node, which CNIs admit regardless of NetworkPolicies.
@@ -22,6 +23,8 @@ from servlane_operator.labels import GATEWAY_LABELS, selector_labels
 from servlane_operator.settings import OperatorSettings
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set on every namespace by the API server
+# The chart's operator pods (its component labels), admitted in the operator's own namespace only.
+OPERATOR_LABELS = {"app.kubernetes.io/component": "operator", "app.kubernetes.io/part-of": "servlane"}
 
 
 def _namespace(name: str) -> dict[str, Any]:
@@ -53,12 +56,22 @@ def scraper_peer(settings: OperatorSettings) -> dict[str, Any] | None:
     return {"namespaceSelector": _namespace(settings.metrics_scraper_namespace), "podSelector": scraper_pods}
 
 
+def operator_peer(settings: OperatorSettings) -> dict[str, Any] | None:
+    """The operator's pods, whose autoscaler reads the metrics port, when their namespace is known."""
+    if not settings.operator_namespace:
+        return None
+    return {
+        "namespaceSelector": _namespace(settings.operator_namespace),
+        "podSelector": {"matchLabels": OPERATOR_LABELS},
+    }
+
+
 def ingress_rules(settings: OperatorSettings) -> list[dict[str, Any]]:
-    """One rule per port, each naming the one peer that needs it (ports named as in the pod template)."""
+    """One rule per port, each naming the peers that need it (ports named as in the pod template)."""
     rules = [{"from": [gateway_peer(settings)], "ports": [{"port": "http", "protocol": "TCP"}]}]
-    scraper = scraper_peer(settings)
-    if scraper is not None:
-        rules.append({"from": [scraper], "ports": [{"port": "metrics", "protocol": "TCP"}]})
+    readers = [peer for peer in (scraper_peer(settings), operator_peer(settings)) if peer is not None]
+    if readers:
+        rules.append({"from": readers, "ports": [{"port": "metrics", "protocol": "TCP"}]})
     return rules
 
 

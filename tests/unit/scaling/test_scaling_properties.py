@@ -206,3 +206,21 @@ def test_the_deployment_follows_the_decision_within_the_current_bounds() -> None
     raised = Autoscaling(min_replicas=2, max_replicas=4)
     assert autoscaled_replicas(raised, 0) == 2
     assert autoscaled_replicas(raised, None) == 2
+
+
+@PROPERTY_SETTINGS
+@given(
+    policies(), st.integers(1, 12), st.integers(0, 200), st.integers(1, 5), st.lists(st.integers(0, 200), max_size=40)
+)
+def test_pods_that_cannot_be_read_are_never_taken_for_idle(
+    policy: ScalingPolicy, start: int, first: int, unread: int, loads: list[int]
+) -> None:
+    """A pod whose metrics cannot be read (a NetworkPolicy, a slow pod) may be busy: the model is never
+    scaled down, nor to zero, while any is unread; it may still scale up on what the others report."""
+    current, state, now = policy.bounded(start), ScalingState(), 1_000_000.0  # (the bounds may lower it)
+    for load in [first, *loads]:
+        decision = decide(
+            policy, current, pods(current, load), active=False, demand=False, now=now, state=state, unread=unread
+        )
+        assert decision.replicas >= current
+        current, state, now = decision.replicas, decision.state, now + 10_000.0

@@ -1,0 +1,219 @@
+"""The autoscaler at the edge: what it reads from a pod's metrics port, what a pass writes (status.autoscaler
+and the Deployment's replicas, never the spec), and which Leases count as demand."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import kopf
+import pytest
+
+from servlane_core.scaling.demand import demanded_model, is_fresh, renewed_at
+from servlane_operator.autoscaler import (
+    MAX_METRICS_BYTES,
+    Autoscaler,
+    ReadyPod,
+    autoscale,
+    parse_signals,
+    status_needs_write,
+    status_of,
+)
+from servlane_operator.observed import DeploymentView
+from servlane_operator.settings import OperatorSettings
+from tests.unit.fake_kube import FakeKube
+
+NS, NAME = "team-a", "llama"
+DEPLOYMENT = f"/apis/apps/v1/namespaces/{NS}/deployments/model-{NAME}"
+MODEL = f"/apis/servlane.dev/v1alpha1/namespaces/{NS}/aimodels/{NAME}"
+
+VLLM_METRICS = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="llama"} 5.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="llama"} 3.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="llama"} 0.75
+# TYPE servlane_runtime_in_flight gauge
+servlane_runtime_in_flight 8.0
+# TYPE servlane_runtime_requests counter
+servlane_runtime_requests_total{code="200",endpoint="/v1/chat/completions"} 41.0
+servlane_runtime_requests_total{code="200",endpoint="/v1/models"} 1000.0
+"""
+RUNTIME_METRICS = """\
+# TYPE servlane_runtime_in_flight gauge
+servlane_runtime_in_flight 2.0
+# TYPE servlane_runtime_queue_depth gauge
+servlane_runtime_queue_depth 1.0
+# TYPE servlane_runtime_requests counter
+servlane_runtime_requests_total{code="200",endpoint="/v1/chat/completions"} 7.0
+servlane_runtime_requests_total{code="400",endpoint="/v1/embeddings"} 2.0
+"""
+
+IDLE_METRICS = """\
+servlane_runtime_in_flight 0
+servlane_runtime_queue_depth 0
+servlane_runtime_requests_total{code="200",endpoint="/v1/chat/completions"} 9.0
+"""
+
+
+def test_vllm_signals_are_the_engines_own() -> None:
+    signals = parse_signals(VLLM_METRICS)
+    assert signals is not None
+    assert (signals.running, signals.waiting, signals.kv_cache_usage) == (5.0, 3.0, 0.75)
+    assert signals.requests_total == 41.0  # listing models is no use of the model
+
+
+def test_the_transformers_engine_is_read_from_the_runtimes_gauges() -> None:
+    signals = parse_signals(RUNTIME_METRICS)
+    assert signals is not None
+    assert (signals.running, signals.waiting, signals.kv_cache_usage, signals.requests_total) == (2, 1, None, 9)
+
+
+@pytest.mark.parametrize("text", ["", "# nothing\n", "servlane_runtime_in_flight NaN\n"])
+def test_a_pod_without_usable_signals_reports_nothing(text: str) -> None:
+    assert parse_signals(text) is None
+
+
+def pod(name: str = "p1") -> ReadyPod:
+    return ReadyPod(name=name, ip="10.0.0.1")
+
+
+def test_only_ready_pods_with_an_address_that_are_not_leaving_are_read() -> None:
+    ready = {"type": "Ready", "status": "True"}
+    body: dict[str, Any] = {"metadata": {"name": "p"}, "status": {"podIP": "10.1.2.3", "conditions": [ready]}}
+    assert ReadyPod.parse(body) == ReadyPod("p", "10.1.2.3")
+    assert ReadyPod.parse({**body, "status": {"conditions": [ready]}}) is None
+    assert ReadyPod.parse({**body, "status": {"podIP": "10.1.2.3", "conditions": []}}) is None
+    leaving = {**body, "metadata": {"name": "p", "deletionTimestamp": "2026-01-01T00:00:00Z"}}
+    assert ReadyPod.parse(leaving) is None
+
+
+def scraper(handler: Any) -> Autoscaler:
+    return Autoscaler(client=httpx.AsyncClient(transport=httpx.MockTransport(handler)), clock=lambda: 1_000_000.0)
+
+
+def test_an_endless_metrics_body_is_cut_off_not_read_whole() -> None:
+    """A hostile pod answering with more than MAX_METRICS_BYTES gives no signals (and no memory blow-up)."""
+    huge = b"servlane_runtime_in_flight 1\n" + b"#" * (MAX_METRICS_BYTES + 1)
+    autoscaler = scraper(lambda request: httpx.Response(200, content=huge))
+    assert asyncio.run(autoscaler.read([pod()])) == {}
+    fine = scraper(lambda request: httpx.Response(200, text=RUNTIME_METRICS))
+    assert set(asyncio.run(fine.read([pod()]))) == {"p1"}
+
+
+def model_body(spec: dict[str, Any], status: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "servlane.dev/v1alpha1",
+        "kind": "AIModel",
+        "metadata": {"name": NAME, "namespace": NS, "uid": "uid-1", "generation": 1},
+        "spec": {"source": {"uri": "/models/tiny"}, "engine": "transformers", **spec},
+        "status": {"observedGeneration": 1, **(status or {})},
+    }
+
+
+def live_deployment(replicas: int) -> DeploymentView:
+    return DeploymentView(
+        generation=1,
+        observed_generation=1,
+        desired=replicas,
+        replicas=replicas,
+        ready=replicas,
+        updated=replicas,
+        available=replicas,
+        deadline_exceeded=False,
+    )
+
+
+@pytest.fixture
+def quiet_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("event", "info", "warn"):
+        monkeypatch.setattr(kopf, name, lambda *_args, **_kw: None)
+
+
+def run_pass(kube: FakeKube, body: dict[str, Any], autoscaler: Autoscaler, current: int, **kw: Any) -> Any:
+    settings = OperatorSettings(gateway_namespace="gw")
+    kw.setdefault("demand", False)
+    kw.setdefault("pinned", None)
+    pods = kw.pop("ready", [pod()] if current else [])
+    return asyncio.run(autoscale(body, kube, settings, autoscaler, live_deployment(current), pods, [], **kw))
+
+
+@pytest.mark.usefixtures("quiet_events")
+def test_a_busy_model_is_scaled_up_in_its_deployment_and_status_not_its_spec() -> None:
+    kube = FakeKube()
+    body = model_body({"autoscaling": {"minReplicas": 1, "maxReplicas": 4, "targetInFlightPerReplica": 1}})
+    autoscaler = scraper(lambda request: httpx.Response(200, text=RUNTIME_METRICS))  # 3 in flight or waiting
+    decision = run_pass(kube, body, autoscaler, 1)
+    assert (decision.replicas, decision.reason) == (3, "HighLoad")
+    assert kube.objects[DEPLOYMENT]["spec"]["replicas"] == 3
+    written = [s["autoscaler"] for s in kube.statuses if "autoscaler" in s]
+    assert written[0]["desiredReplicas"] == 3
+    assert ("PATCH", MODEL) not in kube.calls  # the spec is the user's (or kubectl scale's), never ours
+
+
+@pytest.mark.usefixtures("quiet_events")
+def test_an_idle_model_at_min_zero_goes_to_zero_after_its_window() -> None:
+    kube = FakeKube()
+    spec = {"autoscaling": {"minReplicas": 0, "maxReplicas": 2, "scaleToZeroAfter": "10m"}}
+    last_seen = {"desiredReplicas": 1, "reason": "AtTarget", "lastActivityTime": "1970-01-12T13:46:40Z"}  # 1e6 s
+    idle = scraper(lambda request: httpx.Response(200, text=IDLE_METRICS))
+    idle.totals[(NS, NAME)] = {"p1": 9.0}  # nothing counted since the last read
+    idle.clock = lambda: 1_000_000.0 + 599
+    assert run_pass(kube, model_body(spec, {"autoscaler": last_seen}), idle, 1).replicas == 1
+    idle.clock = lambda: 1_000_000.0 + 601
+    decision = run_pass(kube, model_body(spec, {"autoscaler": last_seen}), idle, 1)
+    assert (decision.replicas, decision.reason) == (0, "Idle")
+    assert kube.objects[DEPLOYMENT]["spec"]["replicas"] == 0
+
+
+@pytest.mark.usefixtures("quiet_events")
+def test_demand_wakes_a_model_at_zero_without_reading_any_pod() -> None:
+    kube = FakeKube()
+    spec = {"autoscaling": {"minReplicas": 0, "maxReplicas": 2}}
+
+    def no_pod_to_read(request: httpx.Request) -> httpx.Response:
+        raise AssertionError("a model at zero has no pod to read")
+
+    autoscaler = scraper(no_pod_to_read)
+    body = model_body(spec, {"autoscaler": {"desiredReplicas": 0, "reason": "Idle"}})
+    assert run_pass(kube, body, autoscaler, 0).replicas == 0  # no demand: stays
+    decision = run_pass(kube, body, autoscaler, 0, demand=True)
+    assert (decision.replicas, decision.reason) == (1, "Demand")
+    assert kube.objects[DEPLOYMENT]["spec"]["replicas"] == 1
+
+
+@pytest.mark.usefixtures("quiet_events")
+def test_a_rollout_pin_is_left_to_the_budget_reconcile() -> None:
+    kube = FakeKube()
+    autoscaler = scraper(lambda request: httpx.Response(200, text=RUNTIME_METRICS))
+    body = model_body({"autoscaling": {"minReplicas": 1, "maxReplicas": 4, "targetInFlightPerReplica": 1}})
+    decision = run_pass(kube, body, autoscaler, 2, pinned=2)
+    assert (decision.replicas, decision.reason) == (2, "FixedGpuBudget")
+    assert DEPLOYMENT not in kube.objects  # the AIFeature's budget applies the pin, not the autoscaler
+
+
+def test_status_is_written_for_a_new_count_or_reason_or_times_that_moved_far() -> None:
+    from servlane_core.scaling import Decision, ScalingState
+
+    base = status_of(Decision(2, "AtTarget", "", ScalingState(100.0, 100.0, 100.0)))
+    assert not status_needs_write(base, status_of(Decision(2, "AtTarget", "", ScalingState(100.0, 120.0, 110.0))))
+    assert status_needs_write(base, status_of(Decision(2, "AtTarget", "", ScalingState(100.0, 140.0, 100.0))))
+    assert status_needs_write(base, status_of(Decision(3, "HighLoad", "", ScalingState(100.0, 100.0, 100.0))))
+    assert status_needs_write(None, base)
+
+
+def test_a_lease_wakes_only_the_model_it_is_named_after() -> None:
+    gateway = {"app.kubernetes.io/managed-by": "servlane-gateway", "servlane.dev/model": "llama"}
+    assert demanded_model("servlane-demand-llama", gateway) == "llama"
+    assert demanded_model("servlane-demand-other", gateway) is None  # named after another model
+    assert demanded_model("servlane-demand-llama", {**gateway, "app.kubernetes.io/managed-by": "x"}) is None
+    assert demanded_model("servlane-demand-llama", {"app.kubernetes.io/managed-by": "servlane-gateway"}) is None
+    lease = {"spec": {"renewTime": "2026-12-05T04:00:00.123456Z"}}
+    renewed = renewed_at(lease)
+    assert renewed is not None
+    assert is_fresh(renewed, renewed + 60)
+    assert not is_fresh(renewed, renewed + 61)
+    assert renewed_at({"spec": {}}) is None
+    assert renewed_at({"spec": {"renewTime": "yesterday"}}) is None

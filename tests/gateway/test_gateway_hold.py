@@ -291,3 +291,18 @@ def test_held_requests_reach_the_upstream_within_100ms_of_its_ready(
     p50 = statistics.median(latencies)
     print(f"release latency p50 {p50 * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms")
     assert p50 < 0.1
+
+
+def test_held_requests_go_out_when_the_route_table_says_their_model_is_ready(
+    start_gateway: StartGateway, waking: list[WakingUpstream]
+) -> None:
+    """The operator's Ready (here: the routes file's) releases them too, whatever the pod's /ready says."""
+    cold = upstream(waking, "cold")
+    gw = start_gateway([waking_model("cold", cold.url)])
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(chat, gw, "cold")
+        wait_until("the request held", lambda: held(gw, "cold") == 1, 10)
+        gw.write_routes([aimodel("cold", cold.url + "/v1")])  # Ready; its /ready still answers 503
+        response = answer.result(10)
+    assert response.status_code == 200
+    assert cold.ready_since is None

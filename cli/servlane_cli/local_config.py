@@ -66,6 +66,8 @@ def local_runtime(
     `metrics_port`: where its /metrics listens (None: the runtime's default, as in a pod)."""
     if model.spec.source.kind is SourceKind.PVC:
         raise ValueError(f"{model.spec.source.uri}: pvc:// sources exist only in a cluster; use a local path")
+    if model.spec.source.kind is SourceKind.OCI:
+        raise ValueError(f"{model.spec.source.uri}: oci:// images are mounted by a kubelet; use a local path")
     spec = model.spec
     explicit = spec.model_fields_set
     warnings = [f"{name} is ignored in standalone mode" for key, name in _CLUSTER_ONLY.items() if key in explicit]

@@ -37,6 +37,7 @@ PIECES = (
     "%2e", "%2f", "%00", "\\", " ", "\t", "\n", "\x00", "\x1b", "\u202e", "é", "a", "Z", "0", "9", "org",
     "name", "main", "claim", "bucket", "models", "proc", "etc", "var/run", "dev", "refs/pr/1", "user:pass@",
     "1.2.3.4", "xn--", "-s3alias", "a" * 63 + ".", "b" * 200,
+    "oci://", "localhost", "registry.example.com", ":5000", ":v1.5", "__", "--", "@sha256:" + "a" * 64,
 )  # fmt: skip
 uris = st.lists(st.sampled_from(PIECES), max_size=12).map("".join) | st.text(max_size=40)
 
@@ -58,7 +59,15 @@ def path_of(source: ModelSource) -> str:
         return "/" + source.uri.removeprefix("s3://").partition("/")[2]
     if source.kind is SourceKind.HF:
         return "/" + source.uri.removeprefix("hf://").split("@")[0]
+    if source.kind is SourceKind.OCI:
+        return "/" + oci_repository(source)
     return source.uri
+
+
+def oci_repository(source: ModelSource) -> str:
+    """The repository of an oci:// reference: after the registry, before the tag or digest."""
+    _, _, rest = source.oci_reference().partition("/")
+    return re.split(r"[:@]", rest, maxsplit=1)[0]
 
 
 @settings(max_examples=1000, deadline=None)
@@ -80,18 +89,23 @@ def test_an_accepted_source_is_a_plain_path(uri: str) -> None:
     if source.kind is SourceKind.S3:
         bucket = uri.removeprefix("s3://").partition("/")[0]
         assert not re.fullmatch(r"[0-9.]+", bucket), uri
+    if source.kind is SourceKind.OCI:
+        # The registry is explicit: a kubelet never reads the first component as a Docker Hub user.
+        registry = source.oci_reference().partition("/")[0]
+        assert registry == "localhost" or "." in registry or ":" in registry, uri
+        assert oci_repository(source) == oci_repository(source).lower(), uri
 
 
 @settings(max_examples=300, deadline=None)
 @given(uris)
 def test_adapters_accept_no_more_than_models(uri: str) -> None:
-    """An adapter source takes the model's forms but s3://: never something a model source refuses."""
+    """An adapter source takes the model's forms but s3:// and oci://: never something a model source refuses."""
     try:
         Adapter(name="a", source=uri)
     except ValidationError:
         return
     assert accepted(uri) is not None
-    assert not uri.startswith("s3://")
+    assert not uri.startswith(("s3://", "oci://"))
 
 
 def samples(count: int, seed: int = 28_16) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,7 +23,10 @@ from prometheus_client import start_http_server
 from servlane_api import GROUP, VERSION
 from servlane_api.targets import parse_target
 from servlane_core.rollout import MetricsReader
+from servlane_core.scaling.demand import demanded_model, is_fresh, renewed_at
 from servlane_operator import aifeature_reconciler, aimodel_reconciler, operator_metrics, periodic
+from servlane_operator.autoscaler import Autoscaler, ReadyPod, autoscale
+from servlane_operator.cold_start_reader import ColdStartReader
 from servlane_operator.kube import Kube, load_client
 from servlane_operator.labels import GATEWAY_SELECTOR, MODEL_LABEL
 from servlane_operator.lanes import Lanes, Priority
@@ -31,7 +35,7 @@ from servlane_operator.metric_readers.scrape_reader import ScrapeReader
 from servlane_operator.observed import DeploymentView, PodView, aimodel_index_entry
 from servlane_operator.peering import leads
 from servlane_operator.settings import OperatorSettings
-from servlane_operator.watch_scope import DEPLOYMENTS, OWNED, PODS, restrict_watches
+from servlane_operator.watch_scope import DEMAND, DEPLOYMENTS, LEASES, OWNED, PODS, restrict_watches
 
 SETTINGS = OperatorSettings.from_env()
 log = logging.getLogger(__name__)
@@ -53,6 +57,8 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     memo.kube = Kube(load_client())
     memo.lanes = Lanes(SETTINGS.max_concurrent_reconciles)
     memo.reader = canary_reader(SETTINGS, memo.kube)
+    memo.autoscaler = Autoscaler()
+    memo.cold_starts = ColdStartReader(memo.kube)
     memo.peering = settings.peering
     memo.periodic = []
     # Status refreshes waiting for a slot, by model (see request_refresh). kopf hands each object a
@@ -66,6 +72,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
 async def cleanup(memo: Any, **_: Any) -> None:
     for task in [*memo.periodic, *memo.refresh_tasks]:
         task.cancel()
+    await memo.cold_starts.aclose()
 
 
 def start_periodic(memo: Any, kwargs: dict[str, Any]) -> None:
@@ -79,6 +86,14 @@ def start_periodic(memo: Any, kwargs: dict[str, Any]) -> None:
             asyncio.create_task(
                 periodic.every(
                     SETTINGS.resync_seconds, lambda: resync_models(memo, kwargs), lambda: may_act(memo), "resync"
+                )
+            ),
+            asyncio.create_task(
+                periodic.every(
+                    SETTINGS.autoscale_interval_seconds,
+                    lambda: autoscale_models(memo, kwargs),
+                    lambda: may_act(memo),
+                    "autoscale",
                 )
             ),
             asyncio.create_task(
@@ -137,6 +152,21 @@ def deployments_by_model(namespace: str | None, labels: kopf.Labels, body: kopf.
 @kopf.index(*PODS, labels=OWNED)
 def pods_by_model(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
     return {(namespace, labels[MODEL_LABEL]): PodView.parse(body)}
+
+
+@kopf.index(*PODS, labels=OWNED)
+def ready_pods_by_model(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
+    """The pods the autoscaler reads: ready, not terminating, with an address."""
+    pod = ReadyPod.parse(body)
+    return None if pod is None else {(namespace, labels[MODEL_LABEL]): pod}
+
+
+@kopf.index(*LEASES, labels={**DEMAND, MODEL_LABEL: kopf.PRESENT})
+def demand_by_model(namespace: str | None, name: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
+    """When each model's demand Lease was last renewed. A Lease counts only under its model's own name, in
+    the model's own namespace: it can wake nothing else (servlane_core.scaling.demand)."""
+    model = demanded_model(name, labels)
+    return None if model is None else {(namespace, model): renewed_at(body)}
 
 
 @kopf.index(GROUP, VERSION, "aimodels")
@@ -256,6 +286,12 @@ async def _refresh(memo: Any, kwargs: dict[str, Any], key: tuple[str, str]) -> N
         memo.lanes.release()
 
 
+@kopf.on.event(*PODS, labels=OWNED)
+async def pod_changed(body: kopf.Body, memo: Any, **_: Any) -> None:
+    """A model pod that turned Ready: its cold start goes to its AIModel's status (in the background)."""
+    memo.cold_starts.observe(body)
+
+
 @kopf.on.event(GROUP, VERSION, "aimodels")
 async def model_changed(type: str, body: kopf.Body, namespace: str | None, name: str, memo: Any, **kwargs: Any) -> None:
     """Every AIModel event re-derives status from the children as last seen, against the AIModel's latest
@@ -265,6 +301,7 @@ async def model_changed(type: str, body: kopf.Body, namespace: str | None, name:
     if type == "DELETED":
         # Its children go by garbage collection (ownerReferences); only our own metric series is left.
         operator_metrics.forget(operator_metrics.MODEL_PHASE, namespace or "", name, aimodel_reconciler.AIMODEL_PHASES)
+        memo.cold_starts.forget_model(namespace or "", name)
         return
     if not (body.get("status") or {}).get("observedGeneration"):
         return  # not reconciled yet: the change handler writes the first status
@@ -309,6 +346,56 @@ async def feature_pass(body: Any, ns: str, memo: Any, kwargs: dict[str, Any]) ->
                 await aimodel_reconciler.reconcile(
                     in_namespace[name], memo.kube, SETTINGS, pods, trigger="budget", replicas_override=override
                 )
+
+
+async def autoscale_models(memo: Any, kwargs: dict[str, Any]) -> None:
+    """Every autoscale_interval_seconds: one autoscaler pass of every autoscaled AIModel."""
+    keys = [
+        key
+        for key, copies in kwargs["aimodels_by_key"].items()
+        if (next(iter(copies)).get("spec") or {}).get("autoscaling")
+    ]
+    for key in list(memo.autoscaler.states):
+        if key not in keys:
+            memo.autoscaler.forget(key)  # deleted, or autoscaling turned off: a later one starts afresh
+    await periodic.each("autoscale", ((f"{ns}/{name}", autoscale_model(memo, kwargs, (ns, name))) for ns, name in keys))
+
+
+async def autoscale_model(memo: Any, kwargs: dict[str, Any], key: tuple[str, str], *, demand: bool = False) -> None:
+    async with memo.lanes.slot(Priority.CHANGE):
+        body = next(iter(_indexed(kwargs, "aimodels_by_key", key)), None)
+        deployment = next(iter(_indexed(kwargs, "deployments_by_model", key)), None)
+        if body is None or deployment is None:
+            return  # deleted, or not applied yet (the change handler applies it first)
+        now = time.time()
+        demand = demand or any(is_fresh(renewed, now) for renewed in _indexed(kwargs, "demand_by_model", key))
+        await autoscale(
+            body,
+            memo.kube,
+            SETTINGS,
+            memo.autoscaler,
+            deployment,
+            _indexed(kwargs, "ready_pods_by_model", key),
+            _indexed(kwargs, "pods_by_model", key),
+            demand=demand,
+            pinned=_override(kwargs, *key),
+        )
+
+
+@kopf.on.event(*LEASES, labels={**DEMAND, MODEL_LABEL: kopf.PRESENT})
+async def demand_changed(
+    type: str, body: kopf.Body, namespace: str | None, name: str, labels: kopf.Labels, memo: Any, **kwargs: Any
+) -> None:
+    """A fresh demand Lease wakes its model at zero at once, not at the next autoscaler pass."""
+    start_periodic(memo, kwargs)
+    model = demanded_model(name, labels)
+    if type == "DELETED" or model is None or not is_fresh(renewed_at(body), time.time()):
+        return
+    key = (namespace or "", model)
+    deployment = next(iter(_indexed(kwargs, "deployments_by_model", key)), None)
+    if deployment is None or deployment.desired > 0:
+        return  # not at zero: the periodic pass sees the demand too
+    await autoscale_model(memo, kwargs, key, demand=True)
 
 
 # No @kopf.on.delete: even an optional one is skipped when an object without a finalizer vanishes at

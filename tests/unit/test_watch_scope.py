@@ -23,13 +23,16 @@ from kopf._cogs.structs.references import NamespaceName, Resource, Selector
 
 from servlane_api import GROUP, VERSION
 from servlane_operator import handlers
-from servlane_operator.watch_scope import CHILD_KINDS, OWNED_SELECTOR, restrict_watches
+from servlane_operator.watch_scope import CHILD_KINDS, LEASES, OWNED_SELECTOR, restrict_watches
 
 PODS = Resource("", "v1", "pods", kind="Pod", namespaced=True, verbs=frozenset({"list", "watch"}))
 DEPLOYMENTS = Resource(
     "apps", "v1", "deployments", kind="Deployment", namespaced=True, verbs=frozenset({"list", "watch"})
 )
 AIMODELS = Resource(GROUP, VERSION, "aimodels", kind="AIModel", namespaced=True, verbs=frozenset({"list", "watch"}))
+LEASE_RESOURCE = Resource(
+    "coordination.k8s.io", "v1", "leases", kind="Lease", namespaced=True, verbs=frozenset({"list", "watch"})
+)
 OTHER = Resource("", "v1", "configmaps", kind="ConfigMap", namespaced=True, verbs=frozenset({"list", "watch"}))
 
 
@@ -119,11 +122,24 @@ def test_every_built_in_kind_the_handlers_watch_is_filtered_on_the_server() -> N
         *registry._spawning.get_all_selectors(),
     }
     built_in = {(s.group, s.version, s.any_name) for s in watched if s.group != GROUP}
-    assert built_in == set(CHILD_KINDS)
+    assert built_in == {*CHILD_KINDS, LEASES}
     settings = kopf.OperatorSettings()
     restrict_watches(settings)
     for kind in CHILD_KINDS:
         assert settings.watching.label_selectors[kind] == OWNED_SELECTOR
+    assert settings.watching.label_selectors[LEASES] == "app.kubernetes.io/managed-by=servlane-gateway"
+
+
+@pytest.mark.parametrize("namespace", [None, "team-a"], ids=["cluster-wide", "namespaced"])
+async def test_leases_are_listed_and_watched_only_for_the_gateways_demand(
+    monkeypatch: pytest.MonkeyPatch, namespace: str | None
+) -> None:
+    """Every node and every leader election has a Lease: the operator asks only for the gateway's."""
+    settings = await started_settings(monkeypatch)
+    urls = await requested_urls(monkeypatch, settings, LEASE_RESOURCE, namespace)
+    assert len(urls) == 2, urls
+    for url in urls:
+        assert query(url)["labelSelector"] == ["app.kubernetes.io/managed-by=servlane-gateway"], url
 
 
 def test_a_kopf_without_server_side_selectors_is_refused() -> None:

@@ -168,10 +168,23 @@ class Autoscaler:
     metrics_port: int = DEFAULT_METRICS_PORT
     states: dict[ModelKey, ScalingState] = field(default_factory=dict)
     totals: dict[ModelKey, dict[str, float]] = field(default_factory=dict)
+    # The status.autoscaler this process last decided (camelCase, as written), by model.
+    decided: dict[ModelKey, dict[str, Any]] = field(default_factory=dict)
 
     def forget(self, key: ModelKey) -> None:
         self.states.pop(key, None)
         self.totals.pop(key, None)
+        self.decided.pop(key, None)
+
+    def with_decision(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        """`body` with this process's latest decision in status.autoscaler. A copy of the AIModel from an index
+        or an event may predate the status patch that wrote it: applied as it is, its older count would undo
+        the scaling until the next pass (a resync between the two would flap the Deployment)."""
+        meta = body.get("metadata") or {}
+        written = self.decided.get((str(meta.get("namespace", "")), str(meta.get("name", ""))))
+        if written is None or not (body.get("spec") or {}).get("autoscaling"):
+            return body
+        return {**body, "status": {**(body.get("status") or {}), "autoscaler": written}}
 
     async def read(self, pods: Sequence[ReadyPod]) -> dict[str, PodSignals]:
         """Each ready pod's signals by pod name; a pod that does not answer is left out."""
@@ -251,6 +264,7 @@ async def autoscale(
     written = new.model_dump(by_alias=True, mode="json", exclude_none=True)
     if status_needs_write(model.status.autoscaler, new):
         await kube.patch_status(model.api_version, model.kind, model.namespace, model.name, {"autoscaler": written})
+    autoscaler.decided[(model.namespace, model.name)] = written
     if pinned is None and decision.replicas != deployment.desired:
         log.info(
             "scaling %s/%s from %d to %d: %s",

@@ -202,8 +202,9 @@ async def reconcile_model(
             return  # deleted while waiting: nothing to apply (its children go by garbage collection)
         pods = _indexed(kwargs, "pods_by_model", key)
         override = _override(kwargs, *key)
+        current = memo.autoscaler.with_decision(body)
         await aimodel_reconciler.reconcile(
-            body, memo.kube, SETTINGS, pods, trigger="change", replicas_override=override
+            current, memo.kube, SETTINGS, pods, trigger="change", replicas_override=override
         )
 
 
@@ -232,8 +233,9 @@ async def resync_model(body: dict[str, Any], memo: Any, kwargs: dict[str, Any]) 
         known = next(iter(_indexed(kwargs, "deployments_by_model", key)), None)
         pods = _indexed(kwargs, "pods_by_model", key)
         override = _override(kwargs, key[0], key[1])
+        current = memo.autoscaler.with_decision(latest)
         await aimodel_reconciler.reconcile(
-            latest, memo.kube, SETTINGS, pods, trigger="resync", known_deployment=known, replicas_override=override
+            current, memo.kube, SETTINGS, pods, trigger="resync", known_deployment=known, replicas_override=override
         )
 
 
@@ -343,8 +345,9 @@ async def feature_pass(body: Any, ns: str, memo: Any, kwargs: dict[str, Any]) ->
         if name in in_namespace:
             async with memo.lanes.slot(Priority.CHANGE):
                 pods = _indexed(kwargs, "pods_by_model", (ns, name))
+                current = memo.autoscaler.with_decision(in_namespace[name])
                 await aimodel_reconciler.reconcile(
-                    in_namespace[name], memo.kube, SETTINGS, pods, trigger="budget", replicas_override=override
+                    current, memo.kube, SETTINGS, pods, trigger="budget", replicas_override=override
                 )
 
 

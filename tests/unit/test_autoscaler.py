@@ -11,6 +11,7 @@ import kopf
 import pytest
 
 from servlane_core.scaling.demand import demanded_model, is_fresh, renewed_at
+from servlane_operator.aimodel_reconciler import reconcile
 from servlane_operator.autoscaler import (
     MAX_METRICS_BYTES,
     Autoscaler,
@@ -217,3 +218,23 @@ def test_a_lease_wakes_only_the_model_it_is_named_after() -> None:
     assert not is_fresh(renewed, renewed + 61)
     assert renewed_at({"spec": {}}) is None
     assert renewed_at({"spec": {"renewTime": "yesterday"}}) is None
+
+
+@pytest.mark.usefixtures("quiet_events")
+def test_a_copy_of_the_model_older_than_the_decision_does_not_undo_it() -> None:
+    """A resync or spec change reconciles the AIModel from an index or event copy, which may predate the
+    status patch of the last decision: the decision this process made is what the Deployment keeps."""
+    kube = FakeKube()
+    spec = {"autoscaling": {"minReplicas": 1, "maxReplicas": 4, "targetInFlightPerReplica": 1}}
+    autoscaler = scraper(lambda request: httpx.Response(200, text=RUNTIME_METRICS))
+    run_pass(kube, model_body(spec), autoscaler, 1)  # scaled to 3
+    stale = model_body(spec, {"autoscaler": {"desiredReplicas": 1, "reason": "AtTarget"}})
+    current = autoscaler.with_decision(stale)
+    assert current["status"]["autoscaler"]["desiredReplicas"] == 3
+    settings = OperatorSettings(gateway_namespace="gw")
+    asyncio.run(reconcile(current, kube, settings, [], trigger="resync"))
+    assert kube.objects[DEPLOYMENT]["spec"]["replicas"] == 3
+    fixed = model_body({"replicas": 2})
+    assert autoscaler.with_decision(fixed) is fixed  # a model without autoscaling: spec.replicas rules
+    autoscaler.forget((NS, NAME))
+    assert autoscaler.with_decision(stale) is stale

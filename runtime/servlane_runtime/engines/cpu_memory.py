@@ -34,6 +34,8 @@ _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2
 
 CGROUP_V2_LIMIT = "/sys/fs/cgroup/memory.max"
 CGROUP_V1_LIMIT = "/sys/fs/cgroup/memory/memory.limit_in_bytes"
+CGROUP_V2_STAT = "/sys/fs/cgroup/memory.stat"
+CGROUP_V1_STAT = "/sys/fs/cgroup/memory/memory.stat"
 MEMINFO = "/proc/meminfo"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
@@ -103,6 +105,31 @@ def cgroup_limit_bytes(v2_text: str | None, v1_text: str | None, machine_total: 
         limit = int(value)
         return limit if 0 < limit < machine_total else None
     return None
+
+
+def page_cache_bytes(stat_text: str) -> int:
+    """The file pages (page cache) a cgroup's memory.stat counts: the kernel reclaims them when the cgroup needs
+    room, so they are used memory only in name. cgroup v1's hierarchical `total_*` counts when it has them (its
+    usage_in_bytes is hierarchical too); shared memory (/dev/shm) is on the anon lists, not here."""
+    fields: dict[str, int] = {}
+    for line in stat_text.splitlines():
+        name, _, value = line.partition(" ")
+        if value.strip().isdigit():
+            fields[name] = int(value)
+    prefix = "total_" if "total_active_file" in fields else ""
+    return fields.get(f"{prefix}active_file", 0) + fields.get(f"{prefix}inactive_file", 0)
+
+
+def usage_less_page_cache(usage: int | None, stat_text: str | None) -> int | None:
+    """A cgroup's memory usage without its page cache (None: no cgroup usage known)."""
+    if usage is None or stat_text is None:
+        return usage
+    return max(0, usage - page_cache_bytes(stat_text))
+
+
+def cgroup_stat_text() -> str | None:
+    """This container's memory.stat (cgroup v2, else v1); None outside a memory cgroup."""
+    return _read(CGROUP_V2_STAT) or _read(CGROUP_V1_STAT)
 
 
 def meminfo_bytes(text: str, field: str) -> int:

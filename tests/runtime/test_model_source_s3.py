@@ -183,3 +183,37 @@ def test_query_strings_never_reach_a_message() -> None:
         "failed; retried /b/k?partNumber=1&X-Amz-Security-Token=tok"
     )
     assert without_query_strings(signed) == ("GET https://b.s3.amazonaws.com/k/model.safetensors failed; retried /b/k")
+
+
+@pytest.mark.parametrize("status", [200, 404])
+def test_an_endpoint_that_is_no_s3_store_is_named_without_copying_its_answer(
+    status: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Team B pointing its endpoint at team A's service must not read team A's answers in its own status."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Private(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"<html>team-a private page</html>"
+            self.send_response(status)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Private)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(ModelSourceError) as failed:
+            fetch(SOURCE, str(tmp_path), settings(f"http://127.0.0.1:{server.server_address[1]}"))
+    finally:
+        server.shutdown()
+        server.server_close()
+    message = str(failed.value)
+    assert message.startswith(f"{SOURCE}: not an S3 answer"), message
+    assert "private" not in message

@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 from urllib.parse import urlsplit
+from xml.etree.ElementTree import ParseError
 
 import urllib3
 from minio import Minio
-from minio.error import MinioException, S3Error
+from minio.error import InvalidResponseError, MinioException, S3Error
 from urllib3.exceptions import HTTPError as Urllib3Error
 from urllib3.util import Retry, Timeout
 
@@ -141,7 +142,7 @@ def _list(client: Minio, path: S3Path) -> dict[str, Listed]:
             if obj.is_dir or name.endswith("/") or not name:
                 continue  # a folder marker
             listing[_safe_name(path, name)] = Listed(int(obj.size or 0), (obj.etag or "").strip('"'))
-    except (MinioException, Urllib3Error) as exc:
+    except (MinioException, Urllib3Error, ParseError, ValueError) as exc:  # ValueError: XML that is not S3's
         _fail(path.uri, exc, None)
     if not listing:
         raise ModelSourceError(f"{path.uri}: no object under this prefix (the store lists nothing there)")
@@ -260,6 +261,13 @@ def _describe(exc: Exception, stall: float | None) -> str:
         exc = exc.reason
     if isinstance(exc, S3Error):
         text = f"{exc.code}: {exc.message}"
+    elif isinstance(exc, ParseError | ValueError):
+        text = "not an S3 answer: the listing is not S3's XML; is the endpoint an S3 store?"
+    elif isinstance(exc, InvalidResponseError):
+        # Not the body: an endpoint that is no S3 store (another tenant's service, say) must not have its
+        # answer copied into this AIModel's status.
+        code, kind = getattr(exc, "_code", "?"), getattr(exc, "_content_type", None)
+        text = f"not an S3 answer: HTTP {code} ({kind or 'no content type'}); is the endpoint an S3 store?"
     elif isinstance(exc, urllib3.exceptions.ReadTimeoutError):
         text = f"stalled: no data for {stall:g}s (stallTimeoutSeconds)" if stall else f"timed out: {exc}"
     elif isinstance(exc, urllib3.exceptions.NewConnectionError | urllib3.exceptions.ConnectTimeoutError):

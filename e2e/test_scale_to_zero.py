@@ -127,6 +127,22 @@ def test_ready_pods_the_operator_cannot_read_are_not_taken_for_idle(
     holds_for("the model stays at 1", lambda: deployment_replicas(kube, namespace, "unread") == 1, seconds=6)
 
 
+def test_turning_autoscaling_on_keeps_the_replicas_the_model_had(
+    kube: Kube, operator: OperatorProcess, namespace: str
+) -> None:
+    """The autoscaler starts from the live count (here it reads no load: KWOK pods), not from minReplicas."""
+    kube.create_model(namespace, "switch", {**CPU_MODEL, "replicas": 3})
+    wait_until("Deployment at 3", lambda: deployment_replicas(kube, namespace, "switch") == 3, timeout=60)
+    kube.patch_model(namespace, "switch", {"spec": {"replicas": None, "autoscaling": {"maxReplicas": 4}}})
+
+    def decided() -> dict[str, Any] | None:
+        autoscaler = (kube.get_model(namespace, "switch").get("status") or {}).get("autoscaler") or {}
+        return autoscaler if autoscaler.get("reason") else None
+
+    holds_for("the Deployment keeps 3", lambda: deployment_replicas(kube, namespace, "switch") == 3, seconds=3)
+    assert wait_until("the autoscaler's first decision", decided, timeout=30)["desiredReplicas"] == 3
+
+
 def holds_for(what: str, check: Callable[[], bool], seconds: float) -> None:
     """`check` holds at every look for `seconds` (an absence can only be watched for a while)."""
     deadline = time.monotonic() + seconds

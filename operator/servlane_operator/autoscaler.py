@@ -176,15 +176,24 @@ class Autoscaler:
         self.totals.pop(key, None)
         self.decided.pop(key, None)
 
-    def with_decision(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+    def with_decision(self, body: Mapping[str, Any], live_replicas: int | None = None) -> Mapping[str, Any]:
         """`body` with this process's latest decision in status.autoscaler. A copy of the AIModel from an index
         or an event may predate the status patch that wrote it: applied as it is, its older count would undo
-        the scaling until the next pass (a resync between the two would flap the Deployment)."""
+        the scaling until the next pass (a resync between the two would flap the Deployment).
+
+        With no decision yet anywhere (autoscaling just turned on, or an operator that left the replicas to
+        an HPA), the Deployment's live count (`live_replicas`) stands in until the first pass decides, so
+        the switch does not reset a serving model to its minimum."""
         meta = body.get("metadata") or {}
+        status = body.get("status") or {}
         written = self.decided.get((str(meta.get("namespace", "")), str(meta.get("name", ""))))
-        if written is None or not (body.get("spec") or {}).get("autoscaling"):
+        if not (body.get("spec") or {}).get("autoscaling"):
             return body
-        return {**body, "status": {**(body.get("status") or {}), "autoscaler": written}}
+        if written is None and not status.get("autoscaler") and live_replicas is not None:
+            written = {"desiredReplicas": live_replicas}
+        if written is None:
+            return body
+        return {**body, "status": {**status, "autoscaler": written}}
 
     async def read(self, pods: Sequence[ReadyPod]) -> dict[str, PodSignals]:
         """Each ready pod's signals by pod name; a pod that does not answer is left out."""

@@ -184,6 +184,12 @@ def aifeatures_by_namespace(namespace: str | None, body: kopf.Body, **_: Any) ->
     return {namespace: dict(body)}
 
 
+def _live_replicas(kwargs: dict[str, Any], key: tuple[str, str]) -> int | None:
+    """The replicas the model's Deployment runs now, as last seen (None: no Deployment yet)."""
+    deployment: DeploymentView | None = next(iter(_indexed(kwargs, "deployments_by_model", key)), None)
+    return None if deployment is None else deployment.desired
+
+
 def _override(kwargs: dict[str, Any], namespace: str, name: str) -> int | None:
     return aifeature_reconciler.replica_overrides(_indexed(kwargs, "aifeatures_by_namespace", namespace)).get(name)
 
@@ -202,7 +208,7 @@ async def reconcile_model(
             return  # deleted while waiting: nothing to apply (its children go by garbage collection)
         pods = _indexed(kwargs, "pods_by_model", key)
         override = _override(kwargs, *key)
-        current = memo.autoscaler.with_decision(body)
+        current = memo.autoscaler.with_decision(body, _live_replicas(kwargs, key))
         await aimodel_reconciler.reconcile(
             current, memo.kube, SETTINGS, pods, trigger="change", replicas_override=override
         )
@@ -233,7 +239,7 @@ async def resync_model(body: dict[str, Any], memo: Any, kwargs: dict[str, Any]) 
         known = next(iter(_indexed(kwargs, "deployments_by_model", key)), None)
         pods = _indexed(kwargs, "pods_by_model", key)
         override = _override(kwargs, key[0], key[1])
-        current = memo.autoscaler.with_decision(latest)
+        current = memo.autoscaler.with_decision(latest, None if known is None else known.desired)
         await aimodel_reconciler.reconcile(
             current, memo.kube, SETTINGS, pods, trigger="resync", known_deployment=known, replicas_override=override
         )
@@ -345,7 +351,7 @@ async def feature_pass(body: Any, ns: str, memo: Any, kwargs: dict[str, Any]) ->
         if name in in_namespace:
             async with memo.lanes.slot(Priority.CHANGE):
                 pods = _indexed(kwargs, "pods_by_model", (ns, name))
-                current = memo.autoscaler.with_decision(in_namespace[name])
+                current = memo.autoscaler.with_decision(in_namespace[name], _live_replicas(kwargs, (ns, name)))
                 await aimodel_reconciler.reconcile(
                     current, memo.kube, SETTINGS, pods, trigger="budget", replicas_override=override
                 )

@@ -238,3 +238,21 @@ def test_a_copy_of_the_model_older_than_the_decision_does_not_undo_it() -> None:
     assert autoscaler.with_decision(fixed) is fixed  # a model without autoscaling: spec.replicas rules
     autoscaler.forget((NS, NAME))
     assert autoscaler.with_decision(stale) is stale
+
+
+@pytest.mark.usefixtures("quiet_events")
+def test_turning_autoscaling_on_keeps_the_live_count_until_the_first_pass() -> None:
+    """No decision yet (autoscaling just turned on, or an operator whose HPA held the replicas): the
+    Deployment's live count stands in, within the bounds, rather than the minimum."""
+    autoscaler = Autoscaler()
+    spec = {"autoscaling": {"minReplicas": 1, "maxReplicas": 4}}
+    seeded = autoscaler.with_decision(model_body(spec), live_replicas=3)
+    assert seeded["status"]["autoscaler"] == {"desiredReplicas": 3}
+    settings = OperatorSettings(gateway_namespace="gw")
+    kube = FakeKube()
+    asyncio.run(reconcile(seeded, kube, settings, [], trigger="resync"))
+    assert kube.objects[DEPLOYMENT]["spec"]["replicas"] == 3
+    decided = model_body(spec, {"autoscaler": {"desiredReplicas": 2}})
+    assert autoscaler.with_decision(decided, live_replicas=3) is decided  # a decision in status wins
+    new = model_body(spec)
+    assert autoscaler.with_decision(new, live_replicas=None) is new  # no Deployment yet: the minimum

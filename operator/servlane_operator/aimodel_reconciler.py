@@ -60,6 +60,7 @@ def _status_body(
     body = status.model_dump(by_alias=True, mode="json")
     if observed_generation is None:
         del body["observedGeneration"]  # left as it is (a merge-patch null would clear it)
+    del body["coldStart"]  # written by cold_start_reader alone (a null here would clear it)
     return body
 
 

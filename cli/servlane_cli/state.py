@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from servlane_api.aifeature import AIFeatureStatus
+from servlane_api.cold_start import ColdStartSample
 from servlane_cli.manifests import inputs_key
 
 STATE_FILE = "state.json"
@@ -34,6 +35,8 @@ class ModelState(BaseModel):
     restarts: int = 0
     last_exit_code: int | None = None
     load_seconds: float | None = None
+    # The runtime's own start, step by step (its /startup), once it is ready.
+    cold_start: ColdStartSample | None = None
     log_file: str
     warnings: list[str] = Field(default_factory=list)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from servlane_api.aifeature import AnalysisResult
+from servlane_api.cold_start import ColdStartSample
 from servlane_cli.state import SupervisorState, pid_alive
 
 
@@ -35,6 +36,15 @@ def _analysis_row(feature: str, a: AnalysisResult) -> list[str]:
     ]
 
 
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"
+
+
+def _cold_start_row(model: str, cold: ColdStartSample) -> list[str]:
+    steps = (cold.runtime_imports, cold.weights_fetched, cold.engine_loaded, cold.runtime_ready, cold.first_token)
+    return [model, _seconds(cold.total), *(_seconds(step) for step in steps)]
+
+
 def render_status(state: SupervisorState) -> str:
     alive = state.running and pid_alive(state.supervisor_pid)
     header = (
@@ -58,6 +68,11 @@ def render_status(state: SupervisorState) -> str:
         for m in state.models
     ]
     parts.append(table(["MODEL", "PHASE", "ENDPOINT", "PID", "RESTARTS", "LAST EXIT", "INFO"], models))
+    # Each runtime's last start, from its own /startup: process start to ready, step by step.
+    starts = [_cold_start_row(m.name, m.cold_start) for m in state.models if m.cold_start is not None]
+    if starts:
+        headers = ["COLD START", "TOTAL", "IMPORTS", "WEIGHTS", "ENGINE", "WARM-UP", "FIRST TOKEN AFTER"]
+        parts.append(table(headers, starts))
     features = []
     analyses = []
     for f in state.features:

@@ -13,20 +13,26 @@ import os
 import signal
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+from pydantic import ValidationError
 
 from servlane_api.aimodel import AIModel, AIModelStatus, Phase
+from servlane_api.cold_start import STARTUP_PATH, ColdStartSample, ColdStartStatus, RuntimeStartup
 from servlane_api.conditions import Condition
 from servlane_api.runtime_config import ENV_VAR, READY_PATH
 from servlane_api.runtime_exit import TERMINATION_LOG_ENV
 from servlane_cli.local_config import LocalRuntime
 from servlane_cli.processes import ManagedProcess
 from servlane_cli.state import ModelState
+from servlane_core.cold_start import runtime_steps
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_SECONDS = 5.0
+# While a ready runtime has served no token yet, its /startup is read again at most this often.
+STARTUP_REREAD_SECONDS = 5.0
 
 
 class SupervisedRuntime:
@@ -48,6 +54,9 @@ class SupervisedRuntime:
         self.runtime_state = "starting"  # loading | ready | failed, as /ready says; starting: not listening yet
         self.reason = "starting"
         self.load_seconds: float | None = None
+        # The runtime's own start, step by step (its GET /startup), once it is ready; None before.
+        self.cold_start: ColdStartSample | None = None
+        self._startup_read_at = 0.0
         self._creating: asyncio.Task[None] | None = None
         self.stopped = False  # by the supervisor (shutdown, removal, replacement): shown as Stopped
         self._last_progress = 0.0
@@ -130,6 +139,28 @@ class SupervisedRuntime:
             self.process.consecutive_failures = 0  # it loaded: a later crash is a new incident
             elapsed = time.monotonic() - (self.process.started_at or time.monotonic())
             log.info("model %s: ready in %.1fs at %s", self.name, elapsed, self.endpoint)
+            self.cold_start = None  # this process's start, not the last one's
+        if self.ready:
+            await self.read_startup(client, time.monotonic())
+
+    async def read_startup(self, client: httpx.AsyncClient, now: float) -> None:
+        """The runtime's start from its /startup (metrics port): once when it turns ready, then again every
+        few seconds until its first token is served."""
+        known = self.cold_start
+        if known is not None and (
+            known.first_token is not None or now - self._startup_read_at < STARTUP_REREAD_SECONDS
+        ):
+            return
+        self._startup_read_at = now
+        try:
+            response = await client.get(f"http://127.0.0.1:{self.runtime.config.metrics_port}{STARTUP_PATH}")
+            startup = RuntimeStartup.model_validate_json(response.content)
+        except (httpx.HTTPError, ValidationError):
+            return
+        process_start = startup.phases.get("process_start")
+        created = iso_time(process_start) if process_start is not None else ""
+        steps = runtime_steps(startup).model_dump()
+        self.cold_start = ColdStartSample(pod=f"pid {self.process.pid}", created=created, **steps)
 
     def report_progress(self, now: float) -> None:
         """While loading, a line every few seconds: elapsed time and what the runtime says it is doing."""
@@ -165,6 +196,9 @@ class SupervisedRuntime:
             endpoint=self.endpoint,
             served_model_name=self.model.served_model_name,
             conditions=[condition],
+            cold_start=None
+            if self.cold_start is None
+            else ColdStartStatus(last=self.cold_start, recent=[self.cold_start]),
         )
         return self.model.model_copy(update={"status": status})
 
@@ -183,6 +217,7 @@ class SupervisedRuntime:
             restarts=self.process.restarts,
             last_exit_code=self.process.last_exit_code,
             load_seconds=self.load_seconds,
+            cold_start=self.cold_start,
             log_file=str(self.process.log_path),
             warnings=list(self.runtime.warnings),
         )
@@ -196,3 +231,7 @@ class SupervisedRuntime:
 
     def kill_now(self) -> None:
         self.process.kill_now()
+
+
+def iso_time(unix: float) -> str:
+    return datetime.fromtimestamp(unix, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

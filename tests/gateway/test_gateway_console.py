@@ -80,6 +80,11 @@ def test_failed_requests_are_listed_with_their_feature_and_model(
     assert v1["errorRate"] == 0.5
     assert v1["ttftP95Seconds"] is not None
     assert v1["timeToReadySeconds"] == 120.0
+    assert v1["coldStart"]["last"]["total"] == 14.0
+    assert v1["coldStart"]["last"]["engineLoaded"] == 6.5
+    assert v1["coldStart"]["median"] == {"total": 12.0}
+    assert v1["coldStart"]["samples"] == 2
+    assert next(m for m in body["models"] if m["name"] == "chat-v2")["coldStart"] is None
 
 
 def test_the_console_can_be_turned_off(start_gateway: StartGateway, upstreams: dict[str, Upstream]) -> None:

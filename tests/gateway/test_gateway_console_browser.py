@@ -93,6 +93,15 @@ def test_console_shows_features_a_canary_chart_and_trace_links(
     link = f'<a href="http://jaeger.test:16686/trace/{trace_id}" class="trace-link"'
     assert link in dom
     assert "secret-model" in dom  # no keys: everything shows
+    cold = re.search(r'<span title="pod model-chat-v1-b\n(.*?)" class="cold-start">(.*?)</span>', dom, re.S)
+    assert cold is not None, "no cold start cell for chat-v1"
+    assert cold.group(2) == "14.00 s (median 12.00 s)"
+    assert cold.group(1).split("\n") == [
+        "scheduled: 1.00 s",
+        "engine loaded: 6.50 s",
+        "probe to Ready: 500 ms",
+        "2 recent start(s)",
+    ]
     assert '&lt;img id="injected"' in dom  # shown as text
     assert '<img id="injected"' not in dom  # never an element
 

@@ -30,6 +30,17 @@ def console_objects(v1: str, v2: str) -> list[dict[str, Any]]:
         m["metadata"]["creationTimestamp"] = "2026-01-01T09:00:00Z"
         m["status"] |= {"phase": "Ready", "replicas": 1, "readyReplicas": 1, "desiredReplicas": 1}
         m["status"]["conditions"][0]["lastTransitionTime"] = "2026-01-01T09:02:00Z"
+    # chat-v1's pods have started twice (status.coldStart, as the operator's cold_start_reader writes it).
+    last = {
+        "pod": "model-chat-v1-b",
+        "created": "2026-01-01T09:00:00Z",
+        "scheduled": 1.0,
+        "engineLoaded": 6.5,
+        "podReady": 0.5,
+        "total": 14.0,
+    }
+    models[0]["status"]["coldStart"] = {"last": last, "median": {"total": 12.0}, "recent": [
+        {"pod": "model-chat-v1-a", "created": "2025-12-31T09:00:00Z", "total": 10.0}, last]}  # fmt: skip
     hidden = aimodel("secret-model", v1)
     hidden["metadata"]["namespace"] = "other"
     return [chat, summary, *models, hidden]

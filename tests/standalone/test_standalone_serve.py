@@ -7,6 +7,7 @@ order and the last one stops it.
 from __future__ import annotations
 
 import os
+import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,16 +63,32 @@ def test_requests_are_routed_by_feature(served: Serve) -> None:
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="no-such-feature", messages=[{"role": "user", "content": "x"}])
 
+    # Each runtime's start from its own /startup; the first token once a request was served.
+    wait_until("tiny-chat's first token in its cold start", lambda: _first_token(served, "tiny-chat"), 30)
     shown = served.cli("status")
     assert shown.returncode == 0, shown.stderr
     for row in ("tiny-chat  Ready", "minilm     Ready", "chat        Stable", "embeddings  Stable"):
         assert row in shown.stdout, shown.stdout
+    header = r"^COLD START +TOTAL +IMPORTS +WEIGHTS +ENGINE +WARM-UP +FIRST TOKEN AFTER$"
+    assert re.search(header, shown.stdout, re.M), shown.stdout
+    cold = served.must_state().model("tiny-chat")
+    assert cold is not None
+    assert cold.cold_start is not None
+    assert cold.cold_start.total is not None
+    assert cold.cold_start.engine_loaded is not None
+    assert cold.cold_start.total >= cold.cold_start.engine_loaded > 0
+    assert re.search(rf"^tiny-chat +{cold.cold_start.total:.2f}s ", shown.stdout, re.M), shown.stdout
     answer = served.cli("chat", "chat", "--message", "Hello", "--max-tokens", "3")
     assert answer.returncode == 0, answer.stderr
     progress, code = served.early_chat
     assert code == 0, progress
     assert "waiting for chat" in progress, progress
     assert "tiny-chat Deploying" in progress or "tiny-chat Pending" in progress, progress
+
+
+def _first_token(served: Serve, name: str) -> bool:
+    model = served.must_state().model(name)
+    return model is not None and model.cold_start is not None and model.cold_start.first_token is not None
 
 
 def test_a_crashed_runtime_is_restarted(served: Serve) -> None:
@@ -89,6 +106,9 @@ def test_a_crashed_runtime_is_restarted(served: Serve) -> None:
     after = served.must_state().model("tiny-chat")
     assert after is not None
     assert after.last_exit_code == -signal.SIGKILL
+    # The cold start shown is the new process's, not the killed one's.
+    assert after.cold_start is not None
+    assert after.cold_start.pod == f"pid {after.pid}"
     # The gateway picks the new runtime up from the routes file it polls: 503 until then.
     wait_until("the gateway to route to the restarted runtime", lambda: _answers(served.client()), 10)
     answer = served.client().chat.completions.create(

@@ -81,6 +81,18 @@ def _feature(feature: AIFeature) -> dict[str, Any]:
     }
 
 
+def _cold_start(model: AIModel) -> dict[str, Any] | None:
+    """The last pod start and the median of the recent ones, each step in seconds (status.coldStart)."""
+    cold = model.status.cold_start
+    if cold is None or cold.last is None:
+        return None
+    return {
+        "last": cold.last.model_dump(by_alias=True, mode="json", exclude_none=True),
+        "median": cold.median.model_dump(by_alias=True, mode="json", exclude_none=True) if cold.median else None,
+        "samples": len(cold.recent),
+    }
+
+
 def _model(model: AIModel, log: RequestLog) -> dict[str, Any]:
     status = model.status
     stats = log.stats(model.namespace, model.name)
@@ -92,6 +104,7 @@ def _model(model: AIModel, log: RequestLog) -> dict[str, Any]:
         "readyReplicas": status.ready_replicas,
         "desiredReplicas": status.desired_replicas,
         "timeToReadySeconds": time_to_ready(model),
+        "coldStart": _cold_start(model),
         "requests": stats.requests,
         "requestsPerSecond": stats.requests_per_second,
         "errorRate": stats.error_rate,

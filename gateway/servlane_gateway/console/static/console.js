@@ -42,6 +42,19 @@
   const percent = (r) => (r === null || r === undefined ? null : (r * 100).toFixed(1) + " %");
   const duration = (s) => (s === null || s === undefined ? null : s < 120 ? s.toFixed(0) + " s" : (s / 60).toFixed(1) + " min");
 
+  // The last pod start's total (created to Ready) and the median of the recent ones; each step in the tooltip.
+  const STEPS = [["scheduled", "scheduled"], ["imageReady", "image ready"], ["containerStarted", "container started"],
+    ["runtimeImports", "imports"], ["weightsFetched", "weights fetched"], ["engineLoaded", "engine loaded"],
+    ["runtimeReady", "warm-up"], ["podReady", "probe to Ready"], ["firstToken", "first token after Ready"]];
+  function coldStart(cold) {
+    if (!cold || !cold.last) return null;
+    const median = cold.median && cold.median.total !== undefined ? " (median " + seconds(cold.median.total) + ")" : "";
+    const steps = STEPS.filter(([key]) => cold.last[key] !== undefined)
+      .map(([key, label]) => label + ": " + seconds(cold.last[key]));
+    const title = "pod " + cold.last.pod + "\n" + steps.join("\n") + "\n" + cold.samples + " recent start(s)";
+    return el("span", seconds(cold.last.total) + median, { title, class: "cold-start" });
+  }
+
   function split(weights) {
     const bar = el("div", null, { class: "split" });
     weights.forEach((w, i) => {
@@ -94,7 +107,7 @@
     fill("models", state.models.map((m) => row([
       m.name, m.namespace, m.phase,
       (m.readyReplicas ?? "–") + " / " + (m.desiredReplicas ?? m.replicas ?? "–"),
-      duration(m.timeToReadySeconds), m.requestsPerSecond.toFixed(2), percent(m.errorRate), seconds(m.ttftP95Seconds),
+      duration(m.timeToReadySeconds), coldStart(m.coldStart), m.requestsPerSecond.toFixed(2), percent(m.errorRate), seconds(m.ttftP95Seconds),
     ])), "No models.");
     fill("recent", state.recent.map((r) => {
       let trace = r.traceId || null;

@@ -11,12 +11,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from servlane_api.metric_names import LATENCY_BUCKETS
 
 PREFIX = "servlane_runtime"
+# vLLM's own load signals, which its stat logger registers in prometheus_client's global registry (absent on
+# the transformers engine): served next to ours, for the operator's autoscaler.
+_VLLM_SIGNALS = REGISTRY.restricted_registry(
+    ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"]
+)
 _OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models")
 
 
@@ -67,7 +72,7 @@ class RuntimeMetrics:
         self.tokens.labels("completion").inc(completion)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + generate_latest(_VLLM_SIGNALS)
 
 
 class MetricsMiddleware:

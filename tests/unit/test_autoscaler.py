@@ -256,3 +256,25 @@ def test_turning_autoscaling_on_keeps_the_live_count_until_the_first_pass() -> N
     assert autoscaler.with_decision(decided, live_replicas=3) is decided  # a decision in status wins
     new = model_body(spec)
     assert autoscaler.with_decision(new, live_replicas=None) is new  # no Deployment yet: the minimum
+
+
+def test_the_runtime_serves_vllms_own_signals_where_the_autoscaler_reads_them() -> None:
+    """vLLM registers its series in prometheus_client's global registry; the runtime's metrics port serves
+    the load signals among them next to its own, and the autoscaler prefers them."""
+    from prometheus_client import REGISTRY, Gauge
+
+    from servlane_runtime.runtime_metrics import RuntimeMetrics
+
+    running = Gauge("vllm:num_requests_running", "running", ["model_name"])
+    usage = Gauge("vllm:kv_cache_usage_perc", "KV cache", ["model_name"])
+    try:
+        running.labels("llama").set(6)
+        usage.labels("llama").set(0.5)
+        text = RuntimeMetrics(in_flight=lambda: 9, queue_depth=lambda: 0).render().decode()
+        signals = parse_signals(text)
+        assert signals is not None
+        assert (signals.running, signals.kv_cache_usage) == (6, 0.5)
+        assert "python_gc" not in text  # only vLLM's load signals come from the global registry
+    finally:
+        REGISTRY.unregister(running)
+        REGISTRY.unregister(usage)

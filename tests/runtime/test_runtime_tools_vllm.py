@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from servlane_core.protocol.tools import ParsedToolCall
+from tests import request_options
 from tests.runtime import tool_model
 from tests.runtime.servers import SubprocessServer
 from tests.runtime.test_runtime_structured import (
@@ -98,6 +99,13 @@ def test_json_object_answers_are_objects(client: openai.OpenAI) -> None:
 
 def test_a_schema_guided_decoding_cannot_enforce_is_400(vllm_tools_server: SubprocessServer) -> None:
     check_unenforceable_schema_is_400(vllm_tools_server.v1)
+
+
+def test_every_sampling_option_behaves(client: openai.OpenAI, vllm_tools_server: SubprocessServer) -> None:
+    """The request-option checks the real-pod e2e runs (e2e/test_real_pods_vllm.py), here outside a pod."""
+    for check in request_options.SAMPLING_CHECKS:
+        check(client)
+    request_options.check_edge_values(vllm_tools_server.v1)
 
 
 def test_auto_calls_are_read_by_vllms_hermes_parser(tools_model_dir: Path) -> None:

@@ -186,7 +186,7 @@ def test_gateway_rbac_reads_routing_and_writes_only_leases(helm: Helm) -> None:
             assert rule_set(role["rules"]) == {
                 ("servlane.dev", res, verb) for res in ("aifeatures", "aimodels") for verb in ("get", "list", "watch")
             } | {("discovery.k8s.io", "endpointslices", verb) for verb in ("list", "watch")} | {
-                ("coordination.k8s.io", "leases", verb) for verb in ("get", "create", "update", "patch")
+                ("coordination.k8s.io", "leases", verb) for verb in ("get", "create", "patch")
             }
 
 

@@ -5,7 +5,9 @@ prints the streamed answer and exits, which makes it scriptable.
 
 "Ready" means routable: the state file says when a model has loaded, but the gateway reloads the routes file
 on its own clock, so a feature is ready only once the gateway's own route table gives one of its models
-weight (the `servlane_gateway_route_weight` gauge on its /metrics, set together with the table).
+weight (the `servlane_gateway_route_weight` gauge on its /metrics, set together with the table). That gauge
+has features only: a model called by its own name is ready once the AIModel the gateway loaded with its
+table is Ready (its console's state, /console/api/state, which lists the objects of the table in use).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import Literal, TextIO
 
 import httpx
 from openai import APIError, OpenAI
@@ -30,6 +32,11 @@ STARTUP_GRACE_SECONDS = 30.0
 
 # (namespace, feature) -> the percent of its traffic the gateway routes to ready models now
 RouteWeights = dict[tuple[str, str], float]
+# AIModel name -> its phases in the objects of the gateway's route table (one per namespace holding it)
+GatewayModels = dict[str, set[str]]
+CONSOLE_STATE = "/console/api/state"
+NoConsole = Literal["no console"]
+NO_CONSOLE: NoConsole = "no console"
 
 
 def route_weights(metrics_text: str) -> RouteWeights:
@@ -54,6 +61,28 @@ def read_route_weights(metrics_url: str) -> RouteWeights | None:
     return route_weights(response.text) if response.status_code == 200 else None
 
 
+def gateway_models(console_state: object) -> GatewayModels:
+    """The AIModels in the gateway's route table and their phases, from its console's state."""
+    models = console_state.get("models") if isinstance(console_state, dict) else None
+    phases: GatewayModels = {}
+    for model in models if isinstance(models, list) else []:
+        if isinstance(model, dict) and isinstance(model.get("name"), str):
+            phases.setdefault(model["name"], set()).add(str(model.get("phase")))
+    return phases
+
+
+def read_gateway_models(gateway_url: str) -> GatewayModels | NoConsole | None:
+    """The gateway's AIModels now; None while it does not answer (starting, restarting); NO_CONSOLE when it
+    serves no console (SERVLANE_GATEWAY_CONSOLE_ENABLED=false)."""
+    try:
+        response = httpx.get(gateway_url + CONSOLE_STATE, timeout=5)
+        if response.status_code == 404:
+            return NO_CONSOLE
+        return gateway_models(response.json()) if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
 def _backends(state: SupervisorState, name: str) -> list[str] | None:
     """The AIModels that answer `name` (a feature, or a served model name); None if nothing does."""
     feature = state.feature(name)
@@ -64,13 +93,24 @@ def _backends(state: SupervisorState, name: str) -> list[str] | None:
     return direct or None
 
 
-def _routable(state: SupervisorState, name: str, weights: RouteWeights | None) -> bool:
-    """A feature: the gateway routes some of its traffic now. A model's own name is not in the gauge; it
-    counts as routable once the gateway answers (the table it loaded may still lag by one reload)."""
-    if weights is None:
-        return False
+def _routable(
+    state: SupervisorState,
+    name: str,
+    backends: list[str],
+    read_weights: Callable[[str], RouteWeights | None],
+    read_models: Callable[[str], GatewayModels | NoConsole | None],
+) -> bool:
+    """A feature: the gateway routes some of its traffic now. A model's own name (not in the weights gauge):
+    one of its AIModels is Ready in the table the gateway routes by; without the gateway's console nothing
+    says so, and it counts as routable once the gateway answers (its table may lag by one reload)."""
     feature = state.feature(name)
-    return feature is None or weights.get((feature.namespace, feature.name), 0.0) > 0
+    if feature is None:
+        models = read_models(state.gateway.url)
+        if models == NO_CONSOLE:
+            return read_weights(state.gateway.metrics_url) is not None
+        return isinstance(models, dict) and any("Ready" in models.get(model, ()) for model in backends)
+    weights = read_weights(state.gateway.metrics_url)
+    return weights is not None and weights.get((feature.namespace, feature.name), 0.0) > 0
 
 
 def wait_until_served(
@@ -79,6 +119,7 @@ def wait_until_served(
     timeout: float,
     out: TextIO = sys.stderr,
     read_weights: Callable[[str], RouteWeights | None] = read_route_weights,
+    read_models: Callable[[str], GatewayModels | NoConsole | None] = read_gateway_models,
 ) -> str | None:
     """Wait until a model behind `name` is Ready and the gateway routes `name` to it, showing what it is
     doing; an error message, or None."""
@@ -97,7 +138,7 @@ def wait_until_served(
             return f"no feature or model named {name!r}"
         models = [m for m in state.models if m.name in backends]
         loaded = any(m.phase == "Ready" for m in models)
-        if loaded and _routable(state, name, read_weights(state.gateway.metrics_url)):
+        if loaded and _routable(state, name, backends, read_weights, read_models):
             return None
         if elapsed > timeout:
             return f"{name} is not ready after {timeout:.0f}s; see `servlane status`"

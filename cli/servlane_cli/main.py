@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="the raw state as JSON")
     chat = commands.add_parser("chat", help="chat with a feature through the local gateway")
     _add_location(chat)
-    chat.add_argument("feature", help="an AIFeature name, e.g. chat")
+    chat.add_argument("feature", help="an AIFeature name, e.g. chat, or a model's served name")
     chat.add_argument("-m", "--message", help="send one message, print the answer and exit")
     chat.add_argument("--max-tokens", type=int, default=128)
     chat.add_argument("--wait", type=float, default=600, help="seconds to wait for the feature's model to load")

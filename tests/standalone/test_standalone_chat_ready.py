@@ -1,9 +1,10 @@
-"""`servlane chat` waits until the gateway routes the feature, not only until its model has loaded.
+"""`servlane chat` waits until the gateway routes the feature (or model), not only until its model has loaded.
 
 The state file says Ready as soon as the runtime answers /ready; the gateway sees it at its next reload of the
-routes file. Here the gateway reloads only every few seconds (as a slow disk or a busy machine would make it),
-so a chat started while the model loads and sent as soon as the state file says Ready would get 503 "No backend
-of 'chat' is ready". The chat must wait for the gateway's own route table instead.
+routes file. Here the gateway reloads only every few seconds (as a slow disk or a busy machine would make it)
+and holds no request for a model that is still starting, so a chat started while the model loads and sent as
+soon as the state file says Ready would get 503 "No backend of 'chat' is ready". The chat must wait for the
+gateway's own route table instead: a feature's weight, a model's phase in the table's objects.
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ from pathlib import Path
 import pytest
 
 from servlane_api.aifeature import AIFeatureStatus
-from servlane_cli.chat_cmd import RouteWeights, route_weights, wait_until_served
+from servlane_cli.chat_cmd import (
+    NO_CONSOLE,
+    GatewayModels,
+    NoConsole,
+    RouteWeights,
+    gateway_models,
+    route_weights,
+    wait_until_served,
+)
 from servlane_cli.state import FeatureState, GatewayProcessState, ModelState, SupervisorState
 from tests.standalone.standalone_harness import Serve, ai_feature, ai_model, write_manifests
 
@@ -32,7 +41,7 @@ servlane_gateway_route_weight{feature="embeddings",model="minilm",namespace="def
 """
 
 
-def _state(phase: str, namespace: str = "default") -> SupervisorState:
+def _state(phase: str, namespace: str = "default", features: bool = True) -> SupervisorState:
     model = ModelState(
         name="tiny-chat", served_model_name="tiny-chat", engine="transformers", task="chat", phase=phase,
         port=1, endpoint="http://127.0.0.1:1/v1", log_file="x.log",
@@ -41,7 +50,7 @@ def _state(phase: str, namespace: str = "default") -> SupervisorState:
     gateway = GatewayProcessState(url="http://127.0.0.1:2", metrics_url="http://127.0.0.1:3/metrics", log_file="g.log")
     return SupervisorState(
         supervisor_pid=os.getpid(), running=True, inputs=[], updated_at="", gateway=gateway,
-        models=[model], features=[feature],
+        models=[model], features=[feature] if features else [],
     )  # fmt: skip
 
 
@@ -78,13 +87,74 @@ def test_another_namespaces_weight_does_not_make_a_feature_ready() -> None:
     assert "not ready" in problem
 
 
+def test_a_loaded_model_called_by_its_name_is_not_ready_until_the_gateways_table_has_it_ready() -> None:
+    """No feature: the weights gauge says nothing about the model, the gateway's own objects do."""
+    answers: list[GatewayModels | None] = [None, {}, {"tiny-chat": {"Deploying"}}, {"tiny-chat": {"Ready"}}]
+    asked: list[str] = []
+
+    def models(url: str) -> GatewayModels | NoConsole | None:
+        asked.append(url)
+        return answers[min(len(asked) - 1, len(answers) - 1)]
+
+    out = io.StringIO()
+    problem = wait_until_served(
+        lambda: _state("Ready", features=False), "tiny-chat", timeout=30, out=out,
+        read_weights=lambda _url: {}, read_models=models,
+    )  # fmt: skip
+    assert problem is None
+    assert len(asked) == 4, "ready before the gateway's route table had the model ready"
+    assert asked[0] == "http://127.0.0.1:2"  # the gateway's API port, where its console answers
+    assert "waiting for the gateway" in out.getvalue()
+
+
+def test_a_model_name_never_ready_in_the_gateway_is_not_ready() -> None:
+    problem = wait_until_served(
+        lambda: _state("Ready", features=False), "tiny-chat", timeout=1, out=io.StringIO(),
+        read_weights=lambda _url: {}, read_models=lambda _url: {"tiny-chat": {"Failed"}, "other": {"Ready"}},
+    )  # fmt: skip
+    assert problem is not None
+    assert "not ready" in problem
+
+
+def test_without_the_gateways_console_a_model_name_is_routable_once_the_gateway_answers() -> None:
+    asked: list[str] = []
+
+    def weights(url: str) -> RouteWeights | None:
+        asked.append(url)
+        return None if len(asked) < 2 else {}
+
+    problem = wait_until_served(
+        lambda: _state("Ready", features=False), "tiny-chat", timeout=30, out=io.StringIO(),
+        read_weights=weights, read_models=lambda _url: NO_CONSOLE,
+    )  # fmt: skip
+    assert problem is None
+    assert len(asked) == 2
+
+
+def test_gateway_models_reads_the_consoles_models() -> None:
+    state = {
+        "features": [{"name": "chat", "phase": "Stable"}],
+        "models": [
+            {"namespace": "default", "name": "tiny-chat", "phase": "Ready"},
+            {"namespace": "team-b", "name": "tiny-chat", "phase": "Deploying"},
+            {"namespace": "default", "name": "minilm", "phase": None},
+            {"phase": "Ready"},
+        ],
+    }
+    assert gateway_models(state) == {"tiny-chat": {"Ready", "Deploying"}, "minilm": {"None"}}
+    assert gateway_models([]) == {}
+    assert gateway_models({"models": "x"}) == {}
+
+
 @pytest.fixture(scope="module")
 def slow_reloading(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
     root = tmp_path_factory.mktemp("chat-ready")
     (root / "manifests").mkdir()
     write_manifests(root / "manifests" / "models.yaml", [ai_model("tiny-chat", str(tiny_llama_dir))])
     write_manifests(root / "manifests" / "features.yaml", [ai_feature("chat", "tiny-chat")])
-    serve = Serve(root / "manifests", root / "state", env={"SERVLANE_GATEWAY_RELOAD_POLL_SECONDS": SLOW_RELOAD_SECONDS})
+    # No request held for a starting model either: a request before the gateway's table has it ready is a 503.
+    env = {"SERVLANE_GATEWAY_RELOAD_POLL_SECONDS": SLOW_RELOAD_SECONDS, "SERVLANE_GATEWAY_HOLD_MAX_PER_MODEL": "0"}
+    serve = Serve(root / "manifests", root / "state", env=env)
     try:
         yield serve
     finally:
@@ -93,11 +163,16 @@ def slow_reloading(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.mark.slow
 def test_chat_started_while_loading_gets_an_answer_not_503(slow_reloading: Serve) -> None:
-    early_chat = slow_reloading.cli_background("chat", "chat", "--message", "Hello", "--max-tokens", "3")
-    try:
-        _, stderr = early_chat.communicate(timeout=300)
-    finally:
-        early_chat.kill()
-    assert "No backend" not in stderr, f"{stderr}\n{slow_reloading.log()[-3000:]}"
-    assert early_chat.returncode == 0, f"{stderr}\n{slow_reloading.log()[-3000:]}"
-    assert "waiting for chat" in stderr, stderr
+    """Both started while the model loads: by the feature's name, and by the model's own."""
+    early_chats = {
+        name: slow_reloading.cli_background("chat", name, "--message", "Hello", "--max-tokens", "3")
+        for name in ("chat", "tiny-chat")
+    }
+    for name, early_chat in early_chats.items():
+        try:
+            _, stderr = early_chat.communicate(timeout=300)
+        finally:
+            early_chat.kill()
+        assert "No backend" not in stderr, f"{name}: {stderr}\n{slow_reloading.log()[-3000:]}"
+        assert early_chat.returncode == 0, f"{name}: {stderr}\n{slow_reloading.log()[-3000:]}"
+        assert f"waiting for {name}" in stderr, stderr

@@ -37,11 +37,13 @@ def test_the_demand_lease_is_written_renewed_and_never_written_over_someone_else
         def renewed() -> Any:
             writer.signal(namespace, "chat")
             again = leases.read_namespaced_lease("servlane-demand-chat", namespace)
+            assert again.spec is not None
             return again if again.spec.renew_time > first else None
 
         wait_until("the Lease renewed", renewed, 30, interval=0.2)
         selected = leases.list_namespaced_lease(namespace, label_selector="servlane.dev/model=chat").items
-        assert [item.metadata.name for item in selected] == ["servlane-demand-chat"]  # what the operator watches
+        # What the operator watches.
+        assert [item.metadata.name for item in selected if item.metadata] == ["servlane-demand-chat"]
 
         foreign = client.V1Lease(
             metadata=client.V1ObjectMeta(name="servlane-demand-other"),
@@ -54,6 +56,8 @@ def test_the_demand_lease_is_written_renewed_and_never_written_over_someone_else
         wait_until("the writer done with it", lambda: not writer._pending, 30)
         assert writer.writes == writes  # read, and left alone
         kept = leases.read_namespaced_lease("servlane-demand-other", namespace)
+        assert kept.spec is not None
+        assert kept.metadata is not None
         assert kept.spec.holder_identity == "someone-else"
         assert kept.spec.renew_time is None
         assert not kept.metadata.labels

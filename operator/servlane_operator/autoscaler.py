@@ -225,8 +225,10 @@ class Autoscaler:
         *,
         demand: bool,
         pinned: int | None,
+        starting: int = 0,
     ) -> Decision | None:
-        """The model's decision now (None: not autoscaled). Reads the pods only while it has replicas."""
+        """The model's decision now (None: not autoscaled). Reads the pods only while it has replicas;
+        `starting`: its pods on their way to a first Ready (PodView.starting)."""
         scaling = model.spec.autoscaling
         if scaling is None:
             return None
@@ -246,6 +248,7 @@ class Autoscaler:
             state=state,
             pinned=pinned,
             unread=len(pods) - len(signals) if current > 0 else 0,
+            starting=starting,
         )
         self.states[key] = decision.state
         return decision
@@ -266,7 +269,10 @@ async def autoscale(
     """One autoscaling pass of an AIModel: decide, write status.autoscaler, re-apply the Deployment with the
     new count (the builder reads it from status.autoscaler: one writer, and the resync keeps it)."""
     model = parse_model(body)
-    decision = await autoscaler.decide_for(model, deployment.desired, ready, demand=demand, pinned=pinned)
+    starting = sum(1 for pod in pods if pod.starting)
+    decision = await autoscaler.decide_for(
+        model, deployment.desired, ready, demand=demand, pinned=pinned, starting=starting
+    )
     if decision is None:
         return None
     new = status_of(decision)

@@ -133,6 +133,9 @@ class PodView:
     runtime_exit: ContainerExit | None = None
     # The kubelet's message when the pod's image volume (an oci:// model source) cannot be pulled.
     model_image_failure: str | None = None
+    # On a node, not Ready yet, not leaving, nothing blocking and no container restarted: a first start on its
+    # way (image, container, the model loading). The autoscaler does not count a model idle while it starts.
+    starting: bool = False
 
     @classmethod
     def parse(cls, body: Mapping[str, Any]) -> PodView:
@@ -154,8 +157,13 @@ class PodView:
             ):
                 model_image_failure = f"{waiting['reason']}: {waiting.get('message')}"
             runtime_exit = ContainerExit.parse(cs) or runtime_exit
-        if body.get("metadata", {}).get("deletionTimestamp"):
+        leaving = bool(body.get("metadata", {}).get("deletionTimestamp"))
+        if leaving:
             runtime_exit = None  # stopped on purpose (rollout, scale-down): SIGTERM's exit is no crash
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        restarted = any(cs.get("restartCount") for cs in status.get("containerStatuses") or [])
+        scheduled = bool((body.get("spec") or {}).get("nodeName"))
+        starting = scheduled and not (ready or leaving or restarted or reason or runtime_exit or model_image_failure)
         return cls(
             name=str(body.get("metadata", {}).get("name", "")),
             unschedulable_message=unschedulable,
@@ -163,6 +171,7 @@ class PodView:
             blocking_message=message,
             runtime_exit=runtime_exit,
             model_image_failure=model_image_failure,
+            starting=starting,
         )
 
 

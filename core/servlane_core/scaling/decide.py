@@ -130,14 +130,18 @@ def decide(
     state: ScalingState,
     pinned: int | None = None,
     unread: int = 0,
+    starting: int = 0,
 ) -> Decision:
     """The replicas for now. `current`: what the Deployment runs; `signals`: its ready pods'; `active`: a
     request was seen since the last decision (saw_activity); `demand`: the gateway holds a request for the
     model (a fresh demand Lease); `pinned`: a fixed-GPU-budget rollout's count for the model; `unread`:
     ready pods whose metrics could not be read. What is not read may be busy: with any unread pod the model
     is never scaled down nor to zero (only up, on what the others report), so a NetworkPolicy that keeps
-    the operator out, say, holds the count rather than taking a busy model away."""
-    seen = now if active or demand or state.last_activity_time is None else state.last_activity_time
+    the operator out, say, holds the count rather than taking a busy model away. `starting`: pods on their
+    way to a first Ready: a model is not idle while it starts, so its idle window counts from when it could
+    serve (else a start longer than scaleToZeroAfter is taken to zero before it was ever Ready)."""
+    busy = active or demand or (starting > 0 and current > 0)
+    seen = now if busy or state.last_activity_time is None else state.last_activity_time
     state = replace(state, last_activity_time=seen)
     if pinned is not None:
         # Waits a full window after the release before it removes any replica the rollout kept.

@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,7 +53,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"servlane_runtime: invalid configuration: {exc}", file=sys.stderr)
         return 2
 
+    start_engine_import(config.engine)
     return serve(config, args.log_level.lower())
+
+
+def start_engine_import(engine: str) -> threading.Thread:
+    """The engine's imports (seconds of torch, transformers or vLLM) begin at once, in a thread, beside the
+    server's own imports and start and the fetching of the model's files, instead of after them; packages no
+    engine here uses are kept out (engines.UNUSED_PACKAGES)."""
+    from .engines import import_engine, skip_unused_imports
+
+    skip_unused_imports()
+    thread = threading.Thread(target=import_engine, args=(engine,), name="engine-import", daemon=True)
+    thread.start()
+    return thread
 
 
 def serve(config: RuntimeConfig, log_level: str) -> int:

@@ -3,6 +3,7 @@ from which the operator explains a pod's cold start."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import time
@@ -99,3 +100,22 @@ def test_a_startup_reply_that_is_not_times_is_refused() -> None:
         raise AssertionError(f"accepted {bad}")
     unknown = RuntimeStartup.model_validate_json('{"phases": {"ready": 5}, "secret": "x"}')
     assert unknown.phases == {"ready": 5.0}
+
+
+def test_the_runtime_process_imports_its_engine_at_once_and_never_scikit_learn() -> None:
+    """The entrypoint starts the engine's imports in a thread before the server's own (#30 item 4), so they
+    overlap the server's start and the fetching of the files, and keeps scikit-learn out: transformers imports
+    it (and SciPy) whenever it is installed, for nothing the runtime runs."""
+    code = (
+        "import importlib.util, sys\n"
+        "from servlane_runtime.__main__ import start_engine_import\n"
+        "thread = start_engine_import('transformers')\n"
+        "started_first = 'fastapi' not in sys.modules and 'uvicorn' not in sys.modules\n"
+        "thread.join(timeout=240)\n"
+        "print(started_first, 'servlane_runtime.engines.transformers_engine' in sys.modules, 'torch' in sys.modules,\n"
+        "      sorted(m for m in sys.modules if m.startswith(('sklearn.', 'scipy.stats'))),\n"
+        "      importlib.util.find_spec('sklearn') is None)\n"
+    )
+    assert importlib.util.find_spec("sklearn") is not None  # installed here, as in the CPU image
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    assert out.stdout.split("\n")[0] == "True True True [] True", out.stdout + out.stderr

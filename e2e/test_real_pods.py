@@ -113,6 +113,19 @@ def service_base_url(c: LocalCluster, model: str) -> str:
     return base
 
 
+# status.coldStart's steps, in order (servlane_api.cold_start.ColdStartPhases), then total.
+STEPS = (
+    "scheduled", "imageReady", "containerStarted", "runtimeImports", "weightsFetched", "engineLoaded",
+    "runtimeReady", "podReady", "firstToken", "total",
+)  # fmt: skip
+
+
+def last_cold_start(kube: Kube, model: str, pod: str) -> dict[str, Any] | None:
+    """status.coldStart.last once it is `pod`'s start."""
+    last = ((kube.get_model(NAMESPACE, model).get("status") or {}).get("coldStart") or {}).get("last") or {}
+    return dict(last) if last.get("pod") == pod else None
+
+
 def describe(c: LocalCluster, model: str) -> str:
     return describe_model(c, NAMESPACE, model)
 
@@ -127,6 +140,14 @@ def test_runtime_image_serves_an_aimodel_on_a_real_pod(
     print(f"\napply -> {rollout.timings()}")
 
     pod = rollout.pod
+    # The operator explains the start (status.coldStart): Kubernetes' steps and the runtime's own (/startup).
+    cold = wait_until(
+        "the pod's start in status.coldStart", lambda: last_cold_start(kube, name, pod["metadata"]["name"]), timeout=60
+    )
+    print("cold start: " + ", ".join(f"{step} {cold.get(step)}s" for step in STEPS))
+    assert all(cold.get(step) is not None for step in STEPS if step != "firstToken"), cold
+    # Each step from the one before: together they are the total, give or take Kubernetes' whole seconds.
+    assert abs(sum(cold[step] for step in STEPS[:-2]) - cold["total"]) <= 2.0, cold
     assert pod["spec"]["nodeName"] == NODE, describe(c, name)
     (container,) = pod["spec"]["containers"]
     assert container["image"] == RUNTIME_IMAGE
@@ -183,6 +204,15 @@ def test_runtime_image_serves_an_aimodel_on_a_real_pod(
         print(f"streamed chat: {text!r} in {deltas} chunks ({finish}, {usage})")
     finally:
         client.close()
+
+    # The first token served is added to the start once the operator rechecks the runtime's /startup.
+    def with_first_token() -> dict[str, Any] | None:
+        got = last_cold_start(kube, name, pod["metadata"]["name"])
+        return got if got is not None and got.get("firstToken") is not None else None
+
+    first = wait_until("status.coldStart's first token", with_first_token, timeout=90, interval=1)
+    print(f"first token {first['firstToken']}s after the pod's Ready")
+    assert first["firstToken"] >= 0, first
 
     # Still the first container: no restart from a probe along the way.
     pod = c.api("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{pod['metadata']['name']}")

@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import openai
+from openai.types.chat import ChatCompletion
+
 from e2e.harness import Kube
 from localcluster.cluster import LocalCluster
 from tests.polling import wait_until
@@ -256,3 +259,37 @@ def gone(c: LocalCluster, path: str) -> bool:
 def answers_200(url: str) -> bool:
     with urllib.request.urlopen(url, timeout=5) as r:
         return bool(r.status == 200)
+
+
+def service_base_url(c: LocalCluster, namespace: str, model: str) -> str:
+    """The model's OpenAI base URL at its Service's ClusterIP (through kube-proxy), once /models answers."""
+    service = c.api("GET", f"/api/v1/namespaces/{namespace}/services/model-{model}")
+    base = f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}/v1"
+    wait_until(
+        f"GET {base}/models through the ClusterIP",
+        lambda: answers_200(f"{base}/models"),
+        timeout=60,
+        interval=0.5,
+        tolerate=lambda exc: isinstance(exc, OSError),
+    )
+    return base
+
+
+def chat_through_gateway(base: str, feature: str) -> ChatCompletion:
+    """The `openai` client at a gateway's OpenAI base URL (watching_gateway's URL + /v1): once the gateway lists
+    `feature`, one short chat completion asked of it; returns the reply."""
+    http = openai.DefaultHttpxClient(trust_env=False, timeout=120)  # local addresses: never through a proxy
+    client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, http_client=http)
+    try:
+        wait_until(
+            f"the gateway lists {feature}",
+            lambda: feature in {m.id for m in client.models.list().data},
+            timeout=120,
+            interval=1,
+            tolerate=lambda exc: isinstance(exc, (openai.APIError, OSError)),
+        )
+        return client.chat.completions.create(
+            model=feature, messages=[{"role": "user", "content": "Hello!"}], max_tokens=8, temperature=0
+        )
+    finally:
+        client.close()

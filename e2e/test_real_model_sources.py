@@ -1,8 +1,9 @@
-"""Model sources on the real node (issue #31): the tiny Llama packaged as an OCI image by
-scripts/build-model-image.sh, imported into the node's containerd (no registry here, as our own images) and
-served from `oci://` as a Kubernetes image volume; an image that does not exist is named on the AIModel
-(`ModelSourceFailed`, the kubelet's own words) within 30 s; and, with SERVLANE_MEASURE_SOURCES=1, apply -> Ready
-from `oci://` against `pvc://`. Root, the real node's binaries and our images needed (e2e/conftest.py).
+"""Model sources on the real node (issue #31): the tiny Llama packaged as an OCI image by scripts/build-model-image.sh,
+imported into the node's containerd (no registry here, as our own images) and served from `oci://` as a Kubernetes
+image volume, answering the `openai` client through the gateway (`python -m servlane_gateway --watch` on this host, a
+feature `chat` in front of the model); an image that does not exist is named on the AIModel (`ModelSourceFailed`, the
+kubelet's own words) within 30 s; and, with SERVLANE_MEASURE_SOURCES=1, apply -> Ready from `oci://` against
+`pvc://`. Root, the real node's binaries and our images needed (e2e/conftest.py).
 """
 
 from __future__ import annotations
@@ -12,30 +13,33 @@ import os
 import statistics
 import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 
 from e2e.harness import (
+    ARTIFACTS,
+    GROUP,
     RUNTIME_CPU_IMAGE,
+    VERSION,
     Kube,
     OperatorProcess,
     install_crds,
     operator_rbac,
     service_account_kubeconfig,
+    watching_gateway,
 )
 from e2e.real_pods import (
     ModelRollout,
-    answers_200,
+    chat_through_gateway,
     describe_model,
     ensure_namespace,
     gone,
     local_model_claim,
     model_on_the_real_node,
+    pod_log,
     pods,
 )
 from localcluster.cluster import LocalCluster
@@ -79,6 +83,14 @@ def operator(cluster: LocalCluster, kube: Kube) -> Iterator[OperatorProcess]:
     process.start()
     yield process
     process.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(kube: Kube, operator: OperatorProcess) -> Iterator[str]:
+    """The gateway as a process on this host, watching the test namespace; its OpenAI base URL."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    with watching_gateway(kube, "gateway-model-sources.log", "--namespaces", NAMESPACE) as url:
+        yield url + "/v1"
 
 
 @pytest.fixture(scope="module")
@@ -133,32 +145,21 @@ def remove_model(c: LocalCluster, kube: Kube, name: str) -> None:
     wait_until(f"the pods of {name} deleted", lambda: all(gone(c, path) for path in paths), timeout=180, interval=0.5)
 
 
-def service_base_url(c: LocalCluster, model: str) -> str:
-    service = c.api("GET", f"/api/v1/namespaces/{NAMESPACE}/services/model-{model}")
-    base = f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}/v1"
-    wait_until(
-        f"GET {base}/models through the ClusterIP",
-        lambda: answers_200(f"{base}/models"),
-        timeout=60,
-        interval=0.5,
-        tolerate=lambda exc: isinstance(exc, OSError),
-    )
-    return base
-
-
-def test_an_oci_model_image_is_mounted_and_served(
-    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, model_image: str
+def test_an_oci_model_image_is_mounted_and_served_through_the_gateway(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, gateway: str, model_image: str
 ) -> None:
     c, name = cluster, "tiny-oci"
     rollout = ModelRollout(c, kube, NAMESPACE, name)
     kube.create_model(NAMESPACE, name, oci_spec(model_image))
+    kube.create_feature(NAMESPACE, "chat", {"model": name})
     try:
-        serves_from_the_image(c, rollout, name, model_image)
+        serves_from_the_image(c, rollout, gateway, name, model_image)
     finally:
+        kube.custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "aifeatures", "chat")
         remove_model(c, kube, name)
 
 
-def serves_from_the_image(c: LocalCluster, rollout: ModelRollout, name: str, model_image: str) -> None:
+def serves_from_the_image(c: LocalCluster, rollout: ModelRollout, gateway: str, name: str, model_image: str) -> None:
     rollout.wait_ready(READY_DEADLINE_SECONDS)
     print(f"\noci:// apply -> {rollout.timings()}")
 
@@ -171,21 +172,15 @@ def serves_from_the_image(c: LocalCluster, rollout: ModelRollout, name: str, mod
     assert json.loads(env[ENV_VAR])["model_source"] == "/mnt/model-image"
     assert env["HF_HUB_OFFLINE"] == "1"
 
-    base = service_base_url(c, name)
-    with urllib.request.urlopen(f"{base}/models", timeout=30) as r:
-        (card,) = json.load(r)["data"]
-    assert (card["id"], card["root"]) == (name, "/mnt/model-image")
-    http = openai.DefaultHttpxClient(trust_env=False, timeout=120)  # a ClusterIP: never through a proxy
-    client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, http_client=http)
-    try:
-        reply = client.chat.completions.create(
-            model=name, messages=[{"role": "user", "content": "Hello!"}], max_tokens=8, temperature=0
-        )
-        assert reply.usage is not None
-        assert 0 < reply.usage.completion_tokens <= 8, describe_model(c, NAMESPACE, name)
-        assert reply.choices[0].finish_reason in ("stop", "length")
-    finally:
-        client.close()
+    # Loaded from the mount (the runtime's own log, before any request).
+    log = pod_log(c, NAMESPACE, pod["metadata"]["name"])
+    assert "loading transformers engine from /mnt/model-image" in log, log
+
+    # The openai client, through the gateway: `chat` is the feature, routed to the pod by the gateway.
+    reply = chat_through_gateway(gateway, "chat")
+    assert reply.usage is not None
+    assert 0 < reply.usage.completion_tokens <= 8, describe_model(c, NAMESPACE, name)
+    assert reply.choices[0].finish_reason in ("stop", "length")
     fresh = c.api("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{pod['metadata']['name']}")
     assert [cs["restartCount"] for cs in fresh["status"]["containerStatuses"]] == [0]
 

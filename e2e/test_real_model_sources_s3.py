@@ -1,8 +1,10 @@
-"""s3:// on the real node (issue #31): a real S3-compatible store (SeaweedFS, tests/fixtures/s3_server.py) runs
-on this host at the node's address, where pods reach it; the tiny Llama is uploaded to it and an AIModel serves it
-from `s3://` with its keys in a Secret (`credentialsSecret`, through envFrom); two replicas that share one cache
-volume fetch each file once (the store's own log); and wrong keys are named on the AIModel (`ModelSourceFailed`,
-the store's own words) within 30 s. Root, the real node's binaries and our images needed (e2e/conftest.py).
+"""s3:// on the real node (issue #31): a real S3-compatible store (SeaweedFS, tests/fixtures/s3_server.py) runs on this
+host at the node's address, where pods reach it; the tiny Llama is uploaded to it and an AIModel serves it from
+`s3://` with its keys in a Secret (`credentialsSecret`, through envFrom); two replicas that share one cache volume
+fetch each file once (the store's own log) and answer the `openai` client through the gateway (`python -m
+servlane_gateway --watch` on this host, a feature `chat` in front of the model); and wrong keys are named on the
+AIModel (`ModelSourceFailed`, the store's own words) within 30 s. Root, the real node's binaries and our images
+needed (e2e/conftest.py).
 """
 
 from __future__ import annotations
@@ -10,26 +12,28 @@ from __future__ import annotations
 import json
 import os
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 
 from e2e.harness import (
+    ARTIFACTS,
+    GROUP,
     RUNTIME_CPU_IMAGE,
+    VERSION,
     Kube,
     OperatorProcess,
     install_crds,
     operator_rbac,
     service_account_kubeconfig,
+    watching_gateway,
 )
 from e2e.real_pods import (
     NODE_SELECTOR,
     ModelRollout,
-    answers_200,
+    chat_through_gateway,
     delete_local_claim,
     describe_model,
     ensure_namespace,
@@ -76,6 +80,14 @@ def operator(cluster: LocalCluster, kube: Kube) -> Iterator[OperatorProcess]:
     process.start()
     yield process
     process.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(kube: Kube, operator: OperatorProcess) -> Iterator[str]:
+    """The gateway as a process on this host, watching the test namespace; its OpenAI base URL."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    with watching_gateway(kube, "gateway-model-sources-s3.log", "--namespaces", NAMESPACE) as url:
+        yield url + "/v1"
 
 
 @pytest.fixture(scope="module")
@@ -130,8 +142,8 @@ def cache_claim(c: LocalCluster) -> str:
     return CACHE_CLAIM
 
 
-def test_two_replicas_on_one_cache_fetch_the_model_from_s3_once_and_serve_it(
-    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, store: S3Server
+def test_two_replicas_on_one_cache_fetch_the_model_from_s3_once_and_serve_it_through_the_gateway(
+    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, gateway: str, store: S3Server
 ) -> None:
     c, name = cluster, "tiny-s3"
     secret(c, "store-keys", store.admin.env())
@@ -141,6 +153,7 @@ def test_two_replicas_on_one_cache_fetch_the_model_from_s3_once_and_serve_it(
     kube.create_model(
         NAMESPACE, name, s3_spec(store, "store-keys", resources, replicas=2, cache={"persistentVolumeClaim": claim})
     )
+    kube.create_feature(NAMESPACE, "chat", {"model": name})
     try:
         rollout = ModelRollout(c, kube, NAMESPACE, name)
         rollout.wait_ready(READY_DEADLINE_SECONDS)  # fails at once, with the pods' story, if a runtime crashes
@@ -161,18 +174,13 @@ def test_two_replicas_on_one_cache_fetch_the_model_from_s3_once_and_serve_it(
         files = sorted(p.name for p in _tiny_model().iterdir())
         assert sorted(gets) == [f"{PREFIX}/{f}" for f in files], gets
 
-        base = _service_base_url(c, name)
-        http = openai.DefaultHttpxClient(trust_env=False, timeout=120)  # a ClusterIP: never through a proxy
-        client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, http_client=http)
-        try:
-            reply = client.chat.completions.create(
-                model=name, messages=[{"role": "user", "content": "Hello!"}], max_tokens=8, temperature=0
-            )
-        finally:
-            client.close()
+        # The openai client, through the gateway: `chat` is the feature, routed to a pod by the gateway.
+        reply = chat_through_gateway(gateway, "chat")
         assert reply.usage is not None
         assert 0 < reply.usage.completion_tokens <= 8, describe_model(c, NAMESPACE, name)
+        assert reply.choices[0].finish_reason in ("stop", "length")
     finally:
+        kube.custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "aifeatures", "chat")
         remove_model(c, kube, name)
         delete_local_claim(c, NAMESPACE, claim)
 
@@ -212,18 +220,3 @@ def _tiny_model() -> Path:
 def _ready_replicas(c: LocalCluster, name: str) -> int:
     deployment = c.api("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/model-{name}")
     return int(deployment.get("status", {}).get("readyReplicas") or 0)
-
-
-def _service_base_url(c: LocalCluster, model: str) -> str:
-    service = c.api("GET", f"/api/v1/namespaces/{NAMESPACE}/services/model-{model}")
-    base = f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}/v1"
-    wait_until(
-        f"GET {base}/models through the ClusterIP",
-        lambda: answers_200(f"{base}/models"),
-        timeout=60,
-        interval=0.5,
-        tolerate=lambda exc: isinstance(exc, OSError),
-    )
-    with urllib.request.urlopen(f"{base}/models", timeout=30) as r:
-        assert json.load(r)["data"][0]["id"] == model
-    return base

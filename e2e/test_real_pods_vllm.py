@@ -29,11 +29,11 @@ from e2e.real_pods import (
     NODE,
     NODE_SELECTOR,
     ModelRollout,
-    answers_200,
     describe_model,
     ensure_namespace,
     local_model_claim,
     pods,
+    service_base_url,
 )
 from localcluster.cluster import LocalCluster
 from tests import request_options
@@ -128,20 +128,6 @@ def describe(c: LocalCluster, model: str) -> str:
     return describe_model(c, NAMESPACE, model)
 
 
-def service_base_url(c: LocalCluster, model: str) -> str:
-    """The model's OpenAI base URL at its Service's ClusterIP (through kube-proxy), once /models answers."""
-    service = c.api("GET", f"/api/v1/namespaces/{NAMESPACE}/services/model-{model}")
-    base = f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}/v1"
-    wait_until(
-        f"GET {base}/models through the ClusterIP",
-        lambda: answers_200(f"{base}/models"),
-        timeout=60,
-        interval=0.5,
-        tolerate=lambda exc: isinstance(exc, OSError),
-    )
-    return base
-
-
 def test_vllm_at_shipped_defaults_serves_every_request_option(
     cluster: LocalCluster, kube: Kube, operator: OperatorProcess, model_claim: str
 ) -> None:
@@ -161,7 +147,7 @@ def test_vllm_at_shipped_defaults_serves_every_request_option(
         assert ready["spec"].get("env") in (None, []), ready["spec"]
         assert {x["type"]: x["status"] for x in ready["status"]["conditions"]}["Ready"] == "True", ready["status"]
 
-        base = service_base_url(c, MODEL)
+        base = service_base_url(c, NAMESPACE, MODEL)
         http = openai.DefaultHttpxClient(trust_env=False, timeout=300)  # a ClusterIP: never through a proxy
         client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, http_client=http)
         started = time.monotonic()

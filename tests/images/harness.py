@@ -217,10 +217,18 @@ def pod_run_args(
         else:
             raise Untranslatable(f"volume {mount['name']!r} of kind {sorted(set(volume) - {'name'})}")
 
+    # The downward API's pod name and namespace, as the kubelet would give them (a pod name made as the
+    # ReplicaSet's would be); any other valueFrom has no docker equivalent.
+    meta = deployment.get("metadata", {})
+    downward = {"metadata.name": f"{meta.get('name', 'pod')}-0", "metadata.namespace": meta.get("namespace", "default")}
     for env in container.get("env", []):
+        value = env.get("value", "")
         if "valueFrom" in env:
-            raise Untranslatable(f"env {env['name']} from {env['valueFrom']}")
-        options += ["--env", f"{env['name']}={env.get('value', '')}"]
+            field = env["valueFrom"].get("fieldRef", {}).get("fieldPath")
+            if set(env["valueFrom"]) != {"fieldRef"} or field not in downward:
+                raise Untranslatable(f"env {env['name']} from {env['valueFrom']}")
+            value = downward[field]
+        options += ["--env", f"{env['name']}={value}"]
     if container.get("envFrom"):
         raise Untranslatable(f"envFrom {container['envFrom']}")
 

@@ -2,15 +2,13 @@
 imported into the node's containerd (no registry here, as our own images) and served from `oci://` as a Kubernetes
 image volume, answering the `openai` client through the gateway (`python -m servlane_gateway --watch` on this host, a
 feature `chat` in front of the model); an image that does not exist is named on the AIModel (`ModelSourceFailed`, the
-kubelet's own words) within 30 s; and, with SERVLANE_MEASURE_SOURCES=1, apply -> Ready from `oci://` against
-`pvc://`. Root, the real node's binaries and our images needed (e2e/conftest.py).
+kubelet's own words) within 30 s. Times to Ready from each source are bench/model_sources.py's. Root, the real
+node's binaries and our images needed (e2e/conftest.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import statistics
 import subprocess
 import time
 from collections.abc import Iterator
@@ -213,33 +211,3 @@ def named_within_30_seconds(c: LocalCluster, kube: Kube, name: str, applied: flo
     assert MISSING_IMAGE in ready["message"]
     assert "the model image cannot be pulled" in ready["message"]
     assert kube.get_model(NAMESPACE, name)["status"]["phase"] == "Degraded"
-
-
-@pytest.mark.skipif(
-    os.environ.get("SERVLANE_MEASURE_SOURCES") != "1", reason="a measurement (~5 min): SERVLANE_MEASURE_SOURCES=1"
-)
-def test_measure_time_to_ready_from_oci_and_pvc(
-    cluster: LocalCluster, kube: Kube, operator: OperatorProcess, model_image: str, model_claim: str
-) -> None:
-    """apply -> AIModel Ready, the same tiny model from its image and from a local PersistentVolume, rounds
-    alternating so that both see the same warm page cache of the runtime image."""
-    rounds = int(os.environ.get("SERVLANE_MEASURE_ROUNDS", "3"))
-    specs = {
-        "oci": oci_spec(model_image),
-        "pvc": model_on_the_real_node(CLAIM, model_claim, RESOURCES, replicas=1),
-    }
-    seen: dict[str, list[float]] = {kind: [] for kind in specs}
-    for round_ in range(rounds):
-        for kind, spec in specs.items():
-            name = f"measure-{kind}-{round_}"
-            rollout = ModelRollout(cluster, kube, NAMESPACE, name)
-            kube.create_model(NAMESPACE, name, spec)
-            try:
-                rollout.wait_ready(READY_DEADLINE_SECONDS)
-            finally:
-                remove_model(cluster, kube, name)
-            seen[kind].append(rollout.seen["AIModel Ready"])
-            print(f"\n{kind}:// round {round_ + 1}: {rollout.timings()}")
-    for kind, times in seen.items():
-        spread = f"{min(times):.1f}-{max(times):.1f}s"
-        print(f"{kind}:// apply -> Ready: median {statistics.median(times):.1f}s, spread {spread}, runs {times}")

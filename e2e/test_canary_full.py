@@ -42,7 +42,7 @@ from e2e.harness import ARTIFACTS, ROOT, Kube, OperatorProcess, wait_until
 from e2e.traffic import Load
 from localcluster.cluster import free_port, stop_process_groups
 from servlane_api.runtime_config import RuntimeConfig
-from servlane_api.runtime_exit import MODEL_LOAD_FAILED
+from servlane_api.runtime_exit import MODEL_SOURCE_FAILED
 from servlane_core.rollout import ROLLOUT_ANNOTATION
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -388,13 +388,13 @@ def test_a_canary_whose_runtime_dies_is_rolled_back(
             wait_served(load, "bad", count=MIN_REQUESTS, timeout=60)
             at_failure = status(kube, namespace)
             weight_at_failure = at_failure.get("canaryWeight")
-            # The canary's process dies and comes back broken (its model no longer loads: it exits), as a
+            # The canary's process dies and comes back broken (its model folder is gone: it exits), as a
             # crash-looping pod would: the gateway gets 5xx for the canary's share of the traffic.
             killed_at = time.monotonic()
             killed_wall = time.time()
             bad.kill()
             bad.start(model_source=str(workdir / "missing-model"))
-            assert bad.wait_exit(timeout=60) == MODEL_LOAD_FAILED
+            assert bad.wait_exit(timeout=60) == MODEL_SOURCE_FAILED  # its model folder is gone
 
             def rolled_back() -> dict[str, Any] | None:
                 s = status(kube, namespace)

@@ -11,6 +11,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,14 @@ from typing import Any
 import openai
 from openai.types.chat import ChatCompletion
 
-from e2e.harness import Kube
+from e2e.harness import (
+    RUNTIME_CPU_IMAGE,
+    Kube,
+    OperatorProcess,
+    install_crds,
+    operator_rbac,
+    service_account_kubeconfig,
+)
 from localcluster.cluster import LocalCluster
 from tests.polling import wait_until
 
@@ -293,3 +302,26 @@ def chat_through_gateway(base: str, feature: str) -> ChatCompletion:
         )
     finally:
         client.close()
+
+
+def real_node_kube(c: LocalCluster, namespace: str) -> Kube:
+    """A client of the real cluster with our CRDs installed and `namespace` there: a module's first step."""
+    kube = Kube(c.kubeconfig)
+    install_crds(kube)
+    ensure_namespace(c, namespace)
+    return kube
+
+
+@contextmanager
+def operator_process(c: LocalCluster, kube: Kube, name: str) -> Iterator[OperatorProcess]:
+    """The operator as a process on this host with its ServiceAccount's token (its chart RBAC), CPU models on
+    our CPU runtime image; its log in the cluster's logs/<name>.log."""
+    operator_rbac(kube)
+    kubeconfig = service_account_kubeconfig(kube, c.workdir / f"{name}-sa.kubeconfig")
+    env = {"SERVLANE_RUNTIME_IMAGE_CPU": RUNTIME_CPU_IMAGE}
+    process = OperatorProcess(kubeconfig, c.workdir / "logs" / f"{name}.log", extra_env=env)
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()

@@ -25,9 +25,6 @@ from e2e.harness import (
     VERSION,
     Kube,
     OperatorProcess,
-    install_crds,
-    operator_rbac,
-    service_account_kubeconfig,
     watching_gateway,
 )
 from e2e.real_pods import (
@@ -36,10 +33,11 @@ from e2e.real_pods import (
     chat_through_gateway,
     delete_local_claim,
     describe_model,
-    ensure_namespace,
     gone,
     local_model_claim,
+    operator_process,
     pods,
+    real_node_kube,
 )
 from localcluster.cluster import LocalCluster
 from servlane_api.runtime_config import ENV_VAR
@@ -65,21 +63,13 @@ def cluster(real_cluster: LocalCluster, real_node_images: list[str]) -> LocalClu
 
 @pytest.fixture(scope="module")
 def kube(cluster: LocalCluster) -> Kube:
-    k = Kube(cluster.kubeconfig)
-    install_crds(k)
-    ensure_namespace(cluster, NAMESPACE)
-    return k
+    return real_node_kube(cluster, NAMESPACE)
 
 
 @pytest.fixture(scope="module")
 def operator(cluster: LocalCluster, kube: Kube) -> Iterator[OperatorProcess]:
-    operator_rbac(kube)
-    kubeconfig = service_account_kubeconfig(kube, cluster.workdir / "operator-sa.kubeconfig")
-    env = {"SERVLANE_RUNTIME_IMAGE_CPU": RUNTIME_CPU_IMAGE}
-    process = OperatorProcess(kubeconfig, cluster.workdir / "logs" / "operator-s3.log", extra_env=env)
-    process.start()
-    yield process
-    process.stop()
+    with operator_process(cluster, kube, "operator-s3") as process:
+        yield process
 
 
 @pytest.fixture(scope="module")

@@ -23,20 +23,18 @@ from e2e.harness import (
 from e2e.harness import (
     Kube,
     OperatorProcess,
-    install_crds,
-    operator_rbac,
-    service_account_kubeconfig,
 )
 from e2e.real_pods import (
     NODE,
     ModelRollout,
     answers_200,
     describe_model,
-    ensure_namespace,
     gone,
     local_model_claim,
     model_on_the_real_node,
+    operator_process,
     pods,
+    real_node_kube,
 )
 from localcluster.cluster import LocalCluster
 from tests.polling import wait_until
@@ -66,21 +64,13 @@ def cluster(real_cluster: LocalCluster, real_node_images: list[str]) -> LocalClu
 
 @pytest.fixture(scope="module")
 def kube(cluster: LocalCluster) -> Kube:
-    k = Kube(cluster.kubeconfig)
-    install_crds(k)
-    ensure_namespace(cluster, NAMESPACE)
-    return k
+    return real_node_kube(cluster, NAMESPACE)
 
 
 @pytest.fixture(scope="module")
 def operator(cluster: LocalCluster, kube: Kube) -> Iterator[OperatorProcess]:
-    operator_rbac(kube)
-    kubeconfig = service_account_kubeconfig(kube, cluster.workdir / "operator-sa.kubeconfig")
-    env = {"SERVLANE_RUNTIME_IMAGE_CPU": RUNTIME_IMAGE}
-    process = OperatorProcess(kubeconfig, cluster.workdir / "logs" / "operator.log", extra_env=env)
-    process.start()
-    yield process
-    process.stop()
+    with operator_process(cluster, kube, "operator") as process:
+        yield process
 
 
 @pytest.fixture(scope="module")

@@ -24,15 +24,16 @@ import openai
 import pytest
 
 from e2e.harness import RUNTIME_CPU_IMAGE as RUNTIME_IMAGE
-from e2e.harness import Kube, OperatorProcess, install_crds, operator_rbac, service_account_kubeconfig
+from e2e.harness import Kube, OperatorProcess
 from e2e.real_pods import (
     NODE,
     NODE_SELECTOR,
     ModelRollout,
     describe_model,
-    ensure_namespace,
     local_model_claim,
+    operator_process,
     pods,
+    real_node_kube,
     service_base_url,
 )
 from localcluster.cluster import LocalCluster
@@ -71,21 +72,13 @@ def cluster(real_cluster: LocalCluster, real_node_images: list[str]) -> LocalClu
 
 @pytest.fixture(scope="module")
 def kube(cluster: LocalCluster) -> Kube:
-    k = Kube(cluster.kubeconfig)
-    install_crds(k)
-    ensure_namespace(cluster, NAMESPACE)
-    return k
+    return real_node_kube(cluster, NAMESPACE)
 
 
 @pytest.fixture(scope="module")
 def operator(cluster: LocalCluster, kube: Kube) -> Iterator[OperatorProcess]:
-    operator_rbac(kube)
-    kubeconfig = service_account_kubeconfig(kube, cluster.workdir / "operator-vllm-sa.kubeconfig")
-    env = {"SERVLANE_RUNTIME_IMAGE_CPU": RUNTIME_IMAGE}
-    process = OperatorProcess(kubeconfig, cluster.workdir / "logs" / "operator-vllm.log", extra_env=env)
-    process.start()
-    yield process
-    process.stop()
+    with operator_process(cluster, kube, "operator-vllm") as process:
+        yield process
 
 
 @pytest.fixture(scope="module")

@@ -180,6 +180,13 @@ def overrides_to_apply(
 ) -> dict[str, int | None]:
     """The models whose merged override moved when one feature's status went from `before` to `after`
     (`others`: the namespace's other features), with their new override, to re-apply at once."""
+    return {model: new for model, (_old, new) in override_moves(others, before, after).items()}
+
+
+def override_moves(
+    others: Iterable[Mapping[str, Any]], before: AIFeatureStatus, after: AIFeatureStatus
+) -> dict[str, tuple[int | None, int | None]]:
+    """As overrides_to_apply, with each model's merged override before and after (None: not pinned)."""
     rest = [feature_status(body) for body in others]
     old, new = combine_overrides([*rest, before]), combine_overrides([*rest, after])
-    return {m: new.get(m) for m in sorted(old.keys() | new.keys()) if old.get(m) != new.get(m)}
+    return {m: (old.get(m), new.get(m)) for m in sorted(old.keys() | new.keys()) if old.get(m) != new.get(m)}

@@ -30,7 +30,16 @@ from servlane_api.aimodel import AIModel
 from servlane_api.autoscaling import AutoscalerStatus
 from servlane_api.runtime_config import DEFAULT_METRICS_PORT
 from servlane_core.rollout.timeutil import from_rfc3339
-from servlane_core.scaling import Decision, PodSignals, ScalingPolicy, ScalingState, decide, saw_activity
+from servlane_core.scaling import (
+    Decision,
+    PodSignals,
+    ScalingPolicy,
+    ScalingState,
+    decide,
+    held_by_rollout,
+    released_by_rollout,
+    saw_activity,
+)
 from servlane_operator.aimodel_reconciler import parse_model, reconcile
 from servlane_operator.kube import Kube
 from servlane_operator.observed import DeploymentView, PodView
@@ -275,11 +284,12 @@ async def autoscale(
     )
     if decision is None:
         return None
-    new = status_of(decision)
-    written = new.model_dump(by_alias=True, mode="json", exclude_none=True)
-    if status_needs_write(model.status.autoscaler, new):
-        await kube.patch_status(model.api_version, model.kind, model.namespace, model.name, {"autoscaler": written})
-    autoscaler.decided[(model.namespace, model.name)] = written
+    if pinned is not None and pinned != deployment.desired:
+        # The pin and the Deployment disagree: one of the two indexes is behind the budget reconcile,
+        # which records each pin as it applies it (record_rollout_pin). Recording a stale pin here
+        # would make the release resume from it.
+        return decision
+    written = await _record(model, kube, autoscaler, decision)
     if pinned is None and decision.replicas != deployment.desired:
         log.info(
             "scaling %s/%s from %d to %d: %s",
@@ -292,3 +302,39 @@ async def autoscale(
         current = {**body, "status": {**(body.get("status") or {}), "autoscaler": written}}
         await reconcile(current, kube, settings, pods, trigger="autoscale")
     return decision
+
+
+async def _record(model: AIModel, kube: Kube, autoscaler: Autoscaler, decision: Decision) -> dict[str, Any]:
+    """The decision as this process's latest (with_decision) and, when it matters, in status.autoscaler."""
+    key = (model.namespace, model.name)
+    autoscaler.states[key] = decision.state
+    new = status_of(decision)
+    written = new.model_dump(by_alias=True, mode="json", exclude_none=True)
+    if status_needs_write(model.status.autoscaler, new):
+        await kube.patch_status(model.api_version, model.kind, model.namespace, model.name, {"autoscaler": written})
+    autoscaler.decided[key] = written
+    return written
+
+
+async def record_rollout_pin(
+    body: Mapping[str, Any], kube: Kube, autoscaler: Autoscaler, *, pinned: int | None, released_from: int | None
+) -> None:
+    """A fixed-GPU-budget reconcile moved an autoscaled model's pin: record it as the autoscaler's decision
+    before the Deployment is applied. `pinned`: the new pin (the count while it holds); None with
+    `released_from`: the rollout let the model go at that count, and the autoscaler resumes from it.
+
+    The periodic pass alone would record a pin up to one interval late: a release in between resumed
+    from the decision before it (seen in CI: 2 replicas, pinned to 1, pinned to 2, released at 1)."""
+    model = parse_model(body)
+    scaling = model.spec.autoscaling
+    if scaling is None or (pinned is None and released_from is None):
+        return
+    key = (model.namespace, model.name)
+    state = autoscaler.states.get(key) or state_from_status(model.status.autoscaler)
+    now = autoscaler.clock()
+    if pinned is not None:
+        decision = held_by_rollout(pinned, now, state)
+    else:
+        assert released_from is not None
+        decision = released_by_rollout(ScalingPolicy.of(scaling), released_from, now, state)
+    await _record(model, kube, autoscaler, decision)

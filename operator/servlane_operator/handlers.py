@@ -25,17 +25,19 @@ from servlane_api.targets import parse_target
 from servlane_core.rollout import MetricsReader
 from servlane_core.scaling.demand import demanded_model, is_fresh, renewed_at
 from servlane_operator import aifeature_reconciler, aimodel_reconciler, operator_metrics, periodic
-from servlane_operator.autoscaler import Autoscaler, ReadyPod, autoscale
+from servlane_operator.autoscaler import Autoscaler, ReadyPod, autoscale, record_rollout_pin
 from servlane_operator.cold_start_reader import ColdStartReader
 from servlane_operator.kube import Kube, load_client
 from servlane_operator.labels import GATEWAY_SELECTOR, MODEL_LABEL
 from servlane_operator.lanes import Lanes, Priority
 from servlane_operator.metric_readers.prometheus_reader import PrometheusReader
 from servlane_operator.metric_readers.scrape_reader import ScrapeReader
+from servlane_operator.object_locks import ObjectLocks
 from servlane_operator.observed import DeploymentView, PodView, aimodel_index_entry
 from servlane_operator.peering import leads
 from servlane_operator.settings import OperatorSettings
 from servlane_operator.watch_scope import DEMAND, DEPLOYMENTS, LEASES, OWNED, PODS, restrict_watches
+from servlane_operator.written_status import WrittenStatuses
 
 SETTINGS = OperatorSettings.from_env()
 log = logging.getLogger(__name__)
@@ -56,6 +58,8 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.peering.priority = random.randint(1, 1_000_000)
     memo.kube = Kube(load_client())
     memo.lanes = Lanes(SETTINGS.max_concurrent_reconciles)
+    memo.locks = ObjectLocks()
+    memo.feature_statuses = WrittenStatuses()
     memo.reader = canary_reader(SETTINGS, memo.kube)
     memo.autoscaler = Autoscaler()
     memo.cold_starts = ColdStartReader(memo.kube)
@@ -190,8 +194,13 @@ def _live_replicas(kwargs: dict[str, Any], key: tuple[str, str]) -> int | None:
     return None if deployment is None else deployment.desired
 
 
-def _override(kwargs: dict[str, Any], namespace: str, name: str) -> int | None:
-    return aifeature_reconciler.replica_overrides(_indexed(kwargs, "aifeatures_by_namespace", namespace)).get(name)
+def _features(memo: Any, kwargs: dict[str, Any], namespace: str) -> list[Any]:
+    """The namespace's AIFeatures, each with the status this process last wrote where its copy lags."""
+    return [memo.feature_statuses.latest(body) for body in _indexed(kwargs, "aifeatures_by_namespace", namespace)]
+
+
+def _override(memo: Any, kwargs: dict[str, Any], namespace: str, name: str) -> int | None:
+    return aifeature_reconciler.replica_overrides(_features(memo, kwargs, namespace)).get(name)
 
 
 @kopf.on.resume(GROUP, VERSION, "aimodels")
@@ -202,13 +211,14 @@ async def reconcile_model(
 ) -> None:
     start_periodic(memo, kwargs)
     key = (namespace or "", name)
-    async with memo.lanes.slot(REASON_PRIORITY.get(reason, Priority.CREATE)):
+    async with memo.locks.hold(model_lock(key)), memo.lanes.slot(REASON_PRIORITY.get(reason, Priority.CREATE)):
         # Read after the wait for a slot: the children may have moved on meanwhile.
-        if key not in kwargs["aimodels_by_key"]:
+        latest = next(iter(_indexed(kwargs, "aimodels_by_key", key)), None)
+        if latest is None:
             return  # deleted while waiting: nothing to apply (its children go by garbage collection)
         pods = _indexed(kwargs, "pods_by_model", key)
-        override = _override(kwargs, *key)
-        current = memo.autoscaler.with_decision(body, _live_replicas(kwargs, key))
+        override = _override(memo, kwargs, *key)
+        current = memo.autoscaler.with_decision(latest, _live_replicas(kwargs, key))
         await aimodel_reconciler.reconcile(
             current, memo.kube, SETTINGS, pods, trigger="change", replicas_override=override
         )
@@ -232,13 +242,13 @@ async def resync_models(memo: Any, kwargs: dict[str, Any]) -> None:
 
 async def resync_model(body: dict[str, Any], memo: Any, kwargs: dict[str, Any]) -> None:
     key = (body["metadata"].get("namespace", ""), body["metadata"]["name"])
-    async with memo.lanes.slot(Priority.RESYNC):
+    async with memo.locks.hold(model_lock(key)), memo.lanes.slot(Priority.RESYNC):
         latest: dict[str, Any] | None = next(iter(_indexed(kwargs, "aimodels_by_key", key)), None)
         if latest is None:
             return  # deleted while waiting
         known = next(iter(_indexed(kwargs, "deployments_by_model", key)), None)
         pods = _indexed(kwargs, "pods_by_model", key)
-        override = _override(kwargs, key[0], key[1])
+        override = _override(memo, kwargs, *key)
         current = memo.autoscaler.with_decision(latest, None if known is None else known.desired)
         await aimodel_reconciler.reconcile(
             current, memo.kube, SETTINGS, pods, trigger="resync", known_deployment=known, replicas_override=override
@@ -319,21 +329,36 @@ async def model_changed(type: str, body: kopf.Body, namespace: str | None, name:
 @kopf.on.resume(GROUP, VERSION, "aifeatures")
 @kopf.on.create(GROUP, VERSION, "aifeatures")
 @kopf.on.update(GROUP, VERSION, "aifeatures", field="spec")
-async def reconcile_feature(body: kopf.Body, namespace: str | None, memo: Any, **kwargs: Any) -> None:
+async def reconcile_feature(body: kopf.Body, namespace: str | None, name: str, memo: Any, **kwargs: Any) -> None:
     start_periodic(memo, kwargs)
-    await feature_pass(body, namespace or "", memo, kwargs)
+    await feature_pass(namespace or "", name, memo, kwargs)
 
 
 async def analyse_features(memo: Any, kwargs: dict[str, Any]) -> None:
     """Every analysis_interval_seconds: one pass of every AIFeature's rollout controller."""
-    features = [(ns, body) for ns, copies in kwargs["aifeatures_by_namespace"].items() for body in copies]
+    index = kwargs["aifeatures_by_namespace"]
+    features = [(ns or "", body["metadata"]["name"]) for ns, copies in index.items() for body in copies]
     await periodic.each(
-        "canary analysis",
-        ((f"{ns}/{body['metadata']['name']}", feature_pass(body, ns or "", memo, kwargs)) for ns, body in features),
+        "canary analysis", ((f"{ns}/{name}", feature_pass(ns, name, memo, kwargs)) for ns, name in features)
     )
 
 
-async def feature_pass(body: Any, ns: str, memo: Any, kwargs: dict[str, Any]) -> None:
+def model_lock(key: tuple[str, str]) -> tuple[str, str, str]:
+    return ("AIModel", *key)
+
+
+async def feature_pass(ns: str, name: str, memo: Any, kwargs: dict[str, Any]) -> None:
+    """One rollout pass of a feature, one at a time per feature (the change handler and the periodic
+    analysis may both start one), from its latest copy and the status this process last wrote."""
+    async with memo.locks.hold(("AIFeature", ns, name)):
+        copies = _indexed(kwargs, "aifeatures_by_namespace", ns)
+        found = next((b for b in copies if b["metadata"]["name"] == name), None)
+        if found is None:
+            return  # deleted meanwhile
+        await _feature_pass(memo.feature_statuses.latest(found), ns, memo, kwargs)
+
+
+async def _feature_pass(body: Any, ns: str, memo: Any, kwargs: dict[str, Any]) -> None:
     # Only the models this feature refers to: a pass costs the same with ten or a thousand models around.
     index = kwargs["aimodels_by_key"]
     wanted = aifeature_reconciler.referenced(body)
@@ -341,17 +366,24 @@ async def feature_pass(body: Any, ns: str, memo: Any, kwargs: dict[str, Any]) ->
     models = {name: (ns, parse_target(name).model) for name in sorted(wanted)}
     in_namespace = {name: next(iter(index[key])) for name, key in models.items() if key in index}
     new_status = await aifeature_reconciler.reconcile_feature(body, memo.kube, in_namespace, memo.reader)
+    memo.feature_statuses.wrote(body, new_status.model_dump(by_alias=True, mode="json"))
     # Fixed-GPU-budget shares moved: re-apply those models now rather than at their next resync, with the
     # override merged over every feature of the namespace (another one may share the model).
     name_of = body["metadata"]["name"]
-    others = [f for f in _indexed(kwargs, "aifeatures_by_namespace", ns) if f["metadata"]["name"] != name_of]
+    others = [f for f in _features(memo, kwargs, ns) if f["metadata"]["name"] != name_of]
     before = aifeature_reconciler.feature_status(body)
-    changed = aifeature_reconciler.overrides_to_apply(others, before, new_status)
-    for name, override in changed.items():
+    moves = aifeature_reconciler.override_moves(others, before, new_status)
+    for name, (previous, override) in moves.items():
         if name in in_namespace:
-            async with memo.lanes.slot(Priority.CHANGE):
-                pods = _indexed(kwargs, "pods_by_model", (ns, name))
-                current = memo.autoscaler.with_decision(in_namespace[name], _live_replicas(kwargs, (ns, name)))
+            key = (ns, name)
+            async with memo.locks.hold(model_lock(key)), memo.lanes.slot(Priority.CHANGE):
+                model = next(iter(_indexed(kwargs, "aimodels_by_key", key)), None)
+                if model is None:
+                    continue  # deleted meanwhile
+                pods = _indexed(kwargs, "pods_by_model", key)
+                # An autoscaled model resumes from its last pin when released, so each pin is its decision.
+                await record_rollout_pin(model, memo.kube, memo.autoscaler, pinned=override, released_from=previous)
+                current = memo.autoscaler.with_decision(model, _live_replicas(kwargs, key))
                 await aimodel_reconciler.reconcile(
                     current, memo.kube, SETTINGS, pods, trigger="budget", replicas_override=override
                 )
@@ -371,7 +403,7 @@ async def autoscale_models(memo: Any, kwargs: dict[str, Any]) -> None:
 
 
 async def autoscale_model(memo: Any, kwargs: dict[str, Any], key: tuple[str, str], *, demand: bool = False) -> None:
-    async with memo.lanes.slot(Priority.CHANGE):
+    async with memo.locks.hold(model_lock(key)), memo.lanes.slot(Priority.CHANGE):
         body = next(iter(_indexed(kwargs, "aimodels_by_key", key)), None)
         deployment = next(iter(_indexed(kwargs, "deployments_by_model", key)), None)
         if body is None or deployment is None:
@@ -387,7 +419,7 @@ async def autoscale_model(memo: Any, kwargs: dict[str, Any], key: tuple[str, str
             _indexed(kwargs, "ready_pods_by_model", key),
             _indexed(kwargs, "pods_by_model", key),
             demand=demand,
-            pinned=_override(kwargs, *key),
+            pinned=_override(memo, kwargs, *key),
         )
 
 
@@ -414,6 +446,7 @@ async def demand_changed(
 async def feature_event(type: str, namespace: str | None, name: str, memo: Any, **kwargs: Any) -> None:
     start_periodic(memo, kwargs)
     if type == "DELETED":
+        memo.feature_statuses.forget(str((kwargs.get("body") or {}).get("metadata", {}).get("uid", "")))
         operator_metrics.forget(
             operator_metrics.FEATURE_PHASE, namespace or "", name, aifeature_reconciler.FEATURE_PHASES
         )

@@ -18,6 +18,7 @@ from servlane_operator.autoscaler import (
     ReadyPod,
     autoscale,
     parse_signals,
+    record_rollout_pin,
     status_needs_write,
     status_of,
 )
@@ -193,6 +194,51 @@ def test_a_rollout_pin_is_left_to_the_budget_reconcile() -> None:
     decision = run_pass(kube, body, autoscaler, 2, pinned=2)
     assert (decision.replicas, decision.reason) == (2, "FixedGpuBudget")
     assert DEPLOYMENT not in kube.objects  # the AIFeature's budget applies the pin, not the autoscaler
+
+
+@pytest.mark.usefixtures("quiet_events")
+def test_a_released_model_resumes_from_its_last_pin_not_an_older_decision() -> None:
+    """Seen in CI: a canary at minReplicas 2 was pinned to 1, then to 2 at 100 %, and released before the
+    next autoscaler pass had seen the second pin: the Deployment went back to 1 for one pass. Every pin is
+    the model's decision as the budget applies it, and the release resumes from the last one."""
+    kube = FakeKube()
+    spec = {"autoscaling": {"minReplicas": 2, "maxReplicas": 4}}
+    autoscaler = Autoscaler(clock=lambda: 1_000_000.0)
+    settings = OperatorSettings(gateway_namespace="gw")
+    before = model_body(spec, {"autoscaler": {"desiredReplicas": 2, "reason": "AtTarget"}})
+
+    def budget_applies(pinned: int | None, released_from: int | None) -> int:
+        # What handlers.feature_pass does for each model whose pin moved.
+        body = autoscaler.with_decision(before)  # the index's copy: older than every decision since
+        asyncio.run(record_rollout_pin(body, kube, autoscaler, pinned=pinned, released_from=released_from))
+        current = autoscaler.with_decision(body, 2)
+        asyncio.run(reconcile(current, kube, settings, [], trigger="budget", replicas_override=pinned))
+        return int(kube.objects[DEPLOYMENT]["spec"]["replicas"])
+
+    assert budget_applies(1, None) == 1
+    assert kube.statuses[-1]["autoscaler"]["reason"] == "FixedGpuBudget"
+    idle = scraper(lambda request: httpx.Response(200, text=IDLE_METRICS))
+    autoscaler.client = idle.client
+    run_pass(kube, before, autoscaler, 1, pinned=1)  # a periodic pass while the first pin holds
+    assert budget_applies(2, 1) == 2
+    assert budget_applies(None, 2) == 2  # released: its own count resumes from the pin, not from 1
+    written = kube.statuses[-1]["autoscaler"]
+    assert (written["desiredReplicas"], written["reason"]) == (2, "RolloutReleased")
+    assert written["lastBusyTime"] == "1970-01-12T13:46:40Z"  # a full scale-down window from the release
+
+
+@pytest.mark.usefixtures("quiet_events")
+def test_a_pin_the_deployment_does_not_run_yet_is_not_recorded_by_the_periodic_pass() -> None:
+    """The periodic pass reads the pin from the feature index, which may be behind the budget reconcile:
+    a pin the Deployment does not run is left to that reconcile, not recorded over the newer one."""
+    kube = FakeKube()
+    autoscaler = scraper(lambda request: httpx.Response(200, text=IDLE_METRICS))
+    body = model_body({"autoscaling": {"minReplicas": 2, "maxReplicas": 4}})
+    asyncio.run(record_rollout_pin(body, kube, autoscaler, pinned=2, released_from=1))
+    stale = run_pass(kube, body, autoscaler, 2, pinned=1)
+    assert stale.replicas == 1  # the stale pin is what the index said ...
+    assert autoscaler.with_decision(body)["status"]["autoscaler"]["desiredReplicas"] == 2  # ... not recorded
+    assert DEPLOYMENT not in kube.objects
 
 
 def test_status_is_written_for_a_new_count_or_reason_or_times_that_moved_far() -> None:

@@ -7,6 +7,8 @@ from servlane_core.scaling.decide import (
     ScalingState,
     autoscaled_replicas,
     decide,
+    held_by_rollout,
+    released_by_rollout,
     saw_activity,
 )
 
@@ -17,5 +19,7 @@ __all__ = [
     "ScalingState",
     "autoscaled_replicas",
     "decide",
+    "held_by_rollout",
+    "released_by_rollout",
     "saw_activity",
 ]

@@ -144,9 +144,7 @@ def decide(
     seen = now if busy or state.last_activity_time is None else state.last_activity_time
     state = replace(state, last_activity_time=seen)
     if pinned is not None:
-        # Waits a full window after the release before it removes any replica the rollout kept.
-        held = replace(state, last_busy_time=now)
-        return Decision(pinned, "FixedGpuBudget", f"A fixed-GPU-budget rollout holds {pinned} replicas.", held)
+        return held_by_rollout(pinned, now, state)
     if current <= 0:
         return _at_zero(policy, demand, now, state)
     idle_for = now - seen
@@ -181,6 +179,23 @@ def decide(
             return _scaled(current - 1, "LowLoad", f"The load needs {target}: one replica fewer.", now, state)
         return Decision(current, "Stabilizing", f"The load needs {target}; waiting for the window.", state)
     return Decision(current, "AtTarget", f"The load needs {needed} replicas.", state)
+
+
+def held_by_rollout(pinned: int, now: float, state: ScalingState) -> Decision:
+    """A fixed-GPU-budget rollout's pin is the count while it holds (the budget applies it, not the
+    autoscaler). The busy time moves on, so the release waits a full window before removing any replica."""
+    held = replace(state, last_busy_time=now)
+    return Decision(pinned, "FixedGpuBudget", f"A fixed-GPU-budget rollout holds {pinned} replicas.", held)
+
+
+def released_by_rollout(policy: ScalingPolicy, pinned: int, now: float, state: ScalingState) -> Decision:
+    """The rollout released the model at `pinned` (its last pin): the autoscaler resumes from that count,
+    within the bounds, and waits a full scale-down window from now before it removes any of them. Resuming
+    from an older decision instead (the count before the rollout, or an earlier pin) drops replicas the
+    rollout just gave the winner, pods that were serving its traffic."""
+    replicas = 0 if pinned == 0 and policy.min_replicas == 0 else policy.bounded(pinned)
+    message = f"A fixed-GPU-budget rollout released the model at {pinned} replicas: autoscaled from {replicas}."
+    return _scaled(replicas, "RolloutReleased", message, now, state)
 
 
 def _at_zero(policy: ScalingPolicy, demand: bool, now: float, state: ScalingState) -> Decision:

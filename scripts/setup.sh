@@ -35,8 +35,8 @@ python_chain() {
   key=$(cat pyproject.toml devtools/pyproject.toml | sha256sum | cut -c1-16)
   marker="$venv/.servlane-package-$key"
   if [[ ! -f "$marker" ]]; then
-    echo "setup: installing servlane[operator,runtime,cli,dev] and servlane-devtools (editable)"
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[operator,runtime,cli,dev]" -e devtools
+    echo "setup: installing servlane[operator,runtime,cli,dev,docs] and servlane-devtools (editable)"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[operator,runtime,cli,dev,docs]" -e devtools
     rm -f "$venv"/.servlane-package-*; touch "$marker"
   fi
   echo "setup: python environment ready in $venv"

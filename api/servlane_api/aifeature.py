@@ -102,7 +102,7 @@ MAX_RESPONSE_CACHE_BYTES = 256 << 20  # of one feature's answers: the gateway's 
 
 
 # Opt-in: a hit tells its caller that the same request was made recently in this feature, so it stays off
-# where callers must not learn of each other's requests. What is cached: gateway/servlane_gateway/README.md.
+# where callers must not learn of each other's requests. What is cached: docs/gateway.md, "Response cache".
 class ResponseCache(ApiModel):
     enabled: bool = Field(default=False, description="Keep and serve again this feature's deterministic answers.")
     ttl_seconds: int = Field(default=300, ge=1, le=86_400, description="How long an answer is served again.")

@@ -1,6 +1,6 @@
 """Bad input is a 4xx, always: a property-based fuzz of the runtime's and the gateway's OpenAPI schemas
 (schemathesis), valid and invalid cases, against real processes with a real engine. No case may get a 5xx,
-and /health answers quickly throughout. The larger run behind the README's figures is bench/fuzz_servers.py.
+and /health answers quickly throughout. The larger run behind the figures in docs/concepts.md is bench/fuzz_servers.py.
 
 Part of the default suite, bounded: a fixed number of cases per operation, a fixed seed, each case's
 generation capped and timed out (tests/fuzz/schema_fuzz.py says how). Skips when schemathesis, hypothesis

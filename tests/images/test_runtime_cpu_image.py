@@ -36,7 +36,7 @@ def tiny_model(model_dir: str) -> AIModel:
         "source": {"uri": f"pvc://{CLAIM}/{model_dir}"},
         "engine": "vllm",
         # The shipped defaults, as a user writes `engine: vllm`: the runtime sizes the KV cache from the memory
-        # limit and runs vLLM eager without a compiler (README, vLLM on CPU).
+        # limit and runs vLLM eager without a compiler (docs/install.md, vLLM on CPU).
         "engineOptions": {"maxModelLen": 256},
         "resources": {"cpu": "2", "memory": "8Gi"},
         "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],

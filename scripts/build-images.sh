@@ -134,10 +134,10 @@ base_id=$("$docker_bin" image inspect -f '{{.Id}}' "$base" 2>/dev/null || echo "
 # name|dockerfile|target|repository|tag|inputs (besides the Dockerfile, pyproject.toml and README.md)
 spec() {
   case "$1" in
-    cpu) echo "runtime-cpu|Dockerfile.runtime|cpu|ghcr.io/servlane/runtime|$version-cpu|scripts/install-ml.sh api core runtime" ;;
-    cuda) echo "runtime-cuda|Dockerfile.runtime|cuda|ghcr.io/servlane/runtime|$version-cuda|api core runtime" ;;
+    cpu) echo "runtime-cpu|Dockerfile.runtime|cpu|ghcr.io/servlane/runtime|$version-cpu|scripts/install-ml.sh api core web runtime" ;;
+    cuda) echo "runtime-cuda|Dockerfile.runtime|cuda|ghcr.io/servlane/runtime|$version-cuda|api core web runtime" ;;
     operator) echo "operator|Dockerfile.operator||ghcr.io/servlane/operator|$version|api core operator" ;;
-    gateway) echo "gateway|Dockerfile.gateway||ghcr.io/servlane/gateway|$version|api core gateway" ;;
+    gateway) echo "gateway|Dockerfile.gateway||ghcr.io/servlane/gateway|$version|api core web gateway" ;;
   esac
 }
 

@@ -16,12 +16,10 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from servlane_core.protocol import openai as p
-from servlane_core.protocol.errors import install_error_handlers
 from servlane_core.protocol.limits import RequestLimits
 from servlane_core.routing.overrides import apply_overrides
 from servlane_core.routing.routes import RouteTable, describe_ambiguity, describe_refused, resolve_plain_names
 from servlane_core.routing.waking import HoldLimits
-from servlane_core.tracing import TracingMiddleware, start_tracing, stop_tracing
 from servlane_gateway.access import KeyRing, names_for, parse_keys
 from servlane_gateway.batch.service import BatchService
 from servlane_gateway.cache_store import AnswerStore, MemoryStore, RedisStore, ResponseCacher
@@ -41,6 +39,8 @@ from servlane_gateway.response_cache import CacheBudget
 from servlane_gateway.settings import GatewaySettings, plain_name_namespaces
 from servlane_gateway.sources import FileRouteSource, RouteSource, file_signature
 from servlane_gateway.upstream import UpstreamPool
+from servlane_web.errors import install_error_handlers
+from servlane_web.tracing import TracingMiddleware, start_tracing, stop_tracing
 
 log = logging.getLogger(__name__)
 

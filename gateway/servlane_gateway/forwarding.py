@@ -37,7 +37,6 @@ from servlane_core.routing.prompt_prefix import prompt_prefix
 from servlane_core.routing.routes import Backend, Route, RouteTable
 from servlane_core.routing.sticky_share import StickyShareGuard
 from servlane_core.routing.waking import waking_pick
-from servlane_core.tracing import NO_SPANS, Phase, RequestSpans, spans_of
 from servlane_gateway.access import KeyRing, route_for
 from servlane_gateway.cache_store import Leading, ResponseCacher
 from servlane_gateway.client_watch import ClientGone, unless_client_leaves
@@ -66,6 +65,7 @@ from servlane_gateway.upstream import (
     UpstreamPool,
     UpstreamResponse,
 )
+from servlane_web.tracing import NO_SPANS, Phase, RequestSpans, spans_of
 
 log = logging.getLogger(__name__)
 

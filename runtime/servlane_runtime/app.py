@@ -17,10 +17,12 @@ from starlette.types import Receive, Scope, Send
 
 from servlane_api.runtime_config import HEALTH_PATH, READY_PATH, RuntimeConfig
 from servlane_core.protocol import openai as p
-from servlane_core.protocol.errors import OpenAIError, install_error_handlers
+from servlane_core.protocol.errors import OpenAIError
 from servlane_core.protocol.limits import RequestLimits
-from servlane_core.tracing import TracingMiddleware, spans_of, start_tracing, stop_tracing
-from servlane_runtime.runtime_metrics import MetricsMiddleware, RuntimeMetrics
+from servlane_runtime.metrics_middleware import MetricsMiddleware
+from servlane_runtime.runtime_metrics import RuntimeMetrics
+from servlane_web.errors import install_error_handlers
+from servlane_web.tracing import TracingMiddleware, spans_of, start_tracing, stop_tracing
 
 from .admission import AdmissionController, AdmissionGrant, parse_priority
 from .engines import create_engine

@@ -8,11 +8,9 @@ _tokens_total{kind=prompt|completion}, _startup_phase_timestamp_seconds{phase} a
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from servlane_api.metric_names import LATENCY_BUCKETS
 
@@ -22,7 +20,7 @@ PREFIX = "servlane_runtime"
 _VLLM_SIGNALS = REGISTRY.restricted_registry(
     ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"]
 )
-_OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models")
+OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models")
 
 
 class RuntimeMetrics:
@@ -73,31 +71,3 @@ class RuntimeMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry) + generate_latest(_VLLM_SIGNALS)
-
-
-class MetricsMiddleware:
-    """Counts every OpenAI request by endpoint and final status, and times it to the last byte."""
-
-    def __init__(self, app: ASGIApp, metrics: RuntimeMetrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "")
-        if scope["type"] != "http" or path not in _OPENAI_PATHS:
-            await self.app(scope, receive, send)
-            return
-        start = time.monotonic()
-        status = 500  # an exception before the response started
-
-        async def watch(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
-        try:
-            await self.app(scope, receive, watch)
-        finally:
-            self.metrics.requests.labels(path, str(status)).inc()
-            self.metrics.latency.labels(path).observe(time.monotonic() - start)

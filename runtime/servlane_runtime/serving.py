@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 from servlane_core.protocol import openai as p
 from servlane_core.protocol.errors import OpenAIError, model_not_found
 from servlane_core.protocol.tools import OutputPlan, ParsedToolCall, plan_output, template_messages
-from servlane_core.tracing import NO_SPANS, Phase, RequestSpans
 from servlane_runtime.runtime_metrics import RuntimeMetrics
+from servlane_web.tracing import NO_SPANS, Phase, RequestSpans
 
 from .engines.base import (
     EngineError,

@@ -41,13 +41,13 @@ def test_no_ml_libraries(gateway_image: str) -> None:
 
 
 # What each setting makes the gateway import, done the way the gateway does it: tracing through
-# servlane_core.tracing (the SDK and the OTLP/HTTP exporter), the shared limits and cache through redis.asyncio,
+# servlane_web.tracing (the SDK and the OTLP/HTTP exporter), the shared limits and cache through redis.asyncio,
 # the batch store's postgresql:// through SQLAlchemy's psycopg 3 dialect (an engine, no connection) and Alembic,
 # the batch upload through python-multipart, several workers through prometheus_client's multiprocess mode.
 SETTINGS_MODULES = """
 import os
 os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:9"
-from servlane_core.tracing import start_tracing, stop_tracing
+from servlane_web.tracing import start_tracing, stop_tracing
 assert start_tracing("servlane-gateway") is not None
 stop_tracing()
 import redis.asyncio, servlane_gateway.redis_limits, servlane_gateway.cache_store

@@ -13,8 +13,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, TraceIdRatioBased
 
-from servlane_core.tracing import TRACE_ID_HEADER, TracingMiddleware
+from servlane_core.tracing import TRACE_ID_HEADER
 from servlane_gateway.settings import parse_settings
+from servlane_web.tracing import TracingMiddleware
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"

@@ -39,7 +39,6 @@ from servlane_core.routing.sticky_share import StickyShareGuard
 from servlane_core.routing.waking import waking_pick
 from servlane_gateway.access import KeyRing, route_for
 from servlane_gateway.cache_store import Leading, ResponseCacher
-from servlane_gateway.client_watch import ClientGone, unless_client_leaves
 from servlane_gateway.console.recent import RequestLog
 from servlane_gateway.endpoints import EndpointRouter, Lease
 from servlane_gateway.gateway_metrics import NONE, GatewayMetrics, exemplar
@@ -65,6 +64,7 @@ from servlane_gateway.upstream import (
     UpstreamPool,
     UpstreamResponse,
 )
+from servlane_web.client_watch import ClientGone, unless_client_leaves
 from servlane_web.tracing import NO_SPANS, Phase, RequestSpans, spans_of
 
 log = logging.getLogger(__name__)

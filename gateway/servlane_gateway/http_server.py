@@ -8,7 +8,7 @@ changes, both invisible to the ASGI app except through the extension below:
   a client sees a stream's status before its first token.
 - a disconnect callback (`DISCONNECT_EXTENSION` in the scope's extensions): the proxy registers a callback
   that the connection's loss calls, where it would otherwise run a watcher task per request that waits for
-  `http.disconnect` (servlane_gateway.client_watch falls back to that under any other server).
+  `http.disconnect` (servlane_web.client_watch falls back to that under any other server).
 """
 
 from __future__ import annotations
@@ -19,10 +19,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-# scope["extensions"][DISCONNECT_EXTENSION](callback): `callback` is called once when the client's connection is
-# lost (at once if it is lost already); `None` unregisters it. One per connection: the request being served.
-DISCONNECT_EXTENSION = "servlane.on_disconnect"
-OnDisconnect = Callable[[Callable[[], None] | None], None]
+from servlane_web.client_watch import DISCONNECT_EXTENSION
 
 
 class HeadHoldingTransport:

@@ -18,7 +18,6 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from servlane_gateway.client_watch import ClientGone, unless_client_leaves
 from servlane_gateway.upstream import (
     UpstreamBroken,
     UpstreamConnectTimeout,
@@ -26,6 +25,7 @@ from servlane_gateway.upstream import (
     UpstreamPool,
     UpstreamResponse,
 )
+from servlane_web.client_watch import ClientGone, unless_client_leaves
 
 # How a relayed stream ended; the metrics and token charging read it.
 COMPLETED = "completed"

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -21,6 +21,7 @@ from servlane_core.protocol.errors import OpenAIError
 from servlane_core.protocol.limits import RequestLimits
 from servlane_runtime.metrics_middleware import MetricsMiddleware
 from servlane_runtime.runtime_metrics import RuntimeMetrics
+from servlane_web.client_watch import ClientGone, unless_client_leaves
 from servlane_web.errors import install_error_handlers
 from servlane_web.tracing import TracingMiddleware, spans_of, start_tracing, stop_tracing
 
@@ -32,9 +33,6 @@ from .model_host import EngineFactory, ModelHost
 from .request_guard import RequestGuard
 from .serving import OpenAIServing
 from .startup import StartupClock
-
-T = TypeVar("T")
-_DISCONNECT_POLL_SECONDS = 0.25
 
 
 class SlotStreamingResponse(StreamingResponse):
@@ -53,24 +51,6 @@ class SlotStreamingResponse(StreamingResponse):
             if aclose is not None:
                 await aclose()  # stops the engine if the client went away mid-stream
             self._slot.release()
-
-
-async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`, cancelling it (and so the generation) if the client hangs up first."""
-    task = asyncio.ensure_future(work)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_SECONDS)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                task.cancel()
-                raise OpenAIError(499, "client closed the request", code="client_closed_request")
-    finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
 
 
 def create_app(
@@ -129,7 +109,10 @@ def create_app(
         with spans.phase("admission"):
             slot = await admission.acquire(parse_priority(request.headers.get("x-priority")))
         try:
-            result = await _unless_disconnected(request, run())
+            result = await unless_client_leaves(request.scope, request.receive, run())
+        except ClientGone:
+            slot.release()
+            raise OpenAIError(499, "client closed the request", code="client_closed_request") from None
         except BaseException:
             slot.release()
             raise

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -134,6 +136,30 @@ def test_full_queue_429_then_disconnect_frees_the_slot(one_slot_server: InProces
     wait_until("an idle server", lambda: in_flight_and_queued(server) == (0, 0), 30)
     generated = server.metric("servlane_runtime_tokens_total", 'kind="completion"') - generated_before
     assert generated < LONG, "the abandoned stream should have stopped generating"
+
+
+def test_a_client_that_leaves_before_its_answer_stops_the_generation(one_slot_server: InProcessServer) -> None:
+    """A non-streamed request whose client hangs up while it generates: cancelled at the disconnect (a 499
+    in the server's count, its tokens so far), not generated to its end (a 200)."""
+    server = one_slot_server
+
+    def left() -> float:
+        return server.metric("servlane_runtime_requests_total", 'endpoint="/v1/completions",code="499"')
+
+    left_before = left()
+    generated_before = server.metric("servlane_runtime_tokens_total", 'kind="completion"')
+    body = json.dumps({"model": "tiny-llama", "prompt": "Hello", "max_tokens": LONG, "ignore_eos": True}).encode()
+    head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    head += f"Content-Length: {len(body)}\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as conn:
+        conn.sendall(head.encode() + body)
+        wait_until("the request generating", lambda: in_flight_and_queued(server) == (1, 0), 30)
+    # The connection is closed: the client is gone before its answer.
+    wait_until("the abandoned request counted as 499", lambda: left() == left_before + 1, 30)
+    wait_until("an idle server", lambda: in_flight_and_queued(server) == (0, 0), 30)
+    generated = server.metric("servlane_runtime_tokens_total", 'kind="completion"') - generated_before
+    assert generated < LONG, "the abandoned request should have stopped generating"
+    assert short_request(server).status_code == 200
 
 
 def test_high_priority_goes_first(one_slot_server: InProcessServer) -> None:

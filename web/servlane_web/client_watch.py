@@ -1,16 +1,25 @@
-"""Stop the work of a request whose client has gone: its upstream connection closes, so the backend stops too."""
+"""Stop the work of a request whose client has gone, in the runtime and the gateway alike.
+
+The work is cancelled as soon as the client disconnects (event-driven, as vLLM's `with_cancellation` races a
+handler against `receive()`): in the gateway its upstream connection closes, so the backend stops too; in the
+runtime the engine aborts the generation.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from starlette.types import Receive, Scope
 
-from servlane_gateway.http_server import DISCONNECT_EXTENSION, OnDisconnect
-
 T = TypeVar("T")
+
+# A server may offer scope["extensions"][DISCONNECT_EXTENSION](callback): `callback` is called once when the
+# client's connection is lost (at once if it is lost already); `None` unregisters it. One per connection: the
+# request being served. The gateway's own server protocol does (servlane_gateway.http_server).
+DISCONNECT_EXTENSION = "servlane.on_disconnect"
+OnDisconnect = Callable[[Callable[[], None] | None], None]
 
 
 class ClientGone(Exception):
@@ -40,8 +49,8 @@ async def _cancel_when_gone(receive: Receive, watch: _Watch) -> None:
 async def unless_client_leaves(scope: Scope, receive: Receive, work: Awaitable[T]) -> T:
     """Await `work` in this task; when the client disconnects first, cancel it and raise ClientGone.
 
-    The work runs in the caller's task, which the disconnect cancels: under the gateway's own server protocol
-    through its disconnect callback (servlane_gateway.http_server), under any other through a watcher task
+    The work runs in the caller's task, which the disconnect cancels: under a server that offers the disconnect
+    callback (the gateway's own, servlane_gateway.http_server) through it, under any other through a watcher task
     waiting for `http.disconnect`. (It used to race the work as a task of its own with asyncio.wait: a task,
     a wait and a gather more per request.) The cancellation is told from others (a server shutting down) by
     the watch's mark and Task.uncancel(), so those still propagate."""

@@ -22,29 +22,21 @@ from prometheus_client import start_http_server
 
 from servlane_api import GROUP, VERSION
 from servlane_api.targets import parse_target
-from servlane_core.rollout import MetricsReader
 from servlane_core.scaling.demand import demanded_model, is_fresh, renewed_at
 from servlane_operator import aifeature_reconciler, aimodel_reconciler, operator_metrics, periodic
-from servlane_operator.autoscaler import Autoscaler, ReadyPod, autoscale, record_rollout_pin
-from servlane_operator.cold_start_reader import ColdStartReader
-from servlane_operator.kube import Kube, load_client
-from servlane_operator.labels import GATEWAY_SELECTOR, MODEL_LABEL
-from servlane_operator.lanes import Lanes, Priority
-from servlane_operator.metric_readers.prometheus_reader import PrometheusReader
-from servlane_operator.metric_readers.scrape_reader import ScrapeReader
-from servlane_operator.object_locks import ObjectLocks
+from servlane_operator.autoscaler import ReadyPod, autoscale, record_rollout_pin
+from servlane_operator.context import OperatorContext
+from servlane_operator.labels import MODEL_LABEL
+from servlane_operator.lanes import Priority
 from servlane_operator.observed import DeploymentView, PodView, aimodel_index_entry
 from servlane_operator.peering import leads
-from servlane_operator.settings import OperatorSettings
 from servlane_operator.watch_scope import DEMAND, DEPLOYMENTS, LEASES, OWNED, PODS, restrict_watches
-from servlane_operator.written_status import WrittenStatuses
 
-SETTINGS = OperatorSettings.from_env()
 log = logging.getLogger(__name__)
 
 
 @kopf.on.startup()
-async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+async def startup(settings: kopf.OperatorSettings, memo: OperatorContext, **_: Any) -> None:
     # kopf's bookkeeping goes to annotations under our prefix: nothing is ever written to spec.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
@@ -56,30 +48,18 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     # Peers of equal priority all pause each other (kopf freezes on a tie); distinct random priorities
     # make exactly one replica active and the others stand by.
     settings.peering.priority = random.randint(1, 1_000_000)
-    memo.kube = Kube(load_client())
-    memo.lanes = Lanes(SETTINGS.max_concurrent_reconciles)
-    memo.locks = ObjectLocks()
-    memo.feature_statuses = WrittenStatuses()
-    memo.reader = canary_reader(SETTINGS, memo.kube)
-    memo.autoscaler = Autoscaler()
-    memo.cold_starts = ColdStartReader(memo.kube)
     memo.peering = settings.peering
-    memo.periodic = []
-    # Status refreshes waiting for a slot, by model (see request_refresh). kopf hands each object a
-    # shallow copy of this memo, so these are the operator's one dict each, filled in place.
-    memo.refreshing = {}
-    memo.refresh_tasks = set()
-    start_http_server(SETTINGS.metrics_port)
+    start_http_server(memo.settings.metrics_port)
 
 
 @kopf.on.cleanup()
-async def cleanup(memo: Any, **_: Any) -> None:
+async def cleanup(memo: OperatorContext, **_: Any) -> None:
     for task in [*memo.periodic, *memo.refresh_tasks]:
         task.cancel()
     await memo.cold_starts.aclose()
 
 
-def start_periodic(memo: Any, kwargs: dict[str, Any]) -> None:
+def start_periodic(memo: OperatorContext, kwargs: dict[str, Any]) -> None:
     """Starts the periodic loops once, from the first object handler that runs: their tasks inherit its
     context, which kopf.event needs to post Events, and keep its indexes (live views, always current)."""
     if memo.periodic:
@@ -89,12 +69,12 @@ def start_periodic(memo: Any, kwargs: dict[str, Any]) -> None:
         [
             asyncio.create_task(
                 periodic.every(
-                    SETTINGS.resync_seconds, lambda: resync_models(memo, kwargs), lambda: may_act(memo), "resync"
+                    memo.settings.resync_seconds, lambda: resync_models(memo, kwargs), lambda: may_act(memo), "resync"
                 )
             ),
             asyncio.create_task(
                 periodic.every(
-                    SETTINGS.autoscale_interval_seconds,
+                    memo.settings.autoscale_interval_seconds,
                     lambda: autoscale_models(memo, kwargs),
                     lambda: may_act(memo),
                     "autoscale",
@@ -102,7 +82,7 @@ def start_periodic(memo: Any, kwargs: dict[str, Any]) -> None:
             ),
             asyncio.create_task(
                 periodic.every(
-                    SETTINGS.analysis_interval_seconds,
+                    memo.settings.analysis_interval_seconds,
                     lambda: analyse_features(memo, kwargs),
                     lambda: may_act(memo),
                     "canary analysis",
@@ -112,12 +92,14 @@ def start_periodic(memo: Any, kwargs: dict[str, Any]) -> None:
     )
 
 
-async def may_act(memo: Any) -> bool:
+async def may_act(memo: OperatorContext) -> bool:
     """Standalone: always. With peering: only the replica kopf lets work (see peering.py)."""
     peering = memo.peering
+    if peering is None:
+        return False  # before kopf's startup: no round yet
     if peering.standalone:
         return True
-    scopes: list[str | None] = [*SETTINGS.namespaces] or [None]  # None: cluster-wide
+    scopes: list[str | None] = [*memo.settings.namespaces] or [None]  # None: cluster-wide
     for namespace in scopes:
         body = await memo.kube.get_peering(peering.name, namespace)
         status = (body or {}).get("status") or {}
@@ -125,27 +107,6 @@ async def may_act(memo: Any) -> bool:
         if body is None or not leads(peers, peering.priority, datetime.now(UTC)):
             return False
     return True
-
-
-def canary_reader(settings: OperatorSettings, kube: Kube) -> MetricsReader:
-    """Prometheus when configured, else the gateway pods' /metrics scraped directly."""
-    if settings.prometheus_url:
-        return PrometheusReader(
-            settings.prometheus_url,
-            job=settings.prometheus_gateway_job,
-            scrape_interval_seconds=settings.prometheus_scrape_interval_seconds,
-        )
-    # Without Prometheus the window is the time between two reads: at least one analysis timer tick.
-    min_window = settings.analysis_interval_seconds
-    if settings.gateway_metrics_urls:
-        return ScrapeReader(list(settings.gateway_metrics_urls), min_window_seconds=min_window)
-
-    async def gateway_pods() -> list[str]:
-        pods = await kube.list_pods(GATEWAY_SELECTOR, settings.gateway_namespace)
-        ips = [p["status"].get("podIP") for p in pods if (p.get("status") or {}).get("phase") == "Running"]
-        return [f"http://{ip}:{settings.gateway_metrics_port}/metrics" for ip in ips if ip]
-
-    return ScrapeReader(gateway_pods, min_window_seconds=min_window)
 
 
 @kopf.index(*DEPLOYMENTS, labels=OWNED)
@@ -194,12 +155,12 @@ def _live_replicas(kwargs: dict[str, Any], key: tuple[str, str]) -> int | None:
     return None if deployment is None else deployment.desired
 
 
-def _features(memo: Any, kwargs: dict[str, Any], namespace: str) -> list[Any]:
+def _features(memo: OperatorContext, kwargs: dict[str, Any], namespace: str) -> list[Any]:
     """The namespace's AIFeatures, each with the status this process last wrote where its copy lags."""
     return [memo.feature_statuses.latest(body) for body in _indexed(kwargs, "aifeatures_by_namespace", namespace)]
 
 
-def _override(memo: Any, kwargs: dict[str, Any], namespace: str, name: str) -> int | None:
+def _override(memo: OperatorContext, kwargs: dict[str, Any], namespace: str, name: str) -> int | None:
     return aifeature_reconciler.replica_overrides(_features(memo, kwargs, namespace)).get(name)
 
 
@@ -207,7 +168,7 @@ def _override(memo: Any, kwargs: dict[str, Any], namespace: str, name: str) -> i
 @kopf.on.create(GROUP, VERSION, "aimodels")
 @kopf.on.update(GROUP, VERSION, "aimodels", field="spec")
 async def reconcile_model(
-    body: kopf.Body, reason: str, namespace: str | None, name: str, memo: Any, **kwargs: Any
+    body: kopf.Body, reason: str, namespace: str | None, name: str, memo: OperatorContext, **kwargs: Any
 ) -> None:
     start_periodic(memo, kwargs)
     key = (namespace or "", name)
@@ -220,7 +181,7 @@ async def reconcile_model(
         override = _override(memo, kwargs, *key)
         current = memo.autoscaler.with_decision(latest, _live_replicas(kwargs, key))
         await aimodel_reconciler.reconcile(
-            current, memo.kube, SETTINGS, pods, trigger="change", replicas_override=override
+            current, memo.kube, memo.settings, pods, trigger="change", replicas_override=override
         )
 
 
@@ -232,7 +193,7 @@ REASON_PRIORITY: dict[str, Priority] = {
 }
 
 
-async def resync_models(memo: Any, kwargs: dict[str, Any]) -> None:
+async def resync_models(memo: OperatorContext, kwargs: dict[str, Any]) -> None:
     """Every resync_seconds: re-apply every AIModel's children, which puts hand edits back."""
     models = {key: next(iter(copies)) for key, copies in kwargs["aimodels_by_key"].items()}
     await periodic.each(
@@ -240,7 +201,7 @@ async def resync_models(memo: Any, kwargs: dict[str, Any]) -> None:
     )
 
 
-async def resync_model(body: dict[str, Any], memo: Any, kwargs: dict[str, Any]) -> None:
+async def resync_model(body: dict[str, Any], memo: OperatorContext, kwargs: dict[str, Any]) -> None:
     key = (body["metadata"].get("namespace", ""), body["metadata"]["name"])
     async with memo.locks.hold(model_lock(key)), memo.lanes.slot(Priority.RESYNC):
         latest: dict[str, Any] | None = next(iter(_indexed(kwargs, "aimodels_by_key", key)), None)
@@ -251,19 +212,25 @@ async def resync_model(body: dict[str, Any], memo: Any, kwargs: dict[str, Any]) 
         override = _override(memo, kwargs, *key)
         current = memo.autoscaler.with_decision(latest, None if known is None else known.desired)
         await aimodel_reconciler.reconcile(
-            current, memo.kube, SETTINGS, pods, trigger="resync", known_deployment=known, replicas_override=override
+            current,
+            memo.kube,
+            memo.settings,
+            pods,
+            trigger="resync",
+            known_deployment=known,
+            replicas_override=override,
         )
 
 
 @kopf.on.event(*DEPLOYMENTS, labels=OWNED)
 @kopf.on.event(*PODS, labels=OWNED)
-async def child_changed(namespace: str | None, labels: kopf.Labels, memo: Any, **kwargs: Any) -> None:
+async def child_changed(namespace: str | None, labels: kopf.Labels, memo: OperatorContext, **kwargs: Any) -> None:
     start_periodic(memo, kwargs)
     request_refresh(memo, kwargs, (namespace or "", labels.get(MODEL_LABEL, "")))
 
 
 def request_refresh(
-    memo: Any, kwargs: dict[str, Any], key: tuple[str, str], *, only_once_applied: bool = False
+    memo: OperatorContext, kwargs: dict[str, Any], key: tuple[str, str], *, only_once_applied: bool = False
 ) -> None:
     """Queues one status refresh of the model, unless one is already waiting, and returns at once.
 
@@ -281,7 +248,7 @@ def request_refresh(
     task.add_done_callback(memo.refresh_tasks.discard)
 
 
-async def _refresh(memo: Any, kwargs: dict[str, Any], key: tuple[str, str]) -> None:
+async def _refresh(memo: OperatorContext, kwargs: dict[str, Any], key: tuple[str, str]) -> None:
     try:
         await memo.lanes.acquire(Priority.STATUS)
     except asyncio.CancelledError:
@@ -297,7 +264,7 @@ async def _refresh(memo: Any, kwargs: dict[str, Any], key: tuple[str, str]) -> N
         if deployment is None and only_once_applied:
             return  # not applied yet: the change handler writes the first status
         pods = _indexed(kwargs, "pods_by_model", key)
-        await aimodel_reconciler.refresh_status(owner, memo.kube, SETTINGS, deployment, pods)
+        await aimodel_reconciler.refresh_status(owner, memo.kube, memo.settings, deployment, pods)
     except Exception:  # the next event or resync writes it; kopf would only have logged it too
         log.exception("status refresh of %s/%s failed", *key)
     finally:
@@ -305,13 +272,15 @@ async def _refresh(memo: Any, kwargs: dict[str, Any], key: tuple[str, str]) -> N
 
 
 @kopf.on.event(*PODS, labels=OWNED)
-async def pod_changed(body: kopf.Body, memo: Any, **_: Any) -> None:
+async def pod_changed(body: kopf.Body, memo: OperatorContext, **_: Any) -> None:
     """A model pod that turned Ready: its cold start goes to its AIModel's status (in the background)."""
     memo.cold_starts.observe(body)
 
 
 @kopf.on.event(GROUP, VERSION, "aimodels")
-async def model_changed(type: str, body: kopf.Body, namespace: str | None, name: str, memo: Any, **kwargs: Any) -> None:
+async def model_changed(
+    type: str, body: kopf.Body, namespace: str | None, name: str, memo: OperatorContext, **kwargs: Any
+) -> None:
     """Every AIModel event re-derives status from the children as last seen, against the AIModel's latest
     copy (kopf updates the index before handlers run): a status written from an older view of the children
     than the latest is corrected."""
@@ -329,12 +298,14 @@ async def model_changed(type: str, body: kopf.Body, namespace: str | None, name:
 @kopf.on.resume(GROUP, VERSION, "aifeatures")
 @kopf.on.create(GROUP, VERSION, "aifeatures")
 @kopf.on.update(GROUP, VERSION, "aifeatures", field="spec")
-async def reconcile_feature(body: kopf.Body, namespace: str | None, name: str, memo: Any, **kwargs: Any) -> None:
+async def reconcile_feature(
+    body: kopf.Body, namespace: str | None, name: str, memo: OperatorContext, **kwargs: Any
+) -> None:
     start_periodic(memo, kwargs)
     await feature_pass(namespace or "", name, memo, kwargs)
 
 
-async def analyse_features(memo: Any, kwargs: dict[str, Any]) -> None:
+async def analyse_features(memo: OperatorContext, kwargs: dict[str, Any]) -> None:
     """Every analysis_interval_seconds: one pass of every AIFeature's rollout controller."""
     index = kwargs["aifeatures_by_namespace"]
     features = [(ns or "", body["metadata"]["name"]) for ns, copies in index.items() for body in copies]
@@ -347,7 +318,7 @@ def model_lock(key: tuple[str, str]) -> tuple[str, str, str]:
     return ("AIModel", *key)
 
 
-async def feature_pass(ns: str, name: str, memo: Any, kwargs: dict[str, Any]) -> None:
+async def feature_pass(ns: str, name: str, memo: OperatorContext, kwargs: dict[str, Any]) -> None:
     """One rollout pass of a feature, one at a time per feature (the change handler and the periodic
     analysis may both start one), from its latest copy and the status this process last wrote."""
     async with memo.locks.hold(("AIFeature", ns, name)):
@@ -358,7 +329,7 @@ async def feature_pass(ns: str, name: str, memo: Any, kwargs: dict[str, Any]) ->
         await _feature_pass(memo.feature_statuses.latest(found), ns, memo, kwargs)
 
 
-async def _feature_pass(body: Any, ns: str, memo: Any, kwargs: dict[str, Any]) -> None:
+async def _feature_pass(body: Any, ns: str, memo: OperatorContext, kwargs: dict[str, Any]) -> None:
     # Only the models this feature refers to: a pass costs the same with ten or a thousand models around.
     index = kwargs["aimodels_by_key"]
     wanted = aifeature_reconciler.referenced(body)
@@ -385,11 +356,11 @@ async def _feature_pass(body: Any, ns: str, memo: Any, kwargs: dict[str, Any]) -
                 await record_rollout_pin(model, memo.kube, memo.autoscaler, pinned=override, released_from=previous)
                 current = memo.autoscaler.with_decision(model, _live_replicas(kwargs, key))
                 await aimodel_reconciler.reconcile(
-                    current, memo.kube, SETTINGS, pods, trigger="budget", replicas_override=override
+                    current, memo.kube, memo.settings, pods, trigger="budget", replicas_override=override
                 )
 
 
-async def autoscale_models(memo: Any, kwargs: dict[str, Any]) -> None:
+async def autoscale_models(memo: OperatorContext, kwargs: dict[str, Any]) -> None:
     """Every autoscale_interval_seconds: one autoscaler pass of every autoscaled AIModel."""
     keys = [
         key
@@ -402,7 +373,9 @@ async def autoscale_models(memo: Any, kwargs: dict[str, Any]) -> None:
     await periodic.each("autoscale", ((f"{ns}/{name}", autoscale_model(memo, kwargs, (ns, name))) for ns, name in keys))
 
 
-async def autoscale_model(memo: Any, kwargs: dict[str, Any], key: tuple[str, str], *, demand: bool = False) -> None:
+async def autoscale_model(
+    memo: OperatorContext, kwargs: dict[str, Any], key: tuple[str, str], *, demand: bool = False
+) -> None:
     async with memo.locks.hold(model_lock(key)), memo.lanes.slot(Priority.CHANGE):
         body = next(iter(_indexed(kwargs, "aimodels_by_key", key)), None)
         deployment = next(iter(_indexed(kwargs, "deployments_by_model", key)), None)
@@ -413,7 +386,7 @@ async def autoscale_model(memo: Any, kwargs: dict[str, Any], key: tuple[str, str
         await autoscale(
             body,
             memo.kube,
-            SETTINGS,
+            memo.settings,
             memo.autoscaler,
             deployment,
             _indexed(kwargs, "ready_pods_by_model", key),
@@ -425,7 +398,13 @@ async def autoscale_model(memo: Any, kwargs: dict[str, Any], key: tuple[str, str
 
 @kopf.on.event(*LEASES, labels={**DEMAND, MODEL_LABEL: kopf.PRESENT})
 async def demand_changed(
-    type: str, body: kopf.Body, namespace: str | None, name: str, labels: kopf.Labels, memo: Any, **kwargs: Any
+    type: str,
+    body: kopf.Body,
+    namespace: str | None,
+    name: str,
+    labels: kopf.Labels,
+    memo: OperatorContext,
+    **kwargs: Any,
 ) -> None:
     """A fresh demand Lease wakes its model at zero at once, not at the next autoscaler pass."""
     start_periodic(memo, kwargs)
@@ -443,7 +422,7 @@ async def demand_changed(
 # once. The watch's DELETED event always reaches these low-level handlers while the operator runs; when
 # it does not run, its in-memory metrics are gone anyway and a restart never sees the deleted object.
 @kopf.on.event(GROUP, VERSION, "aifeatures")
-async def feature_event(type: str, namespace: str | None, name: str, memo: Any, **kwargs: Any) -> None:
+async def feature_event(type: str, namespace: str | None, name: str, memo: OperatorContext, **kwargs: Any) -> None:
     start_periodic(memo, kwargs)
     if type == "DELETED":
         memo.feature_statuses.forget(str((kwargs.get("body") or {}).get("metadata", {}).get("uid", "")))

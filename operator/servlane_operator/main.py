@@ -1,6 +1,7 @@
 """`servlane-operator`: runs the kopf operator with Servlane's handlers.
 
-Settings come from the environment (see settings.py); flags here cover how kopf runs.
+Settings come from the environment (see settings.py); flags here cover how kopf runs. The operator's
+context (context.py) is made here, once, and handed to kopf as its memo.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import kopf
 from kopf._core.engines.peering import Identity  # kopf.run's identity type, not re-exported
+from kubernetes.config import ConfigException
 
+import servlane_operator.handlers  # noqa: F401  (registers the handlers with kopf)
+from servlane_operator.context import OperatorContext
 from servlane_operator.settings import OperatorSettings
 
 
@@ -34,20 +38,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    namespaces = args.namespace or [n for n in os.environ.get("SERVLANE_NAMESPACES", "").split(",") if n]
-    if namespaces:
-        os.environ["SERVLANE_NAMESPACES"] = ",".join(namespaces)
     # Checked here, before kopf starts, so a bad setting is one clear line and exit code 2, not a traceback.
     try:
         settings = OperatorSettings.from_env()
+        if args.namespace:
+            settings = settings.model_copy(update={"namespaces": list(args.namespace)})
     except ValueError as exc:
         print(f"servlane-operator: invalid settings: {exc}", file=sys.stderr)
         return 2
     if problem := settings.unscoped_gateway_trust():
         print(f"servlane-operator: invalid settings: {problem}", file=sys.stderr)
         return 2
-    # Imported after the environment is final: handlers read settings at import time.
-    import servlane_operator.handlers  # noqa: F401
+    namespaces = list(settings.namespaces)
+    try:
+        context = OperatorContext.create(settings)
+    except ConfigException as exc:
+        print(f"servlane-operator: no Kubernetes credentials (in-cluster or $KUBECONFIG): {exc}", file=sys.stderr)
+        return 2
 
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
     loop = asyncio.new_event_loop()
@@ -63,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         liveness_endpoint=args.liveness,
         clusterwide=not namespaces,
         namespaces=namespaces,
+        memo=context,
     )
     return 0
 

@@ -12,7 +12,7 @@ import pytest
 
 from servlane_api import metric_names as contract
 from servlane_core.rollout import MetricsUnavailableError
-from servlane_operator.handlers import canary_reader
+from servlane_operator.context import canary_reader
 from servlane_operator.metric_readers.prometheus_reader import PrometheusReader
 from servlane_operator.metric_readers.scrape_reader import ScrapeReader
 from servlane_operator.settings import OperatorSettings

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from types import SimpleNamespace
 from typing import Any
 
 import kopf
 import pytest
 
 from servlane_operator import handlers
-from servlane_operator.autoscaler import Autoscaler
-from servlane_operator.lanes import Lanes
+from servlane_operator.context import OperatorContext
 from servlane_operator.object_locks import ObjectLocks
 from servlane_operator.settings import OperatorSettings
 from servlane_operator.written_status import WrittenStatuses
@@ -87,22 +85,27 @@ def feature(status: dict[str, Any], uid: str = "f-1") -> dict[str, Any]:
     return {"metadata": {"name": "chat", "namespace": NS, "uid": uid}, "spec": {"model": NAME}, "status": status}
 
 
-def test_a_copy_that_predates_this_process_write_gets_the_write_and_a_newer_copy_wins() -> None:
+def test_a_copy_behind_this_process_writes_gets_the_last_write_and_any_other_copy_wins() -> None:
     statuses = WrittenStatuses()
-    at_50 = {"canaryWeight": 50}
-    statuses.wrote(feature(at_50), {"canaryWeight": 100})
-    assert statuses.latest(feature(at_50))["status"] == {"canaryWeight": 100}  # the watch has not caught up
-    arrived = feature({"canaryWeight": 100})
+    at_0, at_50, at_100 = {"canaryWeight": 0}, {"canaryWeight": 50}, {"canaryWeight": 100}
+    statuses.wrote(feature(at_0), at_50)
+    statuses.wrote(feature(at_50), at_100)  # planned from its own last write (the copy was behind)
+    assert statuses.latest(feature(at_0))["status"] == at_100  # two writes behind
+    assert statuses.latest(feature(at_50))["status"] == at_100  # one write behind
+    arrived = feature(at_100)
     assert statuses.latest(arrived) is arrived
-    someone_else = feature({"canaryWeight": 0})  # another replica led and wrote after this one
+    someone_else = feature({"canaryWeight": 10})  # another replica led and wrote after this one
     assert statuses.latest(someone_else) is someone_else
-    assert statuses.latest(feature(at_50, uid="f-2"))["status"] == at_50  # a recreated feature: its own
+    assert statuses.latest(feature(at_0, uid="f-2"))["status"] == at_0  # a recreated feature: its own
+    statuses.wrote(someone_else, {"canaryWeight": 20})  # planned from a status not ours: a new chain
+    assert statuses.latest(feature(at_0))["status"] == at_0
+    assert statuses.latest(someone_else)["status"] == {"canaryWeight": 20}
     statuses.forget("f-1")
-    assert statuses.latest(feature(at_50))["status"] == at_50
+    assert statuses.latest(someone_else)["status"] == {"canaryWeight": 10}
     assert len(statuses) == 0
 
 
-def model_body() -> dict[str, Any]:
+def model_body(min_replicas: int = 1) -> dict[str, Any]:
     return {
         "apiVersion": "servlane.dev/v1alpha1",
         "kind": "AIModel",
@@ -110,7 +113,7 @@ def model_body() -> dict[str, Any]:
         "spec": {
             "source": {"uri": "/models/tiny"},
             "engine": "transformers",
-            "autoscaling": {"minReplicas": 1, "maxReplicas": 4},
+            "autoscaling": {"minReplicas": min_replicas, "maxReplicas": 4},
         },
         "status": {"observedGeneration": 1},
     }
@@ -146,16 +149,9 @@ class HeldKube(FakeKube):
 def test_a_resync_in_flight_cannot_undo_a_newer_pin_applied_meanwhile(monkeypatch: pytest.MonkeyPatch) -> None:
     """Seen in CI as [2, 1, 2, 1, 2]: a pass that read the model's pin before an await applied it after
     a newer pass had applied the next pin. Each writer now holds the model and reads the pin inside."""
-    monkeypatch.setattr(handlers, "SETTINGS", OperatorSettings(gateway_namespace="gw"))
     kube = HeldKube()
-    memo = SimpleNamespace(
-        kube=kube,
-        lanes=Lanes(4),
-        locks=ObjectLocks(),
-        autoscaler=Autoscaler(),
-        feature_statuses=WrittenStatuses(),
-        periodic=[object()],  # the periodic loops count as started
-    )
+    memo = OperatorContext.create(OperatorSettings(gateway_namespace="gw"), kube=kube)
+    monkeypatch.setattr(handlers, "start_periodic", lambda memo, kwargs: None)  # no loops in this test
     indexes: dict[str, Any] = {
         "aimodels_by_key": {(NS, NAME): [model_body()]},
         "deployments_by_model": {},
@@ -177,3 +173,21 @@ def test_a_resync_in_flight_cannot_undo_a_newer_pin_applied_meanwhile(monkeypatc
 
     asyncio.run(scenario())
     assert kube.objects[DEPLOYMENT]["spec"]["replicas"] == 2
+
+
+@pytest.mark.usefixtures("quiet_events")
+def test_a_resync_reads_the_pin_this_process_wrote_when_the_feature_index_is_behind() -> None:
+    """Seen in CI: right after the budget pinned a canary to 1, a resync read the feature's copy from
+    before that write (no pin) and put the canary back at its own 2 for one pass."""
+    kube = FakeKube()
+    memo = OperatorContext.create(OperatorSettings(gateway_namespace="gw"), kube=kube)
+    before_the_pin = feature({"stableModel": "old", "canaryModel": NAME})
+    memo.feature_statuses.wrote(before_the_pin, pinned_by(1)["status"])
+    indexes: dict[str, Any] = {
+        "aimodels_by_key": {(NS, NAME): [model_body(min_replicas=2)]},
+        "deployments_by_model": {},
+        "pods_by_model": {},
+        "aifeatures_by_namespace": {NS: [before_the_pin]},  # the watch has not brought the pin yet
+    }
+    asyncio.run(handlers.resync_model(model_body(min_replicas=2), memo, indexes))
+    assert kube.objects[DEPLOYMENT]["spec"]["replicas"] == 1

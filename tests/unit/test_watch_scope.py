@@ -23,6 +23,7 @@ from kopf._cogs.structs.references import NamespaceName, Resource, Selector
 
 from servlane_api import GROUP, VERSION
 from servlane_operator import handlers
+from servlane_operator.settings import OperatorSettings
 from servlane_operator.watch_scope import CHILD_KINDS, LEASES, OWNED_SELECTOR, restrict_watches
 
 PODS = Resource("", "v1", "pods", kind="Pod", namespaced=True, verbs=frozenset({"list", "watch"}))
@@ -38,13 +39,12 @@ OTHER = Resource("", "v1", "configmaps", kind="ConfigMap", namespaced=True, verb
 
 async def started_settings(monkeypatch: pytest.MonkeyPatch) -> kopf.OperatorSettings:
     """kopf's settings after our real startup handler, with its cluster and HTTP side effects stubbed."""
-    monkeypatch.setattr(handlers, "load_client", lambda: None)
-    monkeypatch.setattr(handlers, "canary_reader", lambda settings, kube: None)
     monkeypatch.setattr(handlers, "start_http_server", lambda port: None)
     settings = kopf.OperatorSettings()
     # kopf's decorator types the handler as kopf calls it (every kopf kwarg); startup reads only these.
     startup: Any = handlers.startup
-    await startup(settings=settings, memo=SimpleNamespace(), logger=logging.getLogger(__name__))
+    memo = SimpleNamespace(settings=OperatorSettings(gateway_namespace="gw"), peering=None)
+    await startup(settings=settings, memo=memo, logger=logging.getLogger(__name__))
     return settings
 
 

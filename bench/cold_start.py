@@ -55,23 +55,6 @@ import pytest
 
 from bench.machine_load import cpu_times, shares
 from e2e.conftest import real_cluster, real_node_images  # noqa: F401 (fixtures)
-from e2e.harness import RUNTIME_CPU_IMAGE as RUNTIME_IMAGE
-from e2e.harness import (
-    Kube,
-    OperatorProcess,
-    install_crds,
-    operator_rbac,
-    service_account_kubeconfig,
-)
-from e2e.real_pods import (
-    NODE_SELECTOR,
-    describe_model,
-    ensure_namespace,
-    gone,
-    local_model_claim,
-    model_on_the_real_node,
-    pods,
-)
 from localcluster.cluster import LocalCluster, free_port, stop_process_groups
 from servlane_api.aimodel import AIModel
 from servlane_api.cold_start import STARTUP_PATH, RuntimeStartup
@@ -82,7 +65,24 @@ from servlane_core.routing.waking import demand_lease_name
 from servlane_gateway.demand_lease import lease_body
 from servlane_operator.builders.deployment import build_deployment
 from servlane_operator.settings import OperatorSettings
-from tests.polling import wait_until
+from tests.support.cluster_harness import RUNTIME_CPU_IMAGE as RUNTIME_IMAGE
+from tests.support.cluster_harness import (
+    Kube,
+    OperatorProcess,
+    install_crds,
+    operator_rbac,
+    service_account_kubeconfig,
+)
+from tests.support.polling import wait_until
+from tests.support.real_pods import (
+    NODE_SELECTOR,
+    describe_model,
+    ensure_namespace,
+    gone,
+    local_model_claim,
+    model_on_the_real_node,
+    pods,
+)
 
 RESULTS = Path(__file__).parent / "results" / "cold_start.json"
 NAMESPACE = "cold-start-bench"

@@ -1,6 +1,6 @@
 """A larger property-based fuzz of the runtime's and the gateway's OpenAPI schemas than CI runs.
 
-The same harness as tests/fuzz (tests/fuzz/schema_fuzz.py): a real runtime (the transformers or the vLLM engine,
+The same harness as tests/fuzz (tests/support/schema_fuzz.py): a real runtime (the transformers or the vLLM engine,
 the tiny Llama) and a real gateway in front of it, schemathesis drawing valid and invalid cases for every operation
 of each server's /openapi.json, half the bodies naming the real model (their `n` and `max_tokens` capped so
 that no case generates more than a bounded number of tokens), /health polled throughout.
@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from servlane_api.runtime_config import RuntimeConfig  # noqa: E402
-from tests.fuzz.schema_fuzz import (  # noqa: E402
+from tests.support.schema_fuzz import (  # noqa: E402
     CASE_TIMEOUT_SECONDS,
     ENGINES,
     MAX_LIST_ITEMS,

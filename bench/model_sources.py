@@ -42,13 +42,13 @@ import pytest
 
 from bench.machine_load import cpu_times, shares
 from e2e.conftest import real_cluster, real_node_images  # noqa: F401 (fixtures)
-from e2e.harness import RUNTIME_CPU_IMAGE, Kube
-from e2e.real_pods import NODE_SELECTOR, ModelRollout, delete_local_claim, gone, local_model_claim, pods
 from e2e.test_real_model_sources import NAMESPACE, cluster, kube, operator  # noqa: F401 (fixtures)
 from e2e.test_real_model_sources_hf import RUNTIME_UID, seed_hub_cache
 from localcluster.cluster import LocalCluster
-from tests.fixtures.s3_server import S3Server, running_s3_server
-from tests.polling import wait_until
+from tests.support.cluster_harness import RUNTIME_CPU_IMAGE, Kube
+from tests.support.polling import wait_until
+from tests.support.real_pods import NODE_SELECTOR, ModelRollout, delete_local_claim, gone, local_model_claim, pods
+from tests.support.s3_server import S3Server, running_s3_server
 
 RESULTS = Path(__file__).parent / "results" / "model_sources.json"
 ROOT = Path(__file__).resolve().parents[1]

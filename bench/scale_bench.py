@@ -42,7 +42,8 @@ from kubernetes import client, watch  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from e2e.harness import (  # noqa: E402
+from localcluster.cluster import LocalCluster  # noqa: E402
+from tests.support.cluster_harness import (  # noqa: E402
     GROUP,
     VERSION,
     Kube,
@@ -56,7 +57,6 @@ from e2e.harness import (  # noqa: E402
     service_account_kubeconfig,
     wait_until,
 )
-from localcluster.cluster import LocalCluster  # noqa: E402
 
 NAMESPACE = "scale"
 UNRELATED_NAMESPACE = "unrelated"

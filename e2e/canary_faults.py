@@ -15,7 +15,7 @@ import httpx
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.harness import Kube, wait_until
+from tests.support.cluster_harness import Kube, wait_until
 
 TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from pluggy import Result
 
-from e2e.harness import (
+from localcluster.cluster import LocalCluster
+from tests.support.cluster_harness import (
     ARTIFACTS,
     GATEWAY_IMAGE,
     OPERATOR_IMAGE,
@@ -26,8 +27,7 @@ from e2e.harness import (
     service_account_kubeconfig,
     unavailable,
 )
-from localcluster.cluster import LocalCluster
-from tests.prometheus.gateway_endpoint import GatewayMetrics, serve_gateway_metrics
+from tests.support.gateway_endpoint import GatewayMetrics, serve_gateway_metrics
 
 pytestmark = pytest.mark.e2e
 

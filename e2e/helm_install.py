@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from localcluster.cluster import LocalCluster
-from tests.helm.helmtool import CHART, Helm, HelmUnavailable, find_helm
+from tests.support.helmtool import CHART, Helm, HelmUnavailable, find_helm
 
 INSTALL_TIMEOUT = "300s"
 

@@ -23,8 +23,8 @@ import redis
 
 from localcluster.cluster import LocalCluster, free_port
 from localcluster.realnode import POD_SUBNET
-from tests.gateway.batch_databases import pg_bin
-from tests.polling import wait_until
+from tests.support.batch_databases import pg_bin
+from tests.support.polling import wait_until
 
 MANAGER = "servlane-e2e"  # the EndpointSlices' endpointslice.kubernetes.io/managed-by: no controller of Kubernetes'
 

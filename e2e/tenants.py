@@ -17,9 +17,9 @@ import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.harness import ROOT, Kube, wait_until
 from localcluster.cluster import free_port, stop_process_groups
-from tests.raw_http import read_response_head
+from tests.support.cluster_harness import ROOT, Kube, wait_until
+from tests.support.raw_http import read_response_head
 
 MODELS = ("v1", "v2")  # the AIModels every team has, under the same names
 Samples = dict[frozenset[tuple[str, str]], float]  # a metric's samples by their labels

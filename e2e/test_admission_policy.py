@@ -18,8 +18,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e.harness import GROUP, PLURALS, VERSION, Kube, present, wait_until
-from tests.helm.helmtool import CHART, Helm, HelmUnavailable, find_helm
+from tests.support.cluster_harness import GROUP, PLURALS, VERSION, Kube, present, wait_until
+from tests.support.helmtool import CHART, Helm, HelmUnavailable, find_helm
 
 pytestmark = pytest.mark.e2e
 

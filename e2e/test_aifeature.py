@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from kubernetes import watch
 
-from e2e.harness import Kube, OperatorProcess, wait_until
-from tests.prometheus.gateway_endpoint import GatewayMetrics
+from tests.support.cluster_harness import Kube, OperatorProcess, wait_until
+from tests.support.gateway_endpoint import GatewayMetrics
 
 pytestmark = pytest.mark.e2e
 

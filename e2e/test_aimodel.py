@@ -11,7 +11,15 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e.harness import E2E_GATEWAY_NAMESPACE, ROOT, Kube, OperatorProcess, pod_spec, present, wait_until
+from tests.support.cluster_harness import (
+    E2E_GATEWAY_NAMESPACE,
+    ROOT,
+    Kube,
+    OperatorProcess,
+    pod_spec,
+    present,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 

@@ -38,12 +38,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.canary_faults import PrometheusProcess, counter_value, feature_events, get_ok, without_chat_template
-from e2e.harness import ARTIFACTS, ROOT, Kube, OperatorProcess, wait_until
 from e2e.traffic import Load
 from localcluster.cluster import free_port, stop_process_groups
 from servlane_api.runtime_config import RuntimeConfig
 from servlane_api.runtime_exit import MODEL_SOURCE_FAILED
 from servlane_core.rollout import ROLLOUT_ANNOTATION
+from tests.support.cluster_harness import ARTIFACTS, ROOT, Kube, OperatorProcess, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -161,7 +161,7 @@ def workdir() -> Path:
 @pytest.fixture(scope="module")
 def model_dir() -> Path:
     try:
-        from tests.fixtures.models import build_tiny_llama
+        from tests.support.models import build_tiny_llama
 
         return build_tiny_llama()
     except ImportError as exc:

@@ -1,4 +1,4 @@
-"""The CEL cases of tests/cel_cases.py against a real API server, created with a server-side dry run.
+"""The CEL cases of tests/support/cel_cases.py against a real API server, created with a server-side dry run.
 
 tests/unit/test_cel_parity.py runs the same table through the pydantic twins; together they show that
 the API server and typed code (operator, standalone mode) accept and reject the same manifests.
@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from e2e.harness import GROUP, PLURALS, VERSION, Kube
 from servlane_api.aifeature import AIFeature
 from servlane_api.aimodel import AIModel
 from servlane_api.cel import CelValidated
-from tests.cel_cases import CEL_CASES, Case, flat_cases
+from tests.support.cel_cases import CEL_CASES, Case, flat_cases
+from tests.support.cluster_harness import GROUP, PLURALS, VERSION, Kube
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from e2e.harness import Kube, OperatorProcess, wait_until
+from tests.support.cluster_harness import Kube, OperatorProcess, wait_until
 
 pytestmark = pytest.mark.e2e
 

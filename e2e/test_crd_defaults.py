@@ -1,4 +1,4 @@
-"""The partial manifests of tests/defaulting_cases.py against a real API server: each is accepted, and the
+"""The partial manifests of tests/support/defaulting_cases.py against a real API server: each is accepted, and the
 spec it stores (its defaults applied) is the spec pydantic makes of the same manifest.
 
 tests/unit/test_crd_defaults.py checks the same table against a model of Kubernetes' defaulting.
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from e2e.harness import GROUP, PLURALS, VERSION, Kube, json_object
 from servlane_api.aifeature import AIFeature
 from servlane_api.aimodel import AIModel
 from servlane_api.cel import CelValidated
-from tests.defaulting_cases import PARTIAL_MANIFESTS, Partial
+from tests.support.cluster_harness import GROUP, PLURALS, VERSION, Kube, json_object
+from tests.support.defaulting_cases import PARTIAL_MANIFESTS, Partial
 
 pytestmark = pytest.mark.e2e
 

@@ -11,7 +11,7 @@ from functools import partial
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from e2e.harness import GROUP, PLURALS, VERSION, Kube, OperatorProcess, wait_until
+from tests.support.cluster_harness import GROUP, PLURALS, VERSION, Kube, OperatorProcess, wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -8,9 +8,9 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e.harness import Kube
 from servlane_gateway.demand_lease import KubeDemandLease
-from tests.polling import wait_until
+from tests.support.cluster_harness import Kube
+from tests.support.polling import wait_until
 
 
 def _not_found(exc: Exception) -> bool:

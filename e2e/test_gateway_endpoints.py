@@ -25,7 +25,7 @@ import pytest
 import uvicorn
 from kubernetes import client as kube_client
 
-from e2e.harness import (
+from tests.support.cluster_harness import (
     ARTIFACTS,
     GROUP,
     VERSION,
@@ -35,7 +35,7 @@ from e2e.harness import (
     wait_until,
     watching_gateway,
 )
-from tests.gateway.gateway_upstream import create_upstream
+from tests.support.gateway_upstream import create_upstream
 
 pytestmark = pytest.mark.e2e
 

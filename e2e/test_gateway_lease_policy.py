@@ -24,10 +24,10 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e.harness import Kube, namespace_body, present, wait_until
 from servlane_core.scaling.demand import demanded_model
 from servlane_gateway.demand_lease import KubeDemandLease
-from tests.helm.helmtool import CHART, Helm, HelmUnavailable, find_helm
+from tests.support.cluster_harness import Kube, namespace_body, present, wait_until
+from tests.support.helmtool import CHART, Helm, HelmUnavailable, find_helm
 
 pytestmark = pytest.mark.e2e
 

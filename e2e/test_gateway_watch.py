@@ -21,9 +21,9 @@ from typing import Any
 import openai
 import pytest
 
-from e2e.harness import ARTIFACTS, GROUP, VERSION, Kube, wait_until, watching_gateway
-from tests.gateway.gateway_harness import ServedApp
-from tests.gateway.gateway_upstream import create_upstream
+from tests.support.cluster_harness import ARTIFACTS, GROUP, VERSION, Kube, wait_until, watching_gateway
+from tests.support.gateway_harness import ServedApp
+from tests.support.gateway_upstream import create_upstream
 
 pytestmark = pytest.mark.e2e
 

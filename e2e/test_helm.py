@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from e2e.harness import ARTIFACTS, GROUP, ROOT, Kube, OperatorProcess, wait_until
 from localcluster.cluster import free_port, stop_process_groups
-from tests.helm.helmtool import CHART, Helm, HelmUnavailable, find_helm
+from tests.support.cluster_harness import ARTIFACTS, GROUP, ROOT, Kube, OperatorProcess, wait_until
+from tests.support.helmtool import CHART, Helm, HelmUnavailable, find_helm
 
 pytestmark = pytest.mark.e2e
 

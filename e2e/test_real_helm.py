@@ -20,16 +20,21 @@ from typing import Any
 import openai
 import pytest
 
-from e2e.harness import (
+from e2e.helm_install import gateway_node_port, helm_or_fail, install_chart, uninstall_chart
+from e2e.pod_netns import blocked, get_in_pod, netns_of
+from e2e.traffic import Load
+from localcluster.cluster import LocalCluster
+from servlane_operator.labels import GATEWAY_LABELS
+from tests.support.cluster_harness import (
     ARTIFACTS,
     GATEWAY_IMAGE,
     OPERATOR_IMAGE,
     RUNTIME_CPU_IMAGE,
     Kube,
 )
-from e2e.helm_install import gateway_node_port, helm_or_fail, install_chart, uninstall_chart
-from e2e.pod_netns import blocked, get_in_pod, netns_of
-from e2e.real_pods import (
+from tests.support.helmtool import Helm
+from tests.support.polling import wait_until
+from tests.support.real_pods import (
     NODE,
     NODE_SELECTOR,
     ModelRollout,
@@ -41,11 +46,6 @@ from e2e.real_pods import (
     model_on_the_real_node,
     pods,
 )
-from e2e.traffic import Load
-from localcluster.cluster import LocalCluster
-from servlane_operator.labels import GATEWAY_LABELS
-from tests.helm.helmtool import Helm
-from tests.polling import wait_until
 
 # Part of `make test` with the other real-node suites (SERVLANE_REAL_NODE=0 opts out of all of them).
 pytestmark = [
@@ -157,7 +157,7 @@ def test_the_chart_runs_our_operator_and_gateway_pods(installed: Installed) -> N
 def served(installed: Installed) -> Installed:
     """tiny-a answers `chat`, minilm answers `embeddings`, through the gateway pod."""
     from servlane_devtools.tiny_model import build_tiny_llama
-    from tests.fixtures.models import minilm_dir
+    from tests.support.models import minilm_dir
 
     local_model_claim(installed.cluster, TEAM, CLAIM, {"tiny": build_tiny_llama(), "minilm": minilm_dir()})
     apply_model(installed, "tiny-a", model_spec("tiny"))

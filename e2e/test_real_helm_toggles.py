@@ -31,10 +31,14 @@ from typing import Any
 import openai
 import pytest
 
-from e2e.harness import ARTIFACTS, GATEWAY_IMAGE, OPERATOR_IMAGE, RUNTIME_CPU_IMAGE, Kube
 from e2e.helm_install import gateway_node_port, helm_or_fail, install_chart, uninstall_chart
 from e2e.host_services import HostPostgres, HostRedis, expose, private_directory
-from e2e.real_pods import (
+from localcluster.cluster import LocalCluster
+from servlane_gateway.response_cache import CACHE_HEADER, Entry
+from tests.support.cluster_harness import ARTIFACTS, GATEWAY_IMAGE, OPERATOR_IMAGE, RUNTIME_CPU_IMAGE, Kube
+from tests.support.helmtool import Helm
+from tests.support.polling import wait_until
+from tests.support.real_pods import (
     NODE,
     NODE_SELECTOR,
     ModelRollout,
@@ -46,10 +50,6 @@ from e2e.real_pods import (
     pod_log,
     pods,
 )
-from localcluster.cluster import LocalCluster
-from servlane_gateway.response_cache import CACHE_HEADER, Entry
-from tests.helm.helmtool import Helm
-from tests.polling import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 

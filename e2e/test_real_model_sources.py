@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
-from e2e.harness import (
+from localcluster.cluster import LocalCluster
+from servlane_api.runtime_config import ENV_VAR
+from tests.support.cluster_harness import (
     ARTIFACTS,
     GROUP,
     RUNTIME_CPU_IMAGE,
@@ -26,7 +28,8 @@ from e2e.harness import (
     OperatorProcess,
     watching_gateway,
 )
-from e2e.real_pods import (
+from tests.support.polling import wait_until
+from tests.support.real_pods import (
     ModelRollout,
     chat_through_gateway,
     describe_model,
@@ -38,9 +41,6 @@ from e2e.real_pods import (
     pods,
     real_node_kube,
 )
-from localcluster.cluster import LocalCluster
-from servlane_api.runtime_config import ENV_VAR
-from tests.polling import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
@@ -118,7 +118,7 @@ def model_claim(cluster: LocalCluster, kube: Kube, tiny_model: Path) -> str:
 
 
 def oci_spec(ref: str, resources: dict[str, str] = RESOURCES) -> dict[str, Any]:
-    """The real-pod spec of e2e/real_pods.py with the weights from an image instead of a claim."""
+    """The real-pod spec of tests/support/real_pods.py with the weights from an image instead of a claim."""
     spec = model_on_the_real_node(CLAIM, "unused", resources, replicas=1)
     return {**spec, "source": {"uri": f"oci://{ref}"}}
 

@@ -22,7 +22,9 @@ from typing import Any
 import openai
 import pytest
 
-from e2e.harness import (
+from localcluster.cluster import LocalCluster
+from servlane_api.runtime_config import ENV_VAR, MODEL_CACHE_DIR
+from tests.support.cluster_harness import (
     ARTIFACTS,
     GROUP,
     RUNTIME_CPU_IMAGE,
@@ -31,7 +33,8 @@ from e2e.harness import (
     OperatorProcess,
     watching_gateway,
 )
-from e2e.real_pods import (
+from tests.support.polling import wait_until
+from tests.support.real_pods import (
     NODE_SELECTOR,
     ModelRollout,
     delete_local_claim,
@@ -44,9 +47,6 @@ from e2e.real_pods import (
     pods,
     real_node_kube,
 )
-from localcluster.cluster import LocalCluster
-from servlane_api.runtime_config import ENV_VAR, MODEL_CACHE_DIR
-from tests.polling import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 

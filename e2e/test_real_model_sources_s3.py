@@ -1,4 +1,4 @@
-"""s3:// on the real node (issue #31): a real S3-compatible store (SeaweedFS, tests/fixtures/s3_server.py) runs on this
+"""s3:// on the real node (issue #31): a real S3-compatible store (SeaweedFS, tests/support/s3_server.py) runs on this
 host at the node's address, where pods reach it; the tiny Llama is uploaded to it and an AIModel serves it from
 `s3://` with its keys in a Secret (`credentialsSecret`, through envFrom); two replicas that share one cache volume
 fetch each file once (the store's own log) and answer the `openai` client through the gateway (`python -m
@@ -18,7 +18,9 @@ from typing import Any
 
 import pytest
 
-from e2e.harness import (
+from localcluster.cluster import LocalCluster
+from servlane_api.runtime_config import ENV_VAR
+from tests.support.cluster_harness import (
     ARTIFACTS,
     GROUP,
     RUNTIME_CPU_IMAGE,
@@ -27,7 +29,8 @@ from e2e.harness import (
     OperatorProcess,
     watching_gateway,
 )
-from e2e.real_pods import (
+from tests.support.polling import wait_until
+from tests.support.real_pods import (
     NODE_SELECTOR,
     ModelRollout,
     chat_through_gateway,
@@ -39,10 +42,7 @@ from e2e.real_pods import (
     pods,
     real_node_kube,
 )
-from localcluster.cluster import LocalCluster
-from servlane_api.runtime_config import ENV_VAR
-from tests.fixtures.s3_server import S3Server, running_s3_server
-from tests.polling import wait_until
+from tests.support.s3_server import S3Server, running_s3_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 

@@ -20,7 +20,7 @@ import pytest
 
 from e2e.pod_netns import blocked, get_in_pod, netns_of
 from localcluster.cluster import LocalCluster
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 pytestmark = [
     pytest.mark.e2e,

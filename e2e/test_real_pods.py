@@ -17,14 +17,16 @@ from typing import Any
 import openai
 import pytest
 
-from e2e.harness import (
+from localcluster.cluster import LocalCluster
+from tests.support.cluster_harness import (
     RUNTIME_CPU_IMAGE as RUNTIME_IMAGE,
 )
-from e2e.harness import (
+from tests.support.cluster_harness import (
     Kube,
     OperatorProcess,
 )
-from e2e.real_pods import (
+from tests.support.polling import wait_until
+from tests.support.real_pods import (
     NODE,
     ModelRollout,
     answers_200,
@@ -36,8 +38,6 @@ from e2e.real_pods import (
     pods,
     real_node_kube,
 )
-from localcluster.cluster import LocalCluster
-from tests.polling import wait_until
 
 pytestmark = [
     pytest.mark.e2e,

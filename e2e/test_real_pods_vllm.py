@@ -2,7 +2,7 @@
 
 An AIModel with `engine: vllm`, a memory limit and nothing else set by hand (no env, no extra args, no
 engineOptions: the runtime sizes the KV cache from the limit and runs vLLM eager) must become Ready and serve
-every request option the runtime accepts (tests/request_options.py) through its Service ClusterIP, and no
+every request option the runtime accepts (tests/support/request_options.py) through its Service ClusterIP, and no
 request may take the engine down: the container never restarts. And an engine that fails inside vLLM's engine
 core at start (a KV cache larger than the machine) says vLLM's own reason in the AIModel's Ready condition and
 the pod's termination message, not "Engine core initialization failed. See root cause above".
@@ -23,9 +23,12 @@ from typing import Any
 import openai
 import pytest
 
-from e2e.harness import RUNTIME_CPU_IMAGE as RUNTIME_IMAGE
-from e2e.harness import Kube, OperatorProcess
-from e2e.real_pods import (
+from localcluster.cluster import LocalCluster
+from tests.support import request_options, tool_model
+from tests.support.cluster_harness import RUNTIME_CPU_IMAGE as RUNTIME_IMAGE
+from tests.support.cluster_harness import Kube, OperatorProcess
+from tests.support.polling import wait_until
+from tests.support.real_pods import (
     NODE,
     NODE_SELECTOR,
     ModelRollout,
@@ -36,10 +39,6 @@ from e2e.real_pods import (
     real_node_kube,
     service_base_url,
 )
-from localcluster.cluster import LocalCluster
-from tests import request_options
-from tests.polling import wait_until
-from tests.runtime import tool_model
 
 pytestmark = [
     pytest.mark.e2e,
@@ -83,7 +82,7 @@ def operator(cluster: LocalCluster, kube: Kube) -> Iterator[OperatorProcess]:
 
 @pytest.fixture(scope="module")
 def model_claim(cluster: LocalCluster, kube: Kube, tools_model_dir: Path) -> str:
-    """A claim holding the tiny Llama with the tool-capable template (tests/runtime/tool_model.py)."""
+    """A claim holding the tiny Llama with the tool-capable template (tests/support/tool_model.py)."""
     local_model_claim(cluster, NAMESPACE, CLAIM, {FOLDER: tools_model_dir})
     return FOLDER
 

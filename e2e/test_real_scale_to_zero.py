@@ -34,10 +34,14 @@ import httpx
 import openai
 import pytest
 
-from e2e.harness import ARTIFACTS, GATEWAY_IMAGE, OPERATOR_IMAGE, RUNTIME_CPU_IMAGE, Kube
 from e2e.helm_install import gateway_node_port, helm_or_fail, install_chart, uninstall_chart
 from e2e.pod_netns import get_in_pod, netns_of
-from e2e.real_pods import (
+from localcluster.cluster import LocalCluster
+from servlane_api.runtime_config import DEFAULT_METRICS_PORT
+from tests.support.cluster_harness import ARTIFACTS, GATEWAY_IMAGE, OPERATOR_IMAGE, RUNTIME_CPU_IMAGE, Kube
+from tests.support.helmtool import Helm
+from tests.support.polling import wait_until
+from tests.support.real_pods import (
     NODE_SELECTOR,
     ModelRollout,
     delete_local_claim,
@@ -48,10 +52,6 @@ from e2e.real_pods import (
     model_on_the_real_node,
     pods,
 )
-from localcluster.cluster import LocalCluster
-from servlane_api.runtime_config import DEFAULT_METRICS_PORT
-from tests.helm.helmtool import Helm
-from tests.polling import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 

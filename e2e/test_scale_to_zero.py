@@ -17,9 +17,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e.harness import Kube, OperatorProcess, json_object, wait_until
 from servlane_api import GROUP, VERSION
 from servlane_core.routing.waking import DEMAND_MANAGED_BY, demand_lease_name
+from tests.support.cluster_harness import Kube, OperatorProcess, json_object, wait_until
 
 pytestmark = pytest.mark.e2e
 

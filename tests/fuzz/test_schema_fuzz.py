@@ -3,7 +3,7 @@
 and /health answers quickly throughout. The larger run behind the figures in docs/concepts.md is bench/fuzz_servers.py.
 
 Part of the default suite, bounded: a fixed number of cases per operation, a fixed seed, each case's
-generation capped and timed out (tests/fuzz/schema_fuzz.py says how). Skips when schemathesis, hypothesis
+generation capped and timed out (tests/support/schema_fuzz.py says how). Skips when schemathesis, hypothesis
 or the transformers engine is not installed, except in CI (CI=true), where that is a failure. The same fuzz runs
 against the vLLM engine at its defaults, where vLLM is installed (CI installs it: a missing vLLM fails there).
 """
@@ -29,7 +29,8 @@ if _missing:
 import schemathesis  # noqa: E402
 
 from servlane_runtime.app import create_app  # noqa: E402
-from tests.fuzz.schema_fuzz import (  # noqa: E402
+from tests.runtime.test_runtime_vllm import require_vllm  # noqa: E402
+from tests.support.schema_fuzz import (  # noqa: E402
     ENGINES,
     HEALTH_BOUND_SECONDS,
     MAX_TOKENS_CAP,
@@ -43,7 +44,6 @@ from tests.fuzz.schema_fuzz import (  # noqa: E402
     runtime_config,
     servers,
 )
-from tests.runtime.test_runtime_vllm import require_vllm  # noqa: E402
 
 pytestmark = [
     pytest.mark.slow,

@@ -12,9 +12,9 @@ import pytest
 from servlane_gateway.app import create_app
 from servlane_gateway.settings import GatewaySettings
 from servlane_gateway.workers import server_options
-from tests.gateway.batch_databases import postgres
-from tests.gateway.gateway_harness import Gateway, ServedApp, StartGateway, Upstream, loopback_socket
-from tests.gateway.gateway_upstream import create_upstream
+from tests.support.batch_databases import postgres
+from tests.support.gateway_harness import Gateway, ServedApp, StartGateway, Upstream, loopback_socket
+from tests.support.gateway_upstream import create_upstream
 
 # One PostgreSQL for every Batch API module of the session: a session fixture imported into each module
 # was one server per module (four, all alive until the session ended).

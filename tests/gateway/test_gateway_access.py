@@ -16,7 +16,7 @@ from servlane_gateway.access import MIN_KEY_LENGTH, ApiKey, KeyRing, parse_keys,
 from servlane_gateway.ratelimit import Limits, RateLimiter, TokenBucket
 from servlane_gateway.settings import parse_settings
 from servlane_gateway.sources import parse_objects
-from tests.gateway.gateway_harness import aifeature
+from tests.support.gateway_harness import aifeature
 
 ALPHA, BRAVO, OPS = "sk-alpha-0123456789abcdef0123456789", "sk-bravo-0123456789abcdef0123456789", "sk-ops#2"
 KEYS = f"""

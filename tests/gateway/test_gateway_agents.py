@@ -1,7 +1,7 @@
 """Agents through the gateway: tool calls and structured outputs as the `openai` SDK and LangChain send them,
 answered by a real runtime (`python -m servlane_runtime`, transformers engine) behind a feature name.
 
-The model is the tiny random Llama with the tool-capable template (tests/runtime/tool_model.py): it calls
+The model is the tiny random Llama with the tool-capable template (tests/support/tool_model.py): it calls
 tools and answers JSON only because guided decoding makes it, so every call and answer below must come back
 whole and valid through the gateway, streamed deltas included. One runtime at a time, for each engine.
 """
@@ -22,17 +22,17 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from tests.gateway.gateway_harness import Gateway, StartGateway, aifeature, aimodel
-from tests.polling import wait_until
+from tests.support.gateway_harness import Gateway, StartGateway, aifeature, aimodel
+from tests.support.polling import wait_until
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads weights at test time
 
 from servlane_api.runtime_config import RuntimeConfig
-from tests.runtime import tool_model
-from tests.runtime.servers import SubprocessServer
 from tests.runtime.test_runtime_structured import CITY_SCHEMA
 from tests.runtime.test_runtime_tools import ASK, CLOCK, ROOM, TOOLS, WEATHER, assert_valid_calls, parameters_of
 from tests.runtime.test_runtime_vllm import VLLM_START_SECONDS, require_vllm
+from tests.support import tool_model
+from tests.support.servers import SubprocessServer
 
 pytestmark = pytest.mark.slow
 tools_model_dir = tool_model.tools_model_dir

@@ -19,10 +19,10 @@ import pytest
 
 from localcluster.cluster import free_port
 from servlane_gateway.batch import metrics as m
-from tests.gateway.batch_databases import Postgres
-from tests.gateway.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
-from tests.polling import wait_until
-from tests.raw_http import read_response_head
+from tests.support.batch_databases import Postgres
+from tests.support.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
+from tests.support.polling import wait_until
+from tests.support.raw_http import read_response_head
 
 KEYS = (
     "team-a: sk-alpha-00000000000000000000000\n"

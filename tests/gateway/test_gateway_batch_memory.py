@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.gateway.batch_databases import Postgres
-from tests.gateway.gateway_harness import StartGateway, Upstream
 from tests.gateway.test_gateway_batch_api import gateway
+from tests.support.batch_databases import Postgres
+from tests.support.gateway_harness import StartGateway, Upstream
 
 KEY = "sk-alpha-00000000000000000000000"
 MIB = 1 << 20

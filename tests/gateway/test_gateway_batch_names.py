@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from servlane_gateway.batch import metrics as m
-from tests.gateway.gateway_harness import StartGateway, Upstream, aifeature, aimodel
 from tests.gateway.test_gateway_batch_api import finished, jsonl_of, request_line, submit
-from tests.polling import wait_until
+from tests.support.gateway_harness import StartGateway, Upstream, aifeature, aimodel
+from tests.support.polling import wait_until
 
 TEAM_B_KEY = "sk-team-b-0123456789abcdef0123456789"
 

@@ -17,7 +17,7 @@ from servlane_gateway.batch import rules
 from servlane_gateway.batch import store as store_module
 from servlane_gateway.batch.schema import file_chunks, files
 from servlane_gateway.batch.store import ABANDONED_AFTER, FILE_CHUNK, BatchStore, QuotaExceeded, engine_url, redacted
-from tests.gateway.batch_databases import Postgres
+from tests.support.batch_databases import Postgres
 
 CHAT = "/v1/chat/completions"
 LEASE = 30.0

@@ -7,7 +7,7 @@ from typing import Any
 
 from servlane_gateway.settings import parse_settings
 from tests.helm import conftest as helm_fixtures
-from tests.helm.helmtool import CHART, Helm, one
+from tests.support.helmtool import CHART, Helm, one
 
 helm = helm_fixtures.helm  # skipped locally without a helm binary, a failure in CI
 GATEWAY = "mp-servlane-gateway"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.gateway.gateway_harness import aifeature, aimodel
+from tests.support.gateway_harness import aifeature, aimodel
 
 ANALYSES = [
     {"time": "2026-01-01T10:00:00Z", "step": 0, "canaryModel": "chat-v2", "canaryWeight": 10, "verdict": "advance",

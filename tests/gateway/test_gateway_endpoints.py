@@ -24,9 +24,9 @@ from servlane_gateway.endpoints import (
 )
 from servlane_gateway.gateway_metrics import ENDPOINT_EJECTIONS, ENDPOINT_IN_FLIGHT, ENDPOINT_PICKS
 from servlane_gateway.upstream import UpstreamConnectTimeout, UpstreamPool
-from tests.gateway.gateway_harness import Gateway, ServedApp, StartGateway, Upstream, aifeature, aimodel, refused_url
-from tests.gateway.gateway_upstream import create_upstream
-from tests.polling import wait_until
+from tests.support.gateway_harness import Gateway, ServedApp, StartGateway, Upstream, aifeature, aimodel, refused_url
+from tests.support.gateway_upstream import create_upstream
+from tests.support.polling import wait_until
 
 SERVICE_URL = "http://model-m.default.svc.cluster.local:8000/v1"
 

@@ -21,9 +21,9 @@ import pytest
 from servlane_core.routing.picking import pick_backend
 from servlane_core.routing.routes import Backend
 from servlane_gateway.demand_lease import CallbackDemand
-from tests.gateway.gateway_harness import Gateway, StartGateway, aifeature, aimodel, route_in
 from tests.gateway.waking_upstream import WakingUpstream, start_waking_upstream
-from tests.polling import wait_until
+from tests.support.gateway_harness import Gateway, StartGateway, aifeature, aimodel, route_in
+from tests.support.polling import wait_until
 
 HELD = "servlane_gateway_requests_held"
 REJECTIONS = "servlane_gateway_hold_rejections_total"

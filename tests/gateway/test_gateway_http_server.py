@@ -7,7 +7,7 @@ import socket
 from typing import Any
 
 from servlane_gateway.http_server import HeadHoldingTransport
-from tests.gateway.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
+from tests.support.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-type: text/plain\r\n\r\n"
 

@@ -17,8 +17,8 @@ import pytest
 
 from servlane_core.protocol.errors import OpenAIError
 from servlane_gateway.access import KeyRing, parse_keys
-from tests.gateway.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
-from tests.polling import wait_until
+from tests.support.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
+from tests.support.polling import wait_until
 
 ALPHA, BRAVO = "sk-alpha-0123456789abcdef0123456789", "sk-bravo-0123456789abcdef0123456789"
 

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.gateway.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
+from tests.support.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ from pydantic import ValidationError
 from localcluster.cluster import free_port
 from servlane_api import metric_names as m
 from servlane_gateway.settings import GatewaySettings, parse_settings
-from tests.gateway.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
-from tests.polling import wait_until
+from tests.support.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
+from tests.support.polling import wait_until
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -12,7 +12,7 @@ import pytest
 
 from servlane_gateway.kube_watch import own_namespace
 from servlane_gateway.settings import parse_settings, plain_name_namespaces
-from tests.gateway.gateway_harness import StartGateway, Upstream, aifeature, aimodel
+from tests.support.gateway_harness import StartGateway, Upstream, aifeature, aimodel
 
 
 def in_namespace(obj: dict[str, Any], namespace: str) -> dict[str, Any]:

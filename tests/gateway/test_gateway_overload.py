@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.gateway.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel, refused_url
+from tests.support.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel, refused_url
 
 
 def post(gateway: Gateway, text: str, model: str = "chat", priority: str | None = None) -> httpx.Response:

@@ -11,7 +11,7 @@ from servlane_api import AIFeature, AIModel
 from servlane_core.routing.overrides import apply_overrides, parse_override_env, parse_override_items, rewrite_url
 from servlane_core.routing.routes import build_route_table
 from servlane_gateway.settings import parse_settings
-from tests.gateway.gateway_harness import StartGateway, Upstream, aifeature, aimodel, route_in
+from tests.support.gateway_harness import StartGateway, Upstream, aifeature, aimodel, route_in
 
 CLUSTER = "http://chat-v1.prod.svc.cluster.local:8000"
 

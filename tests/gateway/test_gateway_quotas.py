@@ -15,8 +15,8 @@ import pytest
 from servlane_api import metric_names as m
 from servlane_gateway.proxy import UsageScanner
 from servlane_gateway.ratelimit import Limits, RateLimiter, estimate_tokens
-from tests.gateway.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
-from tests.polling import wait_until
+from tests.support.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
+from tests.support.polling import wait_until
 
 KEYS = "team-a: sk-alpha-00000000000000000000000\nteam-b: sk-bravo-00000000000000000000000\n"
 CHAT = "/v1/chat/completions"

@@ -19,15 +19,15 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.gateway_harness import Gateway, StartGateway, aifeature, aimodel, picked, route_in
-from tests.polling import wait_until
+from tests.support.gateway_harness import Gateway, StartGateway, aifeature, aimodel, picked, route_in
+from tests.support.polling import wait_until
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads weights at test time
 
 from servlane_api import metric_names as m
 from servlane_api.runtime_config import RuntimeConfig
-from tests.fixtures import models as shared_models
-from tests.runtime.servers import SubprocessServer
+from tests.support import models as shared_models
+from tests.support.servers import SubprocessServer
 
 pytestmark = pytest.mark.slow
 tiny_llama_dir = shared_models.tiny_llama_dir

@@ -38,7 +38,7 @@ from servlane_gateway.response_cache import (
     with_database,
 )
 from servlane_gateway.settings import GatewaySettings
-from tests.gateway.gateway_harness import aifeature, aimodel
+from tests.support.gateway_harness import aifeature, aimodel
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -22,7 +22,7 @@ from servlane_core.routing.routes import RouteTable, build_route_table
 from servlane_gateway.gateway_metrics import GatewayMetrics
 from servlane_gateway.kube_watch import KubeRouteSource, RouteObjectStore, routing_view
 from servlane_gateway.sources import flatten_documents, parse_objects
-from tests.gateway.gateway_harness import aifeature, aimodel, route_in
+from tests.support.gateway_harness import aifeature, aimodel, route_in
 
 FEATURES = ("aifeatures", "")
 MODELS = ("aimodels", "")

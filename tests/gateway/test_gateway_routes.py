@@ -21,7 +21,7 @@ from servlane_core.routing.routes import (
 )
 from servlane_gateway.kube_watch import RouteObjectStore
 from servlane_gateway.sources import flatten_documents, load_routes_file, parse_objects
-from tests.gateway.gateway_harness import aifeature, aimodel, picked, route_in
+from tests.support.gateway_harness import aifeature, aimodel, picked, route_in
 
 
 def table_of(*objects: dict[str, Any], serving: tuple[str, ...] = ("default",)) -> RouteTable:

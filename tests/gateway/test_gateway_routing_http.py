@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from servlane_api import metric_names as m
-from tests.gateway.gateway_harness import (
+from tests.support.gateway_harness import (
     Gateway,
     StartGateway,
     Upstream,
@@ -19,7 +19,7 @@ from tests.gateway.gateway_harness import (
     refused_url,
     route_in,
 )
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 HI: Any = [{"role": "user", "content": "hi"}]
 Versions = tuple[Gateway, list[dict[str, Any]]]

@@ -31,9 +31,9 @@ from servlane_gateway.ratelimit import Check, Limits, RateLimiter, plan_checks
 from servlane_gateway.redis_limits import STORE_UNAVAILABLE, RedisLimiter
 from servlane_gateway.settings import GatewaySettings, parse_settings
 from servlane_gateway.shared_limits import admit_call, admit_refusal, redact_url, settle_call, store_key
-from tests.gateway.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
 from tests.gateway.test_gateway_quotas import events, open_held, released_at_end
-from tests.polling import wait_until
+from tests.support.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
+from tests.support.polling import wait_until
 
 KEYS = "team-a: sk-alpha-00000000000000000000000\nteam-b: sk-bravo-00000000000000000000000\n"
 CHAT = "/v1/chat/completions"

@@ -1,5 +1,5 @@
 """One request, one trace: the gateway's spans, the runtime's under them, and vLLM's own under those, found in
-a real Jaeger (tests/fixtures/jaeger.py). Tracing is configured as the chart configures it: OTel's variables.
+a real Jaeger (tests/support/jaeger.py). Tracing is configured as the chart configures it: OTel's variables.
 
 The gateway and the runtimes run as processes with OTEL_EXPORTER_OTLP_ENDPOINT set; the test reads each
 response's `x-trace-id` and polls Jaeger's query API for that trace.
@@ -21,13 +21,13 @@ import pytest
 
 from localcluster.cluster import free_port
 from servlane_api.runtime_config import RuntimeConfig
-from tests.fixtures import jaeger as jaeger_fixtures
-from tests.fixtures import models as shared_models
-from tests.fixtures.jaeger import Jaeger, Span
-from tests.gateway.gateway_harness import aifeature, aimodel
-from tests.polling import wait_until
-from tests.runtime.servers import SubprocessServer
 from tests.runtime.test_runtime_vllm import MAX_MODEL_LEN, VLLM_START_SECONDS, require_vllm
+from tests.support import jaeger as jaeger_fixtures
+from tests.support import models as shared_models
+from tests.support.gateway_harness import aifeature, aimodel
+from tests.support.jaeger import Jaeger, Span
+from tests.support.polling import wait_until
+from tests.support.servers import SubprocessServer
 
 pytestmark = pytest.mark.slow
 tiny_llama_dir = shared_models.tiny_llama_dir

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 import pytest
 
 from servlane_gateway.upstream import UpstreamBroken, UpstreamConnectError, UpstreamPool
-from tests.gateway.gateway_harness import refused_url
+from tests.support.gateway_harness import refused_url
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 BODY = b'{"ok": true}'

@@ -15,8 +15,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
-from tests.gateway.gateway_harness import ServedApp
-from tests.gateway.gateway_upstream import UpstreamState, create_upstream
+from tests.support.gateway_harness import ServedApp
+from tests.support.gateway_upstream import UpstreamState, create_upstream
 
 
 @dataclass

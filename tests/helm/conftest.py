@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests.helm.helmtool import Helm, HelmUnavailable, find_helm
+from tests.support.helmtool import Helm, HelmUnavailable, find_helm
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helm.helmtool import CHART, Helm, find, one
+from tests.support.helmtool import CHART, Helm, find, one
 
 POLICY = "mp-servlane-servlane-system-aimodels"
 

@@ -15,7 +15,7 @@ import yaml
 
 from servlane_api.aifeature import AIFeature
 from servlane_api.aimodel import AIModel
-from tests.helm.helmtool import CHART, ROOT, Helm
+from tests.support.helmtool import CHART, ROOT, Helm
 
 ARGOCD = ROOT / "examples" / "argocd"
 GITOPS = ROOT / "examples" / "gitops"

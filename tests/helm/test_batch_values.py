@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.helm.helmtool import CHART, Helm, one
+from tests.support.helmtool import CHART, Helm, one
 
 GATEWAY = "mp-servlane-gateway"
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helm.helmtool import CHART, MONITORING_API, ROOT, Helm, find, one
+from tests.support.helmtool import CHART, MONITORING_API, ROOT, Helm, find, one
 
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 RULES = yaml.safe_load((CHART / "files" / "operator-rules.yaml").read_text())

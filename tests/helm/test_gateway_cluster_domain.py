@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from servlane_gateway.settings import parse_settings
-from tests.helm.helmtool import Helm, one
+from tests.support.helmtool import Helm, one
 
 GATEWAY = "mp-servlane-gateway"
 

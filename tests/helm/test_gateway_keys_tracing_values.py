@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.helm.helmtool import CHART, Helm, one
+from tests.support.helmtool import CHART, Helm, one
 
 GATEWAY = "mp-servlane-gateway"
 DIGEST = "sha256:" + "a" * 64

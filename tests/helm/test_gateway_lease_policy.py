@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.helm.helmtool import CHART, Helm, find, one
+from tests.support.helmtool import CHART, Helm, find, one
 
 VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
 POLICY = "mp-servlane-servlane-system-gateway-leases"

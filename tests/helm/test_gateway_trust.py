@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helm.helmtool import CHART, MONITORING_API, Helm, find, one
 from tests.helm.test_chart_render import env_of
+from tests.support.helmtool import CHART, MONITORING_API, Helm, find, one
 
 
 def test_the_operator_gets_the_gateway_namespace_and_starts_with_it(helm: Helm) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.helm.helmtool import MONITORING_API, Helm, find, one
+from tests.support.helmtool import MONITORING_API, Helm, find, one
 
 ON = ("monitoring.modelPodMonitor.enabled=true",)
 

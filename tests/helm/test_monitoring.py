@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from servlane_api import metric_names as contract
-from tests.helm.helmtool import CHART, MONITORING_API, Helm, one
+from tests.support.helmtool import CHART, MONITORING_API, Helm, one
 
 DASHBOARD = CHART / "dashboards" / "servlane.json"
 KSM_CONFIG = CHART / "files" / "kube-state-metrics-crs.yaml"

@@ -4,7 +4,7 @@ its pods to their metrics port."""
 
 from __future__ import annotations
 
-from tests.helm.helmtool import Helm, one
+from tests.support.helmtool import Helm, one
 
 
 def test_the_operator_reads_demand_leases_and_only_deletes_hpas(helm: Helm) -> None:

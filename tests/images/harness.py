@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = ROOT / "scripts" / "build-images.sh"

@@ -22,10 +22,10 @@ import pytest
 import yaml
 
 from e2e.test_real_helm_toggles import RELEASE, SYSTEM, toggles_values
-from tests.gateway.gateway_harness import aimodel
-from tests.helm.helmtool import Helm, HelmUnavailable, find_helm, one
 from tests.images.harness import Container, built_image, pod_run_args, python_in, unavailable
-from tests.runtime.servers import free_port
+from tests.support.gateway_harness import aimodel
+from tests.support.helmtool import Helm, HelmUnavailable, find_helm, one
+from tests.support.servers import free_port
 
 pytestmark = [pytest.mark.images, pytest.mark.timeout(900)]
 

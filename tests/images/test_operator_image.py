@@ -18,8 +18,8 @@ import pytest
 
 from servlane_operator.settings import OperatorSettings
 from tests.images.harness import Container, built_image, docker, docker_ok, python_in, unavailable
-from tests.polling import wait_until
-from tests.runtime.servers import free_port
+from tests.support.polling import wait_until
+from tests.support.servers import free_port
 
 pytestmark = [pytest.mark.images, pytest.mark.timeout(1200)]
 
@@ -55,8 +55,8 @@ def cluster_kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
     """(admin Kube, a self-contained ServiceAccount kubeconfig for the operator) on a fresh local control plane."""
     if not os.environ.get("KUBEBUILDER_ASSETS") and shutil.which("go") is None:
         unavailable("no Go toolchain to build the local control plane (and no KUBEBUILDER_ASSETS)")
-    from e2e.harness import Kube, install_crds, operator_rbac, service_account_kubeconfig
     from localcluster.cluster import LocalCluster
+    from tests.support.cluster_harness import Kube, install_crds, operator_rbac, service_account_kubeconfig
 
     workdir = tmp_path_factory.mktemp("cluster")
     cluster = LocalCluster(workdir)
@@ -105,7 +105,7 @@ def test_runs_against_the_control_plane_and_reconciles(
         container.wait_http_ok(f"http://127.0.0.1:{health}/healthz", 120, "the operator's liveness endpoint")
         container.wait_http_ok(f"http://127.0.0.1:{metrics}/metrics", 30, "the operator's metrics")
 
-        from e2e.harness import namespace_body
+        from tests.support.cluster_harness import namespace_body
 
         namespace = f"images-{uuid.uuid4().hex[:6]}"
         kube.core.create_namespace(namespace_body(namespace))

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.polling import wait_until
-from tests.prometheus.gateway_endpoint import GatewayMetrics, serve_gateway_metrics
+from tests.support.gateway_endpoint import GatewayMetrics, serve_gateway_metrics
+from tests.support.polling import wait_until
 
 SCRAPE_INTERVAL = "1s"
 GATEWAY_JOB, IMPOSTOR_JOB = "gateway", "tenant-pod"

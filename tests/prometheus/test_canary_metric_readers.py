@@ -17,7 +17,7 @@ from servlane_operator.metric_readers.prometheus_reader import PrometheusReader
 from servlane_operator.metric_readers.scrape_reader import ScrapeReader
 from servlane_operator.settings import OperatorSettings
 from tests.prometheus.conftest import GATEWAY_JOB, IMPOSTOR_JOB
-from tests.prometheus.gateway_endpoint import GatewayMetrics
+from tests.support.gateway_endpoint import GatewayMetrics
 
 DEADLINE_SECONDS = 60.0
 NAMESPACE = "prod"

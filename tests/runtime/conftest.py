@@ -11,8 +11,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads weights at test time
 
 from servlane_api.runtime_config import RuntimeConfig
-from tests.fixtures import models as shared_models
-from tests.runtime.servers import InProcessServer
+from tests.support import models as shared_models
+from tests.support.servers import InProcessServer
 
 # The shared model fixtures, re-exported so pytest finds them for these tests.
 tiny_llama_dir = shared_models.tiny_llama_dir

@@ -1,4 +1,4 @@
-"""s3:// sources fetched from a real S3-compatible store (SeaweedFS, tests/fixtures/s3_server.py) into the cache.
+"""s3:// sources fetched from a real S3-compatible store (SeaweedFS, tests/support/s3_server.py) into the cache.
 
 Downloads are counted from the store's own log (one `GetObjectHandler` line per object GET it served) and, for
 a resumed transfer, from the bytes that crossed a proxy on the wire: never from the runtime's own counters.
@@ -18,8 +18,8 @@ from servlane_api.s3_source import S3Settings
 from servlane_runtime.model_source import ModelSourceError, resolve_model_source
 from servlane_runtime.sources import cache
 from servlane_runtime.sources.s3 import fetch
-from tests.fixtures import s3_server as s3_fixtures
-from tests.fixtures.s3_server import S3Server, StallingProxy
+from tests.support import s3_server as s3_fixtures
+from tests.support.s3_server import S3Server, StallingProxy
 
 s3_server = s3_fixtures.s3_server  # the module's SeaweedFS
 

@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.polling import wait_until
 from tests.runtime.conftest import tiny_config
-from tests.runtime.servers import InProcessServer, _Server
 from tests.runtime.test_runtime_vllm import vllm_config, vllm_runtime
+from tests.support.polling import wait_until
+from tests.support.servers import InProcessServer, _Server
 
 BASE = "tiny-llama"
 PROMPT = [{"role": "user", "content": "Hello"}]

@@ -18,9 +18,9 @@ import pytest
 
 from servlane_core.protocol.errors import OpenAIError
 from servlane_runtime.admission import AdmissionController
-from tests.polling import wait_until
 from tests.runtime.conftest import tiny_config
-from tests.runtime.servers import InProcessServer
+from tests.support.polling import wait_until
+from tests.support.servers import InProcessServer
 
 LONG = 2000  # tokens: far longer than any step of these tests takes
 

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from tests.runtime.servers import InProcessServer
+from tests.support.servers import InProcessServer
 
 
 def error_of(response: httpx.Response) -> dict[str, object]:

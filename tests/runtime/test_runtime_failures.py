@@ -16,7 +16,7 @@ from servlane_api.runtime_exit import MODEL_LOAD_FAILED, MODEL_SOURCE_FAILED
 from servlane_runtime.engines.base import EngineDeadError
 from servlane_runtime.engines.transformers_engine import as_engine_death, is_device_failure
 from tests.runtime.conftest import tiny_config
-from tests.runtime.servers import SubprocessServer
+from tests.support.servers import SubprocessServer
 
 SECRET = "s3cr3t-value-for-the-test"
 

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from servlane_api.runtime_config import DEFAULT_METRICS_PORT, RuntimeConfig
 from tests.runtime.conftest import tiny_config
-from tests.runtime.servers import InProcessServer, SubprocessServer
+from tests.support.servers import InProcessServer, SubprocessServer
 
 
 def metrics_port_url(server: InProcessServer | SubprocessServer, path: str) -> str:

@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
-from tests.polling import wait_until
-from tests.runtime.servers import InProcessServer
+from tests.support.polling import wait_until
+from tests.support.servers import InProcessServer
 
 MODEL = "tiny-llama"
 

@@ -13,7 +13,7 @@ from servlane_api.runtime_config import RuntimeConfig
 from servlane_api.runtime_exit import MODEL_LOAD_FAILED
 from servlane_runtime.model_source import ModelSourceError, resolve_model_source
 from tests.runtime.conftest import tiny_config
-from tests.runtime.servers import SubprocessServer
+from tests.support.servers import SubprocessServer
 
 
 @pytest.fixture

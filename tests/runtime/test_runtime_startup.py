@@ -15,7 +15,7 @@ from servlane_api.cold_start import RUNTIME_PHASES, STARTUP_PATH, RuntimeStartup
 from servlane_api.runtime_config import RuntimeConfig
 from servlane_runtime.startup import StartupClock, process_start_time
 from tests.runtime.conftest import tiny_config
-from tests.runtime.servers import InProcessServer, SubprocessServer
+from tests.support.servers import InProcessServer, SubprocessServer
 
 
 def startup_of(server: InProcessServer | SubprocessServer) -> RuntimeStartup:

@@ -12,7 +12,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.runtime.servers import InProcessServer
+from tests.support.servers import InProcessServer
 
 MODEL = "tiny-llama"
 ASK: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Describe a city as JSON."}]

@@ -1,6 +1,6 @@
 """Tool calling on the transformers engine, through the official `openai` client.
 
-The model is the tiny random Llama with a tool-capable template (tests/runtime/tool_model.py): it never
+The model is the tiny random Llama with a tool-capable template (tests/support/tool_model.py): it never
 calls a tool by itself, so `required` and a named function must come from guided decoding, and every call
 it returns must validate against its tool's parameters. The helpers are shared with the vLLM engine's tests.
 """
@@ -18,9 +18,9 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam, ChatCompletionToolParam
 
-from tests.runtime import tool_model
 from tests.runtime.conftest import tiny_config
-from tests.runtime.servers import InProcessServer
+from tests.support import tool_model
+from tests.support.servers import InProcessServer
 
 MODEL = "tiny-llama"
 tools_model_dir = tool_model.tools_model_dir

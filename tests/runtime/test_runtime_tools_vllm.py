@@ -14,9 +14,6 @@ import openai
 import pytest
 
 from servlane_core.protocol.tools import ParsedToolCall
-from tests import request_options
-from tests.runtime import tool_model
-from tests.runtime.servers import SubprocessServer
 from tests.runtime.test_runtime_structured import (
     check_greedy_json_is_compact,
     check_json_object_answer,
@@ -35,6 +32,8 @@ from tests.runtime.test_runtime_tools import (
     check_stream_reassembles,
 )
 from tests.runtime.test_runtime_vllm import require_vllm, vllm_config, vllm_runtime
+from tests.support import request_options, tool_model
+from tests.support.servers import SubprocessServer
 
 pytestmark = pytest.mark.slow
 

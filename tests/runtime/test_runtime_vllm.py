@@ -29,9 +29,9 @@ from openai.types.chat import ChatCompletionMessageParam
 from servlane_api.runtime_config import RuntimeConfig
 from servlane_runtime.engines.base import TokenLogprob
 from servlane_runtime.engines.vllm_engine import AMX_WORKER_EXTENSION, _logprobs
-from tests.polling import wait_until
 from tests.runtime.conftest import tiny_config
-from tests.runtime.servers import InProcessServer, SubprocessServer, free_port
+from tests.support.polling import wait_until
+from tests.support.servers import InProcessServer, SubprocessServer, free_port
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads weights at test time
 
-from tests.fixtures import models as shared_models
+from tests.support import models as shared_models
 
 tiny_llama_dir = shared_models.tiny_llama_dir
 

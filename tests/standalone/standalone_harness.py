@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from servlane_api.metric_names import WEIGHT
 from servlane_cli.state import STATE_FILE, SupervisorState, read_state
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 STARTUP_SECONDS = 150.0  # several runtimes importing torch at once on 2 busy cores
 

@@ -16,8 +16,8 @@ import openai
 import pytest
 
 from servlane_api.aifeature import AIFeatureStatus
-from tests.polling import wait_until
 from tests.standalone.standalone_harness import Serve, ai_feature, ai_model, write_manifests
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.slow
 

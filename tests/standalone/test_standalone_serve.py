@@ -15,8 +15,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.polling import wait_until
 from tests.standalone.standalone_harness import Serve, ai_feature, ai_model, group_gone, write_manifests
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""Every CEL rule of the CRDs has a pydantic twin, and the twin agrees with the table in tests/cel_cases.py.
+"""Every CEL rule of the CRDs has a pydantic twin, and the twin agrees with the table in tests/support/cel_cases.py.
 
 e2e/test_cel_parity.py runs the same table against a real API server.
 """
@@ -15,7 +15,7 @@ from servlane_api.aifeature import AIFeature, Rollout
 from servlane_api.aimodel import AIModel, ModelSource
 from servlane_api.cel import CEL_KEY, CelRule, CelValidated, declared_rules
 from servlane_api.crdgen import all_crds
-from tests.cel_cases import CEL_CASES, Case, flat_cases
+from tests.support.cel_cases import CEL_CASES, Case, flat_cases
 
 RESOURCES: dict[str, type[CelValidated]] = {"AIModel": AIModel, "AIFeature": AIFeature}
 
@@ -58,7 +58,9 @@ def test_every_declared_rule_has_good_and_bad_cases() -> None:
     assert len(messages) == len(set(messages)), "rule messages must tell the rules apart"
     tabled = [rules.message for rules in CEL_CASES]
     assert len(tabled) == len(set(tabled)), "one table entry per rule"
-    assert sorted(tabled) == sorted(messages), "add cases to tests/cel_cases.py for every CelRule, and only for those"
+    assert sorted(tabled) == sorted(messages), (
+        "add cases to tests/support/cel_cases.py for every CelRule, and only for those"
+    )
     for rules in CEL_CASES:
         assert rules.good, f"{rules.name} has no manifest it accepts"
         assert rules.bad, f"{rules.name} has no manifest it rejects"

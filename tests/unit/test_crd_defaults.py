@@ -16,8 +16,8 @@ from servlane_api.aifeature import AIFeature, AIFeatureSpec
 from servlane_api.aimodel import AIModel, AIModelSpec
 from servlane_api.cel import CelRule, CelValidated, declared_rules, models_in
 from servlane_api.crdgen import all_crds, field_default
-from tests.crd_defaulting import apply_defaults
-from tests.defaulting_cases import PARTIAL_MANIFESTS, Partial
+from tests.support.crd_defaulting import apply_defaults
+from tests.support.defaulting_cases import PARTIAL_MANIFESTS, Partial
 
 SPECS: dict[str, tuple[type[CelValidated], type[BaseModel], str]] = {
     "AIModel": (AIModel, AIModelSpec, "aimodels.yaml"),

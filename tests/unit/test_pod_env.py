@@ -1,5 +1,5 @@
 """The env the operator owns on model pods: listed once (servlane_api.pod_env), written by the Deployment
-builder, refused in spec.env at admission (tests/cel_cases.py), and never sent twice to server-side apply."""
+builder, refused in spec.env at admission (tests/support/cel_cases.py), and never sent twice to server-side apply."""
 
 from __future__ import annotations
 

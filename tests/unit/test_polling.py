@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 
 def answers(*values: object) -> Iterator[object]:

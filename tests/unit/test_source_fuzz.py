@@ -29,7 +29,7 @@ from servlane_api.aimodel import (
     ModelSource,
     SourceKind,
 )
-from tests.cel_cases import BAD_SOURCES, GOOD_SOURCES, SYSTEM_SOURCES
+from tests.support.cel_cases import BAD_SOURCES, GOOD_SOURCES, SYSTEM_SOURCES
 
 # Pieces a hostile manifest is made of: schemes, separators, traversal, encodings, hosts and credentials.
 PIECES = (

@@ -21,7 +21,7 @@ from servlane_api.runtime_config import RuntimeConfig
 from servlane_api.runtime_exit import TERMINATION_LOG_ENV
 from servlane_runtime.app import create_app
 from servlane_runtime.metrics_port import bind_listeners
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 
 class _Server:

@@ -8,7 +8,7 @@ body it received. Words in the last message (or the prompt) steer it:
   retry_after=7  with status=: send that Retry-After header (the runtime's 429/503 overload answers)
   linger=1      stream: end the body that long after `data: [DONE]`
 It records each request's headers too (lower-case names), e.g. to see what the gateway forwards.
-Run alone: `python tests/gateway/gateway_upstream.py --port 9000 --name v1` (used by the benchmark).
+Run alone: `python tests/support/gateway_upstream.py --port 9000 --name v1` (used by the benchmark).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tests.cel_cases import Manifest, ai_feature, ai_model, feature_spec, model_spec
+from tests.support.cel_cases import Manifest, ai_feature, ai_model, feature_spec, model_spec
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from localcluster.cluster import free_port
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 PG_BIN_DIRS = [Path(f"/usr/lib/postgresql/{v}/bin") for v in (17, 16, 15, 14)]
 

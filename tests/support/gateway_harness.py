@@ -16,8 +16,8 @@ import uvicorn
 from servlane_core.routing.picking import pick_backend
 from servlane_core.routing.routes import Route, RouteTable
 from servlane_gateway.forwarding import GatewayState
-from tests.gateway.gateway_upstream import UpstreamState
-from tests.polling import wait_until
+from tests.support.gateway_upstream import UpstreamState
+from tests.support.polling import wait_until
 
 
 @dataclass

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.models import build_tiny_llama
+from tests.support.models import build_tiny_llama
 
 TOOLS_CHAT_TEMPLATE = (
     "{{ bos_token }}"

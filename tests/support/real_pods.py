@@ -20,7 +20,8 @@ from typing import Any
 import openai
 from openai.types.chat import ChatCompletion
 
-from e2e.harness import (
+from localcluster.cluster import LocalCluster
+from tests.support.cluster_harness import (
     RUNTIME_CPU_IMAGE,
     Kube,
     OperatorProcess,
@@ -28,8 +29,7 @@ from e2e.harness import (
     operator_rbac,
     service_account_kubeconfig,
 )
-from localcluster.cluster import LocalCluster
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 NODE = "real-node-1"
 NODE_SELECTOR = {"servlane.dev/real-node": "true"}

@@ -20,9 +20,9 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from localcluster.cluster import free_port, stop_process_groups
-from tests import polling
+from tests.support import polling
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # What scripts/build-images.sh tags (the chart's appVersion); the real node imports them from Docker.
 RUNTIME_CPU_IMAGE = "ghcr.io/servlane/runtime:0.1.0-cpu"
 OPERATOR_IMAGE = "ghcr.io/servlane/operator:0.1.0"

@@ -42,10 +42,10 @@ from schemathesis import Case, GenerationMode
 from schemathesis.core.result import Err
 
 from servlane_api.runtime_config import RuntimeConfig
-from tests.fixtures.models import build_tiny_llama
-from tests.gateway.gateway_harness import aifeature, aimodel
-from tests.polling import wait_until
-from tests.runtime.servers import SubprocessServer, free_port
+from tests.support.gateway_harness import aifeature, aimodel
+from tests.support.models import build_tiny_llama
+from tests.support.polling import wait_until
+from tests.support.servers import SubprocessServer, free_port
 
 RUNTIME_MODEL = "tiny-llama"
 GATEWAY_FEATURE = "chat"

@@ -1,5 +1,5 @@
 """Every request option the runtime accepts, checked by behaviour through the official `openai` client, against
-any base URL serving the tiny Llama with the tool-capable template (tests/runtime/tool_model.py) as
+any base URL serving the tiny Llama with the tool-capable template (tests/support/tool_model.py) as
 `tiny-llama`: in a process (tests/runtime) or in a real pod (e2e/test_real_pods_vllm.py).
 
 The weights are random: a token may decode to nothing printable, so what a check compares is token counts,

@@ -38,6 +38,7 @@ import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `bench` is its folder
 from bench.gateway_bench import ANSWER_BYTES, routes, stop_processes, wait_ready
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 NULL = subprocess.DEVNULL
@@ -93,14 +94,6 @@ def stub_app(service_seconds: float, slots: int) -> Any:
         await send({"type": "http.response.body", "body": body})
 
     return app
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def interactive(url: str, clients: int, seconds: float) -> tuple[list[float], dict[int, int]]:

@@ -55,7 +55,7 @@ import pytest
 
 from bench.machine_load import cpu_times, shares
 from e2e.conftest import real_cluster, real_node_images  # noqa: F401 (fixtures)
-from localcluster.cluster import LocalCluster, free_port, stop_process_groups
+from localcluster.cluster import LocalCluster, stop_process_groups
 from servlane_api.aimodel import AIModel
 from servlane_api.cold_start import STARTUP_PATH, RuntimeStartup
 from servlane_api.runtime_config import ENV_VAR, READY_PATH, RuntimeConfig
@@ -74,6 +74,7 @@ from tests.support.cluster_harness import (
     service_account_kubeconfig,
 )
 from tests.support.polling import wait_until
+from tests.support.ports import free_port
 from tests.support.real_pods import (
     NODE_SELECTOR,
     describe_model,

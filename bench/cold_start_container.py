@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from bench.machine_load import cpu_times, shares
-from localcluster.cluster import free_port
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "cold_start.json"

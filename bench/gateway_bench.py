@@ -30,7 +30,6 @@ import platform
 import random
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `bench` is its folder
 from bench.machine_load import cpu_times, shares, steal_summary
 from servlane_api import metric_names as contract
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8}
@@ -95,12 +95,6 @@ async def stub_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(ANSWER_BYTES)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": ANSWER_BYTES})
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def stop_processes(processes: list[subprocess.Popen[bytes]]) -> None:

@@ -51,7 +51,8 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `bench` is its folder
-from bench.gateway_bench import balanced_orders, code_version, free_port, package_version, stop_processes, wait_ready
+from bench.gateway_bench import balanced_orders, code_version, package_version, stop_processes, wait_ready
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVED = "m"

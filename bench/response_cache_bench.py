@@ -47,7 +47,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `bench` is its folder
 from bench.batch_interference import percentile
-from bench.gateway_bench import free_port, stop_processes, wait_ready
+from bench.gateway_bench import stop_processes, wait_ready
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 NULL = subprocess.DEVNULL

@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 from servlane_api.runtime_config import RuntimeConfig  # noqa: E402
 from tests.support.models import build_tiny_llama  # noqa: E402
 from tests.support.polling import wait_until  # noqa: E402
-from tests.support.servers import free_port  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
 
 MODEL = "tiny-llama"
 MAX_TOKENS = 32

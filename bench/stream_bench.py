@@ -46,7 +46,6 @@ from bench.gateway_bench import (
     balanced_orders,
     code_version,
     cpu_seconds,
-    free_port,
     gateway_workers,
     package_version,
     routes,
@@ -56,6 +55,7 @@ from bench.gateway_bench import (
 )
 from bench.machine_load import cpu_times, steal_summary
 from bench.machine_load import shares as machine_shares
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 NULL = subprocess.DEVNULL

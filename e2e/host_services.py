@@ -21,10 +21,11 @@ import psycopg
 import pytest
 import redis
 
-from localcluster.cluster import LocalCluster, free_port
+from localcluster.cluster import LocalCluster
 from localcluster.realnode import POD_SUBNET
 from tests.support.batch_databases import pg_bin
 from tests.support.polling import wait_until
+from tests.support.ports import free_port
 
 MANAGER = "servlane-e2e"  # the EndpointSlices' endpointslice.kubernetes.io/managed-by: no controller of Kubernetes'
 

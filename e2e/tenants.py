@@ -17,8 +17,9 @@ import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from localcluster.cluster import free_port, stop_process_groups
+from localcluster.cluster import stop_process_groups
 from tests.support.cluster_harness import ROOT, Kube, wait_until
+from tests.support.ports import free_port
 from tests.support.raw_http import read_response_head
 
 MODELS = ("v1", "v2")  # the AIModels every team has, under the same names

@@ -39,11 +39,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.canary_faults import PrometheusProcess, counter_value, feature_events, get_ok, without_chat_template
 from e2e.traffic import Load
-from localcluster.cluster import free_port, stop_process_groups
+from localcluster.cluster import stop_process_groups
 from servlane_api.runtime_config import RuntimeConfig
 from servlane_api.runtime_exit import MODEL_SOURCE_FAILED
 from servlane_core.rollout import ROLLOUT_ANNOTATION
 from tests.support.cluster_harness import ARTIFACTS, ROOT, Kube, OperatorProcess, wait_until
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from localcluster.cluster import free_port, stop_process_groups
+from localcluster.cluster import stop_process_groups
 from tests.support.cluster_harness import ARTIFACTS, GROUP, ROOT, Kube, OperatorProcess, wait_until
 from tests.support.helmtool import CHART, Helm, HelmUnavailable, find_helm
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -35,9 +35,9 @@ from e2e import test_namespaces
 from e2e.tenants import GatewayProcess, Team, answered_by, keys_file, new_key, openai_error, select
 from e2e.test_canary_full import CPU_MODEL, RuntimeProcess, runtime_config
 from e2e.test_gateway_endpoints import host_address
-from localcluster.cluster import free_port
 from servlane_api import metric_names
 from tests.support.cluster_harness import ARTIFACTS, GROUP, VERSION, Kube, OperatorProcess, present, wait_until
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

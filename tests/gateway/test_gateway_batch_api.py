@@ -17,11 +17,11 @@ import httpx
 import openai
 import pytest
 
-from localcluster.cluster import free_port
 from servlane_gateway.batch import metrics as m
 from tests.support.batch_databases import Postgres
 from tests.support.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
 from tests.support.polling import wait_until
+from tests.support.ports import free_port
 from tests.support.raw_http import read_response_head
 
 KEYS = (

@@ -18,10 +18,10 @@ import httpx
 import openai
 import pytest
 
-from localcluster.cluster import free_port
 from tests.support.batch_databases import Postgres
 from tests.support.gateway_harness import Upstream, aifeature, aimodel
 from tests.support.polling import wait_until
+from tests.support.ports import free_port
 
 KEYS = "team-a: sk-alpha-00000000000000000000000\n"
 CHAT: Literal["/v1/chat/completions"] = "/v1/chat/completions"

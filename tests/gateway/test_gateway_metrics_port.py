@@ -19,11 +19,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
-from localcluster.cluster import free_port
 from servlane_api import metric_names as m
 from servlane_gateway.settings import GatewaySettings, parse_settings
 from tests.support.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
 from tests.support.polling import wait_until
+from tests.support.ports import free_port
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 

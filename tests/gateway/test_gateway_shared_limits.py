@@ -24,7 +24,6 @@ import pytest
 import redis
 from pydantic import ValidationError
 
-from localcluster.cluster import free_port as free_port  # re-exported: the shared helper for tests
 from servlane_api import metric_names as m
 from servlane_core.protocol.errors import OpenAIError
 from servlane_gateway.ratelimit import Check, Limits, RateLimiter, plan_checks
@@ -34,6 +33,7 @@ from servlane_gateway.shared_limits import admit_call, admit_refusal, redact_url
 from tests.gateway.test_gateway_quotas import events, open_held, released_at_end
 from tests.support.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
 from tests.support.polling import wait_until
+from tests.support.ports import free_port
 
 KEYS = "team-a: sk-alpha-00000000000000000000000\nteam-b: sk-bravo-00000000000000000000000\n"
 CHAT = "/v1/chat/completions"

@@ -19,7 +19,6 @@ import httpx
 import openai
 import pytest
 
-from localcluster.cluster import free_port
 from servlane_api.runtime_config import RuntimeConfig
 from tests.runtime.test_runtime_vllm import MAX_MODEL_LEN, VLLM_START_SECONDS, require_vllm
 from tests.support import jaeger as jaeger_fixtures
@@ -27,6 +26,7 @@ from tests.support import models as shared_models
 from tests.support.gateway_harness import aifeature, aimodel
 from tests.support.jaeger import Jaeger, Span
 from tests.support.polling import wait_until
+from tests.support.ports import free_port
 from tests.support.servers import SubprocessServer
 
 pytestmark = pytest.mark.slow

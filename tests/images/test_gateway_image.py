@@ -25,7 +25,7 @@ from e2e.test_real_helm_toggles import RELEASE, SYSTEM, toggles_values
 from tests.images.harness import Container, built_image, pod_run_args, python_in, unavailable
 from tests.support.gateway_harness import aimodel
 from tests.support.helmtool import Helm, HelmUnavailable, find_helm, one
-from tests.support.servers import free_port
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.images, pytest.mark.timeout(900)]
 

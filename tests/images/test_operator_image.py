@@ -19,7 +19,7 @@ import pytest
 from servlane_operator.settings import OperatorSettings
 from tests.images.harness import Container, built_image, docker, docker_ok, python_in, unavailable
 from tests.support.polling import wait_until
-from tests.support.servers import free_port
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.images, pytest.mark.timeout(1200)]
 

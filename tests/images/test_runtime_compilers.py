@@ -21,7 +21,7 @@ from servlane_api.aimodel import AIModel
 from servlane_operator.builders import build_deployment
 from servlane_operator.settings import OperatorSettings
 from tests.images.harness import PodRun, built_image, docker_ok, pod_run_args
-from tests.support.servers import free_port
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.images, pytest.mark.timeout(3600)]
 

@@ -22,7 +22,7 @@ from servlane_api.runtime_config import ENV_VAR, RuntimeConfig
 from servlane_operator.builders import build_deployment
 from servlane_operator.settings import OperatorSettings
 from tests.images.harness import Container, PodRun, built_image, docker_ok, pod_run_args, python_in
-from tests.support.servers import free_port
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.images, pytest.mark.slow, pytest.mark.timeout(3600)]
 

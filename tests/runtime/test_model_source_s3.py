@@ -163,7 +163,7 @@ def test_one_of_the_two_keys_alone_is_refused(monkeypatch: pytest.MonkeyPatch, t
 def test_a_store_that_cannot_be_reached_is_named_after_bounded_retries(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from localcluster.cluster import free_port
+    from tests.support.ports import free_port
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKSOMEKEY")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "some-secret-value")

@@ -31,7 +31,8 @@ from servlane_runtime.engines.base import TokenLogprob
 from servlane_runtime.engines.vllm_engine import AMX_WORKER_EXTENSION, _logprobs
 from tests.runtime.conftest import tiny_config
 from tests.support.polling import wait_until
-from tests.support.servers import InProcessServer, SubprocessServer, free_port
+from tests.support.ports import free_port
+from tests.support.servers import InProcessServer, SubprocessServer
 
 pytestmark = pytest.mark.slow
 

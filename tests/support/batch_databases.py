@@ -19,8 +19,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from localcluster.cluster import free_port
 from tests.support.polling import wait_until
+from tests.support.ports import free_port
 
 PG_BIN_DIRS = [Path(f"/usr/lib/postgresql/{v}/bin") for v in (17, 16, 15, 14)]
 

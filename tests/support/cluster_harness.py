@@ -19,8 +19,9 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from localcluster.cluster import free_port, stop_process_groups
+from localcluster.cluster import stop_process_groups
 from tests.support import polling
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 # What scripts/build-images.sh tags (the chart's appVersion); the real node imports them from Docker.

@@ -45,7 +45,8 @@ from servlane_api.runtime_config import RuntimeConfig
 from tests.support.gateway_harness import aifeature, aimodel
 from tests.support.models import build_tiny_llama
 from tests.support.polling import wait_until
-from tests.support.servers import SubprocessServer, free_port
+from tests.support.ports import free_port
+from tests.support.servers import SubprocessServer
 
 RUNTIME_MODEL = "tiny-llama"
 GATEWAY_FEATURE = "chat"

@@ -16,12 +16,12 @@ from typing import Any
 import httpx
 import uvicorn
 
-from localcluster.cluster import free_port as free_port  # re-exported: the shared helper for tests
 from servlane_api.runtime_config import RuntimeConfig
 from servlane_api.runtime_exit import TERMINATION_LOG_ENV
 from servlane_runtime.app import create_app
 from servlane_runtime.metrics_port import bind_listeners
 from tests.support.polling import wait_until
+from tests.support.ports import free_port
 
 
 class _Server:

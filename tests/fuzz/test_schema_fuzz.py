@@ -29,7 +29,6 @@ if _missing:
 import schemathesis  # noqa: E402
 
 from servlane_runtime.app import create_app  # noqa: E402
-from tests.runtime.test_runtime_vllm import require_vllm  # noqa: E402
 from tests.support.schema_fuzz import (  # noqa: E402
     ENGINES,
     HEALTH_BOUND_SECONDS,
@@ -44,6 +43,7 @@ from tests.support.schema_fuzz import (  # noqa: E402
     runtime_config,
     servers,
 )
+from tests.support.vllm import require_vllm  # noqa: E402
 
 pytestmark = [
     pytest.mark.slow,

@@ -28,11 +28,11 @@ from tests.support.polling import wait_until
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads weights at test time
 
 from servlane_api.runtime_config import RuntimeConfig
-from tests.runtime.test_runtime_structured import CITY_SCHEMA
-from tests.runtime.test_runtime_tools import ASK, CLOCK, ROOM, TOOLS, WEATHER, assert_valid_calls, parameters_of
-from tests.runtime.test_runtime_vllm import VLLM_START_SECONDS, require_vllm
 from tests.support import tool_model
 from tests.support.servers import SubprocessServer
+from tests.support.structured import CITY_SCHEMA
+from tests.support.tools import ASK, CLOCK, ROOM, TOOLS, WEATHER, assert_valid_calls, parameters_of
+from tests.support.vllm import VLLM_START_SECONDS, require_vllm
 
 pytestmark = pytest.mark.slow
 tools_model_dir = tool_model.tools_model_dir

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.gateway.test_gateway_batch_api import gateway
+from tests.support.batch import gateway
 from tests.support.batch_databases import Postgres
 from tests.support.gateway_harness import StartGateway, Upstream
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from servlane_gateway.batch import metrics as m
-from tests.gateway.test_gateway_batch_api import finished, jsonl_of, request_line, submit
+from tests.support.batch import finished, jsonl_of, request_line, submit
 from tests.support.gateway_harness import StartGateway, Upstream, aifeature, aimodel
 from tests.support.polling import wait_until
 

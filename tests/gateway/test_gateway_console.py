@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from servlane_gateway.settings import GatewaySettings, parse_settings
-from tests.gateway.test_gateway_console_objects import console_objects
+from tests.support.console import console_objects
 from tests.support.gateway_harness import StartGateway, Upstream
 
 ADMIN_KEY = "admin-key-0123456789abcdef0123456789"

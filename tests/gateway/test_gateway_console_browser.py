@@ -22,7 +22,7 @@ import pytest
 
 from servlane_gateway.app import create_app
 from servlane_gateway.settings import GatewaySettings
-from tests.gateway.test_gateway_console_objects import console_objects
+from tests.support.console import console_objects
 from tests.support.gateway_harness import ServedApp, Upstream, aifeature
 
 ROOT = Path(__file__).resolve().parents[2]

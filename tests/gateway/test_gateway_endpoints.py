@@ -24,11 +24,10 @@ from servlane_gateway.endpoints import (
 )
 from servlane_gateway.gateway_metrics import ENDPOINT_EJECTIONS, ENDPOINT_IN_FLIGHT, ENDPOINT_PICKS
 from servlane_gateway.upstream import UpstreamConnectTimeout, UpstreamPool
+from tests.support.endpoint_slices import SERVICE_URL, endpoint_slice
 from tests.support.gateway_harness import Gateway, ServedApp, StartGateway, Upstream, aifeature, aimodel, refused_url
 from tests.support.gateway_upstream import create_upstream
 from tests.support.polling import wait_until
-
-SERVICE_URL = "http://model-m.default.svc.cluster.local:8000/v1"
 
 
 @pytest.fixture(scope="module")
@@ -43,35 +42,6 @@ def pods() -> Iterator[dict[str, Upstream]]:
     yield served
     for runner in runners:
         runner.__exit__()
-
-
-def endpoint_slice(pod: str, url: str, ready: bool = True, terminating: bool = False) -> dict[str, Any]:
-    """One slice per pod: loopback stubs differ by port, and a slice has one port for all its endpoints.
-    As the EndpointSlice controller writes them for the operator's Service `model-m`."""
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    labels = {
-        "kubernetes.io/service-name": "model-m",
-        "servlane.dev/model": "m",
-        "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
-    }
-    owner = {"apiVersion": "v1", "kind": "Service", "name": "model-m", "uid": "u1", "controller": True}
-    return {
-        "metadata": {
-            "name": f"model-m-{pod}",
-            "namespace": "default",
-            "labels": labels,
-            "ownerReferences": [owner],
-        },
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": int(port), "protocol": "TCP"}],
-        "endpoints": [
-            {
-                "addresses": [host],
-                "conditions": {"ready": ready, "serving": ready or terminating, "terminating": terminating},
-                "targetRef": {"kind": "Pod", "name": pod, "namespace": "default"},
-            }
-        ],
-    }
 
 
 def feature(routing: str) -> dict[str, Any]:

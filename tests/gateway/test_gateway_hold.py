@@ -23,19 +23,10 @@ from servlane_core.routing.routes import Backend
 from servlane_gateway.demand_lease import CallbackDemand
 from tests.gateway.waking_upstream import WakingUpstream, start_waking_upstream
 from tests.support.gateway_harness import Gateway, StartGateway, aifeature, aimodel, route_in
+from tests.support.hold import HELD, waking_model
 from tests.support.polling import wait_until
 
-HELD = "servlane_gateway_requests_held"
 REJECTIONS = "servlane_gateway_hold_rejections_total"
-
-
-def waking_model(name: str, url: str, namespace: str = "default", phase: str = "Pending") -> dict[str, Any]:
-    """An AIModel scaled to zero (phase Pending, not Ready) whose pods come up at `url`."""
-    obj = aimodel(name, url + "/v1", ready=False)
-    obj["metadata"]["namespace"] = namespace
-    obj["status"]["phase"] = phase
-    obj["spec"]["autoscaling"] = {"minReplicas": 0, "maxReplicas": 2}
-    return obj
 
 
 @pytest.fixture

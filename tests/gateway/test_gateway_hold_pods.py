@@ -24,10 +24,10 @@ from servlane_gateway.endpoints import EndpointRouter, services_of
 from servlane_gateway.gateway_metrics import GatewayMetrics
 from servlane_gateway.hold import HoldQueue
 from servlane_gateway.kube_watch import routing_view
-from tests.gateway.test_gateway_endpoints import SERVICE_URL, endpoint_slice
-from tests.gateway.test_gateway_hold import HELD, waking_model
 from tests.gateway.waking_upstream import WakingUpstream, start_waking_upstream
+from tests.support.endpoint_slices import SERVICE_URL, endpoint_slice
 from tests.support.gateway_harness import StartGateway, aimodel
+from tests.support.hold import HELD, waking_model
 from tests.support.polling import wait_until
 
 BACKEND = Backend("m", "default", SERVICE_URL.removesuffix("/v1"), "m", False, 100, wakes=True)

@@ -23,10 +23,10 @@ from servlane_api.aifeature import MAX_RESPONSE_CACHE_BYTES, ResponseCache
 from servlane_gateway.cache_store import MemoryStore, RedisStore, Stored
 from servlane_gateway.gateway_metrics import CACHE_COALESCED, CACHE_EVICTIONS, CACHE_HITS, CACHE_MISSES, CACHE_STORES
 from servlane_gateway.response_cache import CACHE_HEADER, CacheBudget, CacheKey, Entry
-from tests.gateway.test_gateway_shared_limits import PASSWORD, RedisServer
 from tests.support.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel, route_in
 from tests.support.polling import wait_until
 from tests.support.ports import free_port
+from tests.support.shared_limits import PASSWORD, RedisServer
 
 CHAT = "/v1/chat/completions"
 

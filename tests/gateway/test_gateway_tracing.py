@@ -20,7 +20,6 @@ import openai
 import pytest
 
 from servlane_api.runtime_config import RuntimeConfig
-from tests.runtime.test_runtime_vllm import MAX_MODEL_LEN, VLLM_START_SECONDS, require_vllm
 from tests.support import jaeger as jaeger_fixtures
 from tests.support import models as shared_models
 from tests.support.gateway_harness import aifeature, aimodel
@@ -28,6 +27,7 @@ from tests.support.jaeger import Jaeger, Span
 from tests.support.polling import wait_until
 from tests.support.ports import free_port
 from tests.support.servers import SubprocessServer
+from tests.support.vllm import MAX_MODEL_LEN, VLLM_START_SECONDS, require_vllm
 
 pytestmark = pytest.mark.slow
 tiny_llama_dir = shared_models.tiny_llama_dir

@@ -31,14 +31,9 @@ from servlane_gateway.app import create_app
 from servlane_gateway.settings import GatewaySettings
 from servlane_gateway.sources import OnTable, parse_objects
 from servlane_gateway.workers import MAX_AUTO_WORKERS, cpu_limit, settings_json, worker_count
-from tests.gateway.test_gateway_shared_limits import (
-    GatewayProcess,
-    RedisServer,
-    prefix,  # noqa: F401 - fixture
-    redis_server,  # noqa: F401 - fixture
-)
 from tests.support.gateway_harness import ServedApp, Upstream, aifeature, aimodel
 from tests.support.polling import wait_until
+from tests.support.shared_limits import GatewayProcess, RedisServer, prefix, redis_server  # noqa: F401 - fixture
 
 # --- pure ----------------------------------------------------------------------------------------------------
 

@@ -9,19 +9,12 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.chart import containers, env_of
 from tests.support.helmtool import CHART, MONITORING_API, ROOT, Helm, find, one
 
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 RULES = yaml.safe_load((CHART / "files" / "operator-rules.yaml").read_text())
 WORKLOADS = ("mp-servlane-operator", "mp-servlane-gateway")
-
-
-def containers(deployment: dict[str, Any]) -> list[dict[str, Any]]:
-    return list(deployment["spec"]["template"]["spec"]["containers"])
-
-
-def env_of(deployment: dict[str, Any]) -> dict[str, str]:
-    return {e["name"]: e.get("value", "") for e in containers(deployment)[0].get("env", [])}
 
 
 def rule_set(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:

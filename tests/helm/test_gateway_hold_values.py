@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helm.test_chart_render import containers, env_of
+from tests.support.chart import containers, env_of
 from tests.support.helmtool import CHART, Helm, one
 
 GATEWAY = "mp-servlane-gateway"

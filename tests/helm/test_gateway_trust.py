@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helm.test_chart_render import env_of
+from tests.support.chart import env_of
 from tests.support.helmtool import CHART, MONITORING_API, Helm, find, one
 
 

@@ -12,25 +12,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads weights at tes
 
 from servlane_api.runtime_config import RuntimeConfig
 from tests.support import models as shared_models
-from tests.support.servers import InProcessServer
+from tests.support.servers import InProcessServer, tiny_config
 
 # The shared model fixtures, re-exported so pytest finds them for these tests.
 tiny_llama_dir = shared_models.tiny_llama_dir
 minilm_model_dir = shared_models.minilm_model_dir
 tiny_adapter_dirs = shared_models.tiny_adapter_dirs
-
-
-def tiny_config(model_dir: Path, **overrides: object) -> RuntimeConfig:
-    fields: dict[str, object] = {
-        "model_source": str(model_dir),
-        "served_model_name": "tiny-llama",
-        "engine": "transformers",
-        "max_in_flight": 4,
-        "max_queue": 8,
-        "queue_timeout_seconds": 10,
-    }
-    fields.update(overrides)
-    return RuntimeConfig.model_validate(fields)
 
 
 @pytest.fixture(scope="session")

@@ -18,10 +18,9 @@ import pytest
 from servlane_api.runtime_config import RuntimeConfig
 from servlane_api.runtime_exit import MODEL_SOURCE_FAILED
 from servlane_api.s3_source import S3Settings
-from tests.runtime.conftest import tiny_config
 from tests.support import s3_server as s3_fixtures
 from tests.support.s3_server import READER_BUCKET, Keys, S3Server, StallingProxy
-from tests.support.servers import SubprocessServer
+from tests.support.servers import SubprocessServer, tiny_config
 
 s3_server = s3_fixtures.s3_server  # the module's SeaweedFS
 

@@ -14,10 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.runtime.conftest import tiny_config
-from tests.runtime.test_runtime_vllm import vllm_config, vllm_runtime
 from tests.support.polling import wait_until
-from tests.support.servers import InProcessServer, _Server
+from tests.support.servers import InProcessServer, _Server, tiny_config
+from tests.support.vllm import vllm_config, vllm_runtime
 
 BASE = "tiny-llama"
 PROMPT = [{"role": "user", "content": "Hello"}]

@@ -18,9 +18,8 @@ import pytest
 
 from servlane_core.protocol.errors import OpenAIError
 from servlane_runtime.admission import AdmissionController
-from tests.runtime.conftest import tiny_config
 from tests.support.polling import wait_until
-from tests.support.servers import InProcessServer
+from tests.support.servers import InProcessServer, tiny_config
 
 LONG = 2000  # tokens: far longer than any step of these tests takes
 

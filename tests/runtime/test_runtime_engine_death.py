@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from servlane_api.runtime_exit import ENGINE_DIED
-from tests.runtime.test_runtime_vllm import MODEL, vllm_config, vllm_runtime
 from tests.support.polling import wait_until
+from tests.support.vllm import MODEL, vllm_config, vllm_runtime
 
 pytestmark = pytest.mark.slow
 

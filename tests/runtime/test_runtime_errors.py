@@ -6,14 +6,8 @@ import httpx
 import openai
 import pytest
 
+from tests.support.openai_errors import error_of
 from tests.support.servers import InProcessServer
-
-
-def error_of(response: httpx.Response) -> dict[str, object]:
-    body = response.json()
-    assert set(body) == {"error"}, body
-    assert {"message", "type", "param", "code"} <= set(body["error"]), body
-    return dict(body["error"])
 
 
 @pytest.mark.parametrize(

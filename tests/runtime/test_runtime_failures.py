@@ -15,8 +15,7 @@ import torch
 from servlane_api.runtime_exit import MODEL_LOAD_FAILED, MODEL_SOURCE_FAILED
 from servlane_runtime.engines.base import EngineDeadError
 from servlane_runtime.engines.transformers_engine import as_engine_death, is_device_failure
-from tests.runtime.conftest import tiny_config
-from tests.support.servers import SubprocessServer
+from tests.support.servers import SubprocessServer, tiny_config
 
 SECRET = "s3cr3t-value-for-the-test"
 

@@ -15,9 +15,8 @@ import pytest
 
 from servlane_api.runtime_config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_LIST_ITEMS
 from servlane_core.protocol import openai as p
-from tests.runtime.conftest import tiny_config
-from tests.runtime.test_runtime_errors import error_of
-from tests.support.servers import InProcessServer, SubprocessServer
+from tests.support.openai_errors import error_of
+from tests.support.servers import InProcessServer, SubprocessServer, tiny_config
 
 HI = [{"role": "user", "content": "hi"}]
 HEALTH_BOUND_SECONDS = 1.0  # generous for a loaded 2-core machine; idle, /health answers in milliseconds

@@ -11,8 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from servlane_api.runtime_config import DEFAULT_METRICS_PORT, RuntimeConfig
-from tests.runtime.conftest import tiny_config
-from tests.support.servers import InProcessServer, SubprocessServer
+from tests.support.servers import InProcessServer, SubprocessServer, tiny_config
 
 
 def metrics_port_url(server: InProcessServer | SubprocessServer, path: str) -> str:

@@ -12,8 +12,7 @@ import pytest
 from servlane_api.runtime_config import RuntimeConfig
 from servlane_api.runtime_exit import MODEL_LOAD_FAILED
 from servlane_runtime.model_source import ModelSourceError, resolve_model_source
-from tests.runtime.conftest import tiny_config
-from tests.support.servers import SubprocessServer
+from tests.support.servers import SubprocessServer, tiny_config
 
 
 @pytest.fixture

@@ -14,8 +14,7 @@ import httpx
 from servlane_api.cold_start import RUNTIME_PHASES, STARTUP_PATH, RuntimeStartup
 from servlane_api.runtime_config import RuntimeConfig
 from servlane_runtime.startup import StartupClock, process_start_time
-from tests.runtime.conftest import tiny_config
-from tests.support.servers import InProcessServer, SubprocessServer
+from tests.support.servers import InProcessServer, SubprocessServer, tiny_config
 
 
 def startup_of(server: InProcessServer | SubprocessServer) -> RuntimeStartup:

@@ -14,13 +14,15 @@ import openai
 import pytest
 
 from servlane_core.protocol.tools import ParsedToolCall
-from tests.runtime.test_runtime_structured import (
+from tests.support import request_options, tool_model
+from tests.support.servers import SubprocessServer
+from tests.support.structured import (
     check_greedy_json_is_compact,
     check_json_object_answer,
     check_json_schema_answer,
     check_unenforceable_schema_is_400,
 )
-from tests.runtime.test_runtime_tools import (
+from tests.support.tools import (
     BAD_REQUESTS,
     TOOLS,
     check_bad_request,
@@ -31,9 +33,7 @@ from tests.runtime.test_runtime_tools import (
     check_required_parallel,
     check_stream_reassembles,
 )
-from tests.runtime.test_runtime_vllm import require_vllm, vllm_config, vllm_runtime
-from tests.support import request_options, tool_model
-from tests.support.servers import SubprocessServer
+from tests.support.vllm import require_vllm, vllm_config, vllm_runtime
 
 pytestmark = pytest.mark.slow
 

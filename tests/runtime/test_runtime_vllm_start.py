@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from servlane_api.runtime_exit import MODEL_LOAD_FAILED
-from tests.runtime.test_runtime_vllm import VLLM_ENV, VLLM_START_SECONDS, require_vllm, vllm_config
 from tests.support.servers import SubprocessServer
+from tests.support.vllm import VLLM_ENV, VLLM_START_SECONDS, require_vllm, vllm_config
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from servlane_core.protocol import openai as p
-from tests.runtime.test_runtime_vllm import require_vllm
+from tests.support.vllm import require_vllm
 
 pytestmark = pytest.mark.slow
 

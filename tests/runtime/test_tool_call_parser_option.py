@@ -15,11 +15,10 @@ from pydantic import ValidationError
 
 from servlane_api.runtime_exit import MODEL_LOAD_FAILED
 from servlane_core.protocol.tools import ParsedToolCall
-from tests.runtime.conftest import tiny_config
-from tests.runtime.test_runtime_tools import TOOLS
-from tests.runtime.test_runtime_vllm import require_vllm
 from tests.support import tool_model
-from tests.support.servers import SubprocessServer
+from tests.support.servers import SubprocessServer, tiny_config
+from tests.support.tools import TOOLS
+from tests.support.vllm import require_vllm
 
 tools_model_dir = tool_model.tools_model_dir
 

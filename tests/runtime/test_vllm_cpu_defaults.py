@@ -172,7 +172,7 @@ def test_stderr_tail_restores_stderr() -> None:
 
 def test_the_aimodel_setting_reaches_the_runtime_config() -> None:
     from servlane_operator.builders.deployment import build_runtime_config
-    from tests.unit.conftest import make_model
+    from tests.support.aimodels import make_model
 
     spec = {"source": {"uri": "/models/tiny"}, "engine": "vllm", "engineOptions": {"cpuKVCacheGiB": 3}}
     assert build_runtime_config(make_model(spec)).cpu_kv_cache_gib == 3

@@ -14,7 +14,7 @@ import pytest
 
 from servlane_runtime.engines import cpu_memory
 from servlane_runtime.engines.cpu_memory import GIB, page_cache_bytes, usage_less_page_cache
-from tests.runtime.test_runtime_vllm import require_vllm
+from tests.support.vllm import require_vllm
 
 # What the first start's cgroup held when vLLM checked (the numbers of the failure above): 3.39 GiB charged,
 # 1.4 GiB of it page cache (file pages), so 2 GiB of processes.

@@ -14,7 +14,7 @@ import pytest
 from servlane_core.protocol import openai as p
 from servlane_runtime.engines.base import RequestNotSupported, SamplingOptions
 from servlane_runtime.engines.vllm_engine import VllmEngine
-from tests.runtime.test_runtime_vllm import require_vllm, vllm_config
+from tests.support.vllm import require_vllm, vllm_config
 
 
 def chat(**fields: object) -> p.ChatCompletionRequest:

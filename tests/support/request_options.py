@@ -25,13 +25,13 @@ from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenL
 from pydantic import ValidationError
 
 from servlane_core.protocol import openai as p
-from tests.runtime.test_runtime_structured import (
+from tests.support.structured import (
     check_greedy_json_is_compact,
     check_json_object_answer,
     check_json_schema_answer,
     check_unenforceable_schema_is_400,
 )
-from tests.runtime.test_runtime_tools import (
+from tests.support.tools import (
     ASK,
     BAD_REQUESTS,
     TOOLS,

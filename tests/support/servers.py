@@ -166,3 +166,16 @@ class SubprocessServer(_Server):
 
 def dump(obj: Any) -> str:
     return json.dumps(obj, indent=1)
+
+
+def tiny_config(model_dir: Path, **overrides: object) -> RuntimeConfig:
+    fields: dict[str, object] = {
+        "model_source": str(model_dir),
+        "served_model_name": "tiny-llama",
+        "engine": "transformers",
+        "max_in_flight": 4,
+        "max_queue": 8,
+        "queue_timeout_seconds": 10,
+    }
+    fields.update(overrides)
+    return RuntimeConfig.model_validate(fields)

@@ -20,7 +20,7 @@ from servlane_operator.builders.adapters import build_adapters_config_map
 from servlane_operator.builders.deployment import build_runtime_config
 from servlane_operator.settings import OperatorSettings
 from servlane_runtime.adapters import AdaptersFileError, parse_adapters, plan_changes
-from tests.unit.conftest import make_model
+from tests.support.aimodels import make_model
 
 READY: dict[str, Any] = {
     "conditions": [{"type": "Ready", "status": "True", "reason": "Test"}],

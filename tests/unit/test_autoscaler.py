@@ -7,7 +7,6 @@ import asyncio
 from typing import Any
 
 import httpx
-import kopf
 import pytest
 
 from servlane_core.scaling.demand import demanded_model, is_fresh, renewed_at
@@ -22,11 +21,19 @@ from servlane_operator.autoscaler import (
     status_needs_write,
     status_of,
 )
-from servlane_operator.observed import DeploymentView
 from servlane_operator.settings import OperatorSettings
+from tests.support.autoscaling import (
+    IDLE_METRICS,
+    NAME,
+    NS,
+    live_deployment,
+    model_body,
+    pod,
+    quiet_events,  # noqa: F401 - fixtures
+    scraper,
+)
 from tests.unit.fake_kube import FakeKube
 
-NS, NAME = "team-a", "llama"
 DEPLOYMENT = f"/apis/apps/v1/namespaces/{NS}/deployments/model-{NAME}"
 MODEL = f"/apis/servlane.dev/v1alpha1/namespaces/{NS}/aimodels/{NAME}"
 
@@ -53,12 +60,6 @@ servlane_runtime_requests_total{code="200",endpoint="/v1/chat/completions"} 7.0
 servlane_runtime_requests_total{code="400",endpoint="/v1/embeddings"} 2.0
 """
 
-IDLE_METRICS = """\
-servlane_runtime_in_flight 0
-servlane_runtime_queue_depth 0
-servlane_runtime_requests_total{code="200",endpoint="/v1/chat/completions"} 9.0
-"""
-
 
 def test_vllm_signals_are_the_engines_own() -> None:
     signals = parse_signals(VLLM_METRICS)
@@ -78,10 +79,6 @@ def test_a_pod_without_usable_signals_reports_nothing(text: str) -> None:
     assert parse_signals(text) is None
 
 
-def pod(name: str = "p1") -> ReadyPod:
-    return ReadyPod(name=name, ip="10.0.0.1")
-
-
 def test_only_ready_pods_with_an_address_that_are_not_leaving_are_read() -> None:
     ready = {"type": "Ready", "status": "True"}
     body: dict[str, Any] = {"metadata": {"name": "p"}, "status": {"podIP": "10.1.2.3", "conditions": [ready]}}
@@ -92,10 +89,6 @@ def test_only_ready_pods_with_an_address_that_are_not_leaving_are_read() -> None
     assert ReadyPod.parse(leaving) is None
 
 
-def scraper(handler: Any) -> Autoscaler:
-    return Autoscaler(client=httpx.AsyncClient(transport=httpx.MockTransport(handler)), clock=lambda: 1_000_000.0)
-
-
 def test_an_endless_metrics_body_is_cut_off_not_read_whole() -> None:
     """A hostile pod answering with more than MAX_METRICS_BYTES gives no signals (and no memory blow-up)."""
     huge = b"servlane_runtime_in_flight 1\n" + b"#" * (MAX_METRICS_BYTES + 1)
@@ -103,35 +96,6 @@ def test_an_endless_metrics_body_is_cut_off_not_read_whole() -> None:
     assert asyncio.run(autoscaler.read([pod()])) == {}
     fine = scraper(lambda request: httpx.Response(200, text=RUNTIME_METRICS))
     assert set(asyncio.run(fine.read([pod()]))) == {"p1"}
-
-
-def model_body(spec: dict[str, Any], status: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {
-        "apiVersion": "servlane.dev/v1alpha1",
-        "kind": "AIModel",
-        "metadata": {"name": NAME, "namespace": NS, "uid": "uid-1", "generation": 1},
-        "spec": {"source": {"uri": "/models/tiny"}, "engine": "transformers", **spec},
-        "status": {"observedGeneration": 1, **(status or {})},
-    }
-
-
-def live_deployment(replicas: int) -> DeploymentView:
-    return DeploymentView(
-        generation=1,
-        observed_generation=1,
-        desired=replicas,
-        replicas=replicas,
-        ready=replicas,
-        updated=replicas,
-        available=replicas,
-        deadline_exceeded=False,
-    )
-
-
-@pytest.fixture
-def quiet_events(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("event", "info", "warn"):
-        monkeypatch.setattr(kopf, name, lambda *_args, **_kw: None)
 
 
 def run_pass(kube: FakeKube, body: dict[str, Any], autoscaler: Autoscaler, current: int, **kw: Any) -> Any:

@@ -15,8 +15,8 @@ from servlane_core.scaling import PodSignals, ScalingPolicy, ScalingState, decid
 from servlane_operator.autoscaler import autoscale
 from servlane_operator.observed import PodView
 from servlane_operator.settings import OperatorSettings
+from tests.support.autoscaling import IDLE_METRICS, live_deployment, model_body, pod, quiet_events, scraper
 from tests.unit.fake_kube import FakeKube
-from tests.unit.test_autoscaler import IDLE_METRICS, live_deployment, model_body, pod, quiet_events, scraper
 
 __all__ = ["quiet_events"]  # the fixture, used by name
 

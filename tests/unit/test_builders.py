@@ -22,7 +22,8 @@ from servlane_operator.settings import (
     DEFAULT_RUNTIME_IMAGE_GPU,
     OperatorSettings,
 )
-from tests.unit.conftest import CPU_IMAGE, GPU_IMAGE, make_model
+from tests.support.aimodels import make_model
+from tests.unit.conftest import CPU_IMAGE, GPU_IMAGE
 
 GPU_SPEC: dict[str, Any] = {
     "source": {"uri": "hf://meta-llama/Llama-3.1-8B-Instruct@main", "credentialsSecret": "hf-token"},

@@ -18,7 +18,7 @@ from servlane_api.conditions import CHILD_CONFLICT
 from servlane_operator import aimodel_reconciler
 from servlane_operator.builders.ownership import Ownership, child_actions, ownership
 from servlane_operator.settings import OperatorSettings
-from tests.unit.conftest import make_model
+from tests.support.aimodels import make_model
 from tests.unit.fake_kube import FakeKube
 
 UID = "uid-123"  # make_model's

@@ -13,9 +13,9 @@ from servlane_core.cold_start import breakdown, record_start
 from servlane_operator import aimodel_reconciler
 from servlane_operator.builders.deployment import build_deployment
 from servlane_operator.settings import OperatorSettings
-from tests.unit.conftest import make_model
+from tests.support.aimodels import make_model
+from tests.support.cold_start import STARTUP, pod, pulled
 from tests.unit.fake_kube import FakeKube
-from tests.unit.test_cold_start import STARTUP, pod, pulled
 
 
 def test_status_round_trips_through_the_aimodel_status() -> None:

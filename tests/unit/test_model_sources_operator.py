@@ -15,8 +15,9 @@ from servlane_operator.builders import build_deployment
 from servlane_operator.observed import PodView
 from servlane_operator.settings import OperatorSettings
 from servlane_operator.status import build_status, decide
-from tests.unit.conftest import CPU_IMAGE, make_model
-from tests.unit.test_status import dep
+from tests.support.aimodels import make_model
+from tests.support.status import dep
+from tests.unit.conftest import CPU_IMAGE
 
 REF = "registry.example.com/models/tiny-llama:v1"
 OCI_SPEC: dict[str, Any] = {"source": {"uri": f"oci://{REF}"}, "engine": "transformers", "resources": {"cpu": "2"}}

@@ -13,7 +13,7 @@ from servlane_operator.builders import build_network_policy, plan_children
 from servlane_operator.labels import GATEWAY_SELECTOR
 from servlane_operator.main import main as operator_main
 from servlane_operator.settings import OperatorSettings
-from tests.unit.conftest import make_model
+from tests.support.aimodels import make_model
 
 SPEC: dict[str, Any] = {"source": {"uri": "/models/tiny"}, "engine": "transformers", "resources": {"cpu": "2"}}
 GATEWAY_PODS = {"matchLabels": {"app.kubernetes.io/component": "gateway", "app.kubernetes.io/part-of": "servlane"}}

@@ -12,7 +12,7 @@ from servlane_api.aimodel import EnvVar
 from servlane_api.pod_env import RESERVED_ENV_NAMES
 from servlane_operator.builders import build_deployment
 from servlane_operator.settings import OperatorSettings
-from tests.unit.conftest import make_model
+from tests.support.aimodels import make_model
 
 SPEC: dict[str, Any] = {"source": {"uri": "/models/tiny"}, "engine": "transformers"}
 

@@ -18,7 +18,7 @@ from servlane_operator.builders import build_deployment
 from servlane_operator.builders.deployment import REPLACE_ALL, replaces_all_pods
 from servlane_operator.observed import DeploymentView
 from servlane_operator.settings import OperatorSettings
-from tests.unit.conftest import make_model
+from tests.support.aimodels import make_model
 from tests.unit.fake_kube import FakeKube
 
 CPU_SPEC: dict[str, Any] = {"source": {"uri": "/models/tiny"}, "engine": "transformers", "resources": {"cpu": "2"}}

@@ -10,8 +10,8 @@ from servlane_api.runtime_config import RuntimeConfig
 from servlane_api.runtime_exit import TERMINATION_LOG_ENV
 from servlane_cli.local_config import LocalRuntime
 from servlane_cli.supervised_runtime import SupervisedRuntime
+from tests.support.aimodels import make_model
 from tests.support.polling import wait_until
-from tests.unit.conftest import make_model
 
 CAUSE = "loading vllm engine from /m failed: EngineError: vLLM's engine core failed to start: ValueError: no room"
 

@@ -10,25 +10,11 @@ from servlane_api.aimodel import AIModelStatus
 from servlane_api.runtime_exit import ENGINE_DIED, MODEL_LOAD_FAILED
 from servlane_operator.observed import ContainerExit, DeploymentView, PodView
 from servlane_operator.status import build_status, decide
-from tests.unit.conftest import make_model
+from tests.support.aimodels import make_model
+from tests.support.status import dep
 
 MODEL = make_model({"source": {"uri": "/models/x"}, "resources": {"gpus": 4}})
 GPU_MESSAGE = "0/3 nodes are available: 1 node(s) didn't tolerate taint, 2 Insufficient nvidia.com/gpu."
-
-
-def dep(
-    desired: int = 2, ready: int = 2, updated: int = 2, gen: int = 1, observed: int = 1, **kw: Any
-) -> DeploymentView:
-    return DeploymentView(
-        generation=gen,
-        observed_generation=observed,
-        desired=desired,
-        replicas=desired,
-        ready=ready,
-        updated=updated,
-        available=ready,
-        deadline_exceeded=kw.get("deadline", False),
-    )
 
 
 def pod(name: str = "p", unschedulable: str | None = None, reason: str | None = None) -> PodView:

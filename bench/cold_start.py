@@ -54,7 +54,6 @@ import httpx
 import pytest
 
 from bench.machine_load import cpu_times, shares
-from e2e.conftest import real_cluster, real_node_images  # noqa: F401 (fixtures)
 from localcluster.cluster import LocalCluster, stop_process_groups
 from servlane_api.aimodel import AIModel
 from servlane_api.cold_start import STARTUP_PATH, RuntimeStartup
@@ -75,6 +74,7 @@ from tests.support.cluster_harness import (
 )
 from tests.support.polling import wait_until
 from tests.support.ports import free_port
+from tests.support.real_node import real_cluster, real_node_images  # noqa: F401 (fixtures)
 from tests.support.real_pods import (
     NODE_SELECTOR,
     describe_model,

@@ -41,12 +41,11 @@ from typing import Any
 import pytest
 
 from bench.machine_load import cpu_times, shares
-from e2e.conftest import real_cluster, real_node_images  # noqa: F401 (fixtures)
-from e2e.test_real_model_sources import NAMESPACE, cluster, kube, operator  # noqa: F401 (fixtures)
-from e2e.test_real_model_sources_hf import RUNTIME_UID, seed_hub_cache
 from localcluster.cluster import LocalCluster
 from tests.support.cluster_harness import RUNTIME_CPU_IMAGE, Kube
+from tests.support.model_sources import NAMESPACE, RUNTIME_UID, cluster, kube, operator, seed_hub_cache  # noqa: F401 (fixtures)
 from tests.support.polling import wait_until
+from tests.support.real_node import real_cluster, real_node_images  # noqa: F401 (fixtures)
 from tests.support.real_pods import NODE_SELECTOR, ModelRollout, delete_local_claim, gone, local_model_claim, pods
 from tests.support.s3_server import S3Server, running_s3_server
 

@@ -12,6 +12,7 @@ import os
 import pwd
 import secrets
 import shutil
+import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -24,6 +25,9 @@ import redis
 from localcluster.cluster import LocalCluster
 from localcluster.realnode import POD_SUBNET
 from tests.support.batch_databases import pg_bin
+from tests.support.cluster_harness import (
+    unavailable,
+)
 from tests.support.polling import wait_until
 from tests.support.ports import free_port
 
@@ -180,3 +184,16 @@ class HostPostgres:
 def private_directory(prefix: str) -> Path:
     """A temp dir of this run's own (mode 0700 but chown'd to postgres by HostPostgres when root)."""
     return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+def host_address() -> str:
+    """This machine's own non-loopback IPv4 address (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))
+            address = str(probe.getsockname()[0])
+        except OSError:
+            address = ""
+    if not address or address.startswith("127."):
+        unavailable("no non-loopback IPv4 address to serve the stub pods on")
+    return address

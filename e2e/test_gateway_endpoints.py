@@ -25,13 +25,13 @@ import pytest
 import uvicorn
 from kubernetes import client as kube_client
 
+from e2e.host_services import host_address
 from tests.support.cluster_harness import (
     ARTIFACTS,
     GROUP,
     VERSION,
     Kube,
     metrics_url_of,
-    unavailable,
     wait_until,
     watching_gateway,
 )
@@ -42,19 +42,6 @@ pytestmark = pytest.mark.e2e
 MODEL = "m"
 SERVICE = f"model-{MODEL}"  # the operator's Service name (servlane_operator.labels.child_name)
 SLICES = ("discovery.k8s.io", "v1")
-
-
-def host_address() -> str:
-    """This machine's own non-loopback IPv4 address (no packet is sent)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect(("192.0.2.1", 9))
-            address = str(probe.getsockname()[0])
-        except OSError:
-            address = ""
-    if not address or address.startswith("127."):
-        unavailable("no non-loopback IPv4 address to serve the stub pods on")
-    return address
 
 
 class Pod:

@@ -32,9 +32,9 @@ from kubernetes.client.exceptions import ApiException
 
 from e2e import test_canary_full as canary_full
 from e2e import test_namespaces
+from e2e.canary_stack import CPU_MODEL, RuntimeProcess, runtime_config
+from e2e.host_services import host_address
 from e2e.tenants import GatewayProcess, Team, answered_by, keys_file, new_key, openai_error, select
-from e2e.test_canary_full import CPU_MODEL, RuntimeProcess, runtime_config
-from e2e.test_gateway_endpoints import host_address
 from servlane_api import metric_names
 from tests.support.cluster_harness import ARTIFACTS, GROUP, VERSION, Kube, OperatorProcess, present, wait_until
 from tests.support.ports import free_port

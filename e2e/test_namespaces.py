@@ -25,8 +25,8 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from e2e import test_canary_full as canary_full
+from e2e.canary_stack import CPU_MODEL, MIN_REQUESTS, RuntimeProcess, rollout, runtime_config, wait_served
 from e2e.tenants import MODELS, GatewayProcess, Team, answered_by, keys_file, new_key, openai_error, select
-from e2e.test_canary_full import CPU_MODEL, MIN_REQUESTS, RuntimeProcess, rollout, runtime_config, wait_served
 from e2e.traffic import Load
 from servlane_api import metric_names
 from tests.support.cluster_harness import ARTIFACTS, Kube, OperatorProcess, dump_namespace, namespace_body, wait_until

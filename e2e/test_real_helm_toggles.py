@@ -36,11 +36,11 @@ from e2e.host_services import HostPostgres, HostRedis, expose, private_directory
 from localcluster.cluster import LocalCluster
 from servlane_gateway.response_cache import CACHE_HEADER, Entry
 from tests.support.cluster_harness import ARTIFACTS, GATEWAY_IMAGE, OPERATOR_IMAGE, RUNTIME_CPU_IMAGE, Kube
+from tests.support.helm_toggles import RELEASE, SYSTEM, TEAM, toggles_values
 from tests.support.helmtool import Helm
 from tests.support.polling import wait_until
 from tests.support.real_pods import (
     NODE,
-    NODE_SELECTOR,
     ModelRollout,
     delete_local_claim,
     describe_pods,
@@ -53,10 +53,8 @@ from tests.support.real_pods import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
-RELEASE, SYSTEM, TEAM = "servlane-toggles", "servlane-toggles-system", "team-toggles"
 DATA = "toggles-data"  # the namespace of the Services in front of the host's PostgreSQL and Redis
 SELECTOR = f"app.kubernetes.io/instance={RELEASE}"
-ABSENT_COLLECTOR = "http://otel-collector.observability.svc.cluster.local:4318"  # no such Service
 REDIS_SECRET, DATABASE_SECRET = "toggles-redis", "toggles-batch-database"
 # The chart's default key prefix: the release namespace and the gateway's name, so releases sharing a Redis
 # never share a budget or an answer.
@@ -68,25 +66,6 @@ CLAIM, MODEL, FEATURE = "models", "tiny", "chat"
 
 def digest(key: str) -> str:
     return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
-
-
-def toggles_values(key_digest: str) -> dict[str, Any]:
-    """Every toggle that needs no server of its own (also run by tests/images/test_gateway_image.py)."""
-    on_real_node = {"nodeSelector": NODE_SELECTOR}
-    return {
-        "operator": {"watchNamespaces": [TEAM], **on_real_node},
-        "gateway": {
-            "replicaCount": 1,
-            "workers": 2,
-            "service": {"type": "NodePort"},
-            "podDisruptionBudget": {"enabled": False},
-            "console": {"enabled": True},
-            "apiKeys": {"entries": [{"name": "team-toggles", "key": key_digest}]},
-            **on_real_node,
-        },
-        "tracing": {"enabled": True, "otlpEndpoint": ABSENT_COLLECTOR, "samplingRatio": 1.0},
-        "networkPolicy": {"enabled": True},
-    }
 
 
 def with_shared_stores(values: dict[str, Any], limited_digest: str, redis_host: str) -> dict[str, Any]:

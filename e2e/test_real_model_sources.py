@@ -19,15 +19,16 @@ import pytest
 
 from localcluster.cluster import LocalCluster
 from servlane_api.runtime_config import ENV_VAR
+from tests.support import model_sources
 from tests.support.cluster_harness import (
     ARTIFACTS,
     GROUP,
-    RUNTIME_CPU_IMAGE,
     VERSION,
     Kube,
     OperatorProcess,
     watching_gateway,
 )
+from tests.support.model_sources import NAMESPACE
 from tests.support.polling import wait_until
 from tests.support.real_pods import (
     ModelRollout,
@@ -36,15 +37,17 @@ from tests.support.real_pods import (
     gone,
     local_model_claim,
     model_on_the_real_node,
-    operator_process,
     pod_log,
     pods,
-    real_node_kube,
 )
+
+# The real node's cluster, admin client and operator for these tests (bench/model_sources.py uses them too).
+cluster = model_sources.cluster
+kube = model_sources.kube
+operator = model_sources.operator
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
-NAMESPACE = "model-sources-e2e"
 CLAIM = "tiny-models"
 ROOT = Path(__file__).resolve().parents[1]
 # A registry name that resolves nowhere (.test is reserved): the image is in the node's containerd or nowhere.
@@ -54,23 +57,6 @@ READY_DEADLINE_SECONDS = 600
 # Issue #31: a source that cannot be had is named on the AIModel within 30 s.
 NAMED_WITHIN_SECONDS = 30
 RESOURCES = {"cpu": "1500m", "memory": "4Gi"}
-
-
-@pytest.fixture(scope="module")
-def cluster(real_cluster: LocalCluster, real_node_images: list[str]) -> LocalCluster:
-    assert RUNTIME_CPU_IMAGE in real_node_images
-    return real_cluster
-
-
-@pytest.fixture(scope="module")
-def kube(cluster: LocalCluster) -> Kube:
-    return real_node_kube(cluster, NAMESPACE)
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: LocalCluster, kube: Kube) -> Iterator[OperatorProcess]:
-    with operator_process(cluster, kube, "operator") as process:
-        yield process
 
 
 @pytest.fixture(scope="module")

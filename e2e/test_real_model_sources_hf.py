@@ -10,10 +10,8 @@ operator, models from a `pvc://` claim). Root, the real node's binaries and our 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +31,7 @@ from tests.support.cluster_harness import (
     OperatorProcess,
     watching_gateway,
 )
+from tests.support.model_sources import RUNTIME_UID, seed_hub_cache
 from tests.support.polling import wait_until
 from tests.support.real_pods import (
     NODE_SELECTOR,
@@ -54,7 +53,6 @@ NAMESPACE = "model-sources-hf-e2e"
 HUB_CLAIM = "hub-cache"  # the pre-seeded Hugging Face cache, mounted as the model cache
 MODELS_CLAIM = "tiny-models"  # a plain folder of models, for pvc://
 REPO_ID = "servlane-e2e/tiny-llama"
-RUNTIME_UID = 10001  # the runtime image's user: a cache volume is its to write
 READY_DEADLINE_SECONDS = 600
 NAMED_WITHIN_SECONDS = 30  # issue #31: a source that cannot be had is named on the AIModel within 30 s
 OFFLINE = [{"name": "HF_HUB_OFFLINE", "value": "1"}]
@@ -83,25 +81,6 @@ def gateway(kube: Kube, operator: OperatorProcess) -> Iterator[str]:
     ARTIFACTS.mkdir(exist_ok=True)
     with watching_gateway(kube, "gateway-model-sources-hf.log", "--namespaces", NAMESPACE) as url:
         yield url + "/v1"
-
-
-def seed_hub_cache(root: Path, repo_id: str, model: Path) -> Path:
-    """What `huggingface-cli download <repo_id> --cache-dir <root>` leaves: each file a blob named by its digest,
-    the snapshot of a commit made of relative links to the blobs, refs/main naming the commit. Returns the
-    snapshot's path relative to `root`."""
-    repo = root / f"models--{repo_id.replace('/', '--')}"
-    files = sorted(p for p in model.iterdir() if p.is_file())
-    digests = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
-    commit = hashlib.sha1(json.dumps(digests, sort_keys=True).encode()).hexdigest()
-    snapshot = repo / "snapshots" / commit
-    (repo / "blobs").mkdir(parents=True)
-    snapshot.mkdir(parents=True)
-    (repo / "refs").mkdir()
-    for p in files:
-        shutil.copyfile(p, repo / "blobs" / digests[p.name])
-        (snapshot / p.name).symlink_to(Path("..") / ".." / "blobs" / digests[p.name])
-    (repo / "refs" / "main").write_text(commit)
-    return snapshot.relative_to(root)
 
 
 def files_under(root: Path) -> dict[str, int]:

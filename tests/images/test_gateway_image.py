@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e.test_real_helm_toggles import RELEASE, SYSTEM, toggles_values
 from tests.images.harness import Container, built_image, pod_run_args, python_in, unavailable
 from tests.support.gateway_harness import aimodel
+from tests.support.helm_toggles import RELEASE, SYSTEM, toggles_values
 from tests.support.helmtool import Helm, HelmUnavailable, find_helm, one
 from tests.support.ports import free_port
 

@@ -1,0 +1,112 @@
+"""A canary on a local stack: runtime processes on the tiny CPU model, their config, the rollout steps and
+analysis, and waiting until a model answers the load."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from e2e.traffic import Load
+from localcluster.cluster import stop_process_groups
+from servlane_api.runtime_config import RuntimeConfig
+from tests.support.cluster_harness import wait_until
+from tests.support.ports import free_port
+
+CPU_MODEL: dict[str, Any] = {"source": {"uri": "/models/tiny"}, "engine": "transformers", "resources": {"cpu": "1"}}
+STEPS = [25, 50, 100]
+MIN_REQUESTS = 3
+WARM_UP_REQUESTS = 5
+ANALYSIS = {"maxErrorRate": 0.1, "minRequests": MIN_REQUESTS}
+
+
+class RuntimeProcess:
+    """`python -m servlane_runtime` on a fixed loopback port, so it can be killed and started again there."""
+
+    def __init__(self, config: RuntimeConfig, workdir: Path) -> None:
+        self.port = free_port()
+        # /metrics on a port of its own (the API port has none), free here: several runtimes share the machine.
+        self.config = config.model_copy(update={"host": "127.0.0.1", "port": self.port, "metrics_port": free_port()})
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, **config_changes: Any) -> RuntimeProcess:
+        config = self.config.model_copy(update=config_changes)
+        path = self.workdir / f"runtime-{config.served_model_name}.json"
+        path.write_text(config.to_env_value())
+        with (self.workdir / f"runtime-{config.served_model_name}.log").open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "servlane_runtime", "--config", str(path)],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            )  # fmt: skip
+        return self
+
+    def ready_state(self) -> str | None:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"runtime {self.config.served_model_name} exited with {self.proc.returncode}")
+        try:
+            return str(httpx.get(self.base_url + "/ready", timeout=2).json()["status"])
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def wait(self, state: str, timeout: float = 120) -> None:
+        wait_until(f"runtime {self.config.served_model_name} {state}", lambda: self.ready_state() == state, timeout)
+
+    def warm_up(self, requests: int = WARM_UP_REQUESTS) -> None:
+        """A few chats straight to the runtime, so neither version is judged on its cold first requests: the
+        runtime's own warm-up is one token, and its next few chats are still several times slower (seconds
+        on a busy machine), which a 3 s window's p95 of a dozen canary requests would compare with a stable
+        that has long been serving, and roll a healthy canary back (maxP95RatioToStable)."""
+        name = self.config.served_model_name
+        body = {"model": name, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 3}
+        with httpx.Client(base_url=self.base_url, timeout=60, trust_env=False) as http:
+            for _ in range(requests):
+                http.post("/v1/chat/completions", json=body).raise_for_status()
+
+    def wait_exit(self, timeout: float = 60) -> int:
+        proc = self.proc
+        assert proc is not None
+        wait_until(f"runtime {self.config.served_model_name} to exit", lambda: proc.poll() is not None, timeout)
+        return proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL, as an OOM kill or a crash would: no graceful shutdown."""
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            stop_process_groups([self.proc.pid], timeout=15)
+            self.proc.wait(timeout=5)
+        self.proc = None
+
+
+def runtime_config(model_dir: Path, name: str) -> RuntimeConfig:
+    return RuntimeConfig(model_source=str(model_dir), served_model_name=name, engine="transformers", max_in_flight=4)
+
+
+def wait_served(load: Load, model: str, since: float = 0, count: int = 5, timeout: float = 30) -> None:
+    """Until `model` has answered `count` requests started after `since`; the failure names what clients got."""
+    try:
+        wait_until(f"{model} answers chat", lambda: answered_by(load, model, since, count), timeout=timeout)
+    except AssertionError as exc:
+        seen = Counter(o.model or f"error {o.error}" for o in load.answered_since(since))
+        raise AssertionError(f"{exc}; clients got: {dict(seen)}") from None
+
+
+def answered_by(load: Load, model: str, since: float, count: int = 5) -> bool:
+    return sum(1 for o in load.answered_since(since) if o.model == model) >= count
+
+
+def rollout(interval: str) -> dict[str, Any]:
+    return {"steps": STEPS, "interval": interval, "analysis": ANALYSIS}

@@ -8,6 +8,8 @@ import secrets
 import socket
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,10 +17,11 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from localcluster.cluster import stop_process_groups
-from tests.support.cluster_harness import ROOT, Kube, wait_until
+from tests.support.cluster_harness import ARTIFACTS, ROOT, Kube, dump_namespace, namespace_body, wait_until
 from tests.support.ports import free_port
 from tests.support.raw_http import read_response_head
 
@@ -174,3 +177,19 @@ def select(samples: Samples, **labels: str) -> Samples:
     """The samples whose labels include all of `labels`."""
     wanted = set(labels.items())
     return {key: value for key, value in samples.items() if wanted <= key}
+
+
+@pytest.fixture(scope="module")
+def teams(request: pytest.FixtureRequest, crds: Kube) -> Iterator[tuple[Team, Team]]:
+    suffix = uuid.uuid4().hex[:6]
+    pair = (Team(f"team-a-{suffix}", "a", new_key()), Team(f"team-b-{suffix}", "b", new_key()))
+    failures = request.session.testsfailed
+    for team in pair:
+        crds.core.create_namespace(namespace_body(team.namespace))
+    try:
+        yield pair
+    finally:
+        for team in pair:
+            if request.session.testsfailed != failures:
+                dump_namespace(crds, team.namespace, ARTIFACTS / "dumps" / team.namespace)
+            crds.core.delete_namespace(team.namespace)

@@ -30,8 +30,7 @@ import pytest
 from kubernetes import client as kube_client
 from kubernetes.client.exceptions import ApiException
 
-from e2e import test_canary_full as canary_full
-from e2e import test_namespaces
+from e2e import canary_stack, tenants
 from e2e.canary_stack import CPU_MODEL, RuntimeProcess, runtime_config
 from e2e.host_services import host_address
 from e2e.tenants import GatewayProcess, Team, answered_by, keys_file, new_key, openai_error, select
@@ -42,8 +41,8 @@ from tests.support.ports import free_port
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 # Other modules' fixtures, instantiated for this one: the tiny model, and the two teams' namespaces.
-model_dir = canary_full.model_dir
-teams = test_namespaces.teams
+model_dir = canary_stack.model_dir
+teams = tenants.teams
 
 BOTH_TEAMS_KEY = new_key()  # a key whose scopes name both namespaces: a plain name both hold is ambiguous
 MAX_FILE_BYTES = 64 * 1024  # the Batch API's cap per uploaded file

@@ -2,7 +2,7 @@
 `chat`, under the same names. No request, metric, limit or canary verdict crosses between them, and an
 attempt to take over the other team's names is refused or logged, never effective.
 
-The same real pieces as e2e/test_canary_full.py (its fixtures and helpers are imported): the local control
+The same real pieces as e2e/test_canary_full.py (the fixtures and helpers of e2e/canary_stack.py): the local control
 plane, a real Prometheus scraping the gateway, the operator reading it, real runtime processes serving the
 tiny Llama behind --endpoint-override, and load from the official `openai` client. The gateway watches the
 whole cluster, as the chart runs it by default, with team-a as its only serving namespace: a plain `chat`
@@ -16,7 +16,6 @@ namespaces (plain names held by both are ambiguous for a key without namespaces:
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,22 +23,23 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from e2e import test_canary_full as canary_full
+from e2e import canary_stack, tenants
 from e2e.canary_stack import CPU_MODEL, MIN_REQUESTS, RuntimeProcess, rollout, runtime_config, wait_served
 from e2e.tenants import MODELS, GatewayProcess, Team, answered_by, keys_file, new_key, openai_error, select
 from e2e.traffic import Load
 from servlane_api import metric_names
-from tests.support.cluster_harness import ARTIFACTS, Kube, OperatorProcess, dump_namespace, namespace_body, wait_until
+from tests.support.cluster_harness import ARTIFACTS, Kube, OperatorProcess, wait_until
 from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-# test_canary_full's module fixtures, instantiated for this module: the tiny model, a Prometheus scraping
+# The canary stack's module fixtures, instantiated for this module: the tiny model, a Prometheus scraping
 # `gateway_port` (our `workdir` holds its data), and the operator reading that Prometheus.
-model_dir = canary_full.model_dir
-gateway_port = canary_full.gateway_port
-prometheus = canary_full.prometheus
-canary_operator = canary_full.canary_operator
+model_dir = canary_stack.model_dir
+gateway_port = canary_stack.gateway_port
+prometheus = canary_stack.prometheus
+canary_operator = canary_stack.canary_operator
+teams = tenants.teams  # the two teams' namespaces (test_hostile_tenants.py uses them too)
 
 OPS_KEY = new_key()  # an operator's key without scopes: may call everything
 A_BATCH_KEY = new_key()  # team-a's second key: the same budget for team-a's features
@@ -51,22 +51,6 @@ def workdir() -> Path:
     path = ARTIFACTS / "namespaces"
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-@pytest.fixture(scope="module")
-def teams(request: pytest.FixtureRequest, crds: Kube) -> Iterator[tuple[Team, Team]]:
-    suffix = uuid.uuid4().hex[:6]
-    pair = (Team(f"team-a-{suffix}", "a", new_key()), Team(f"team-b-{suffix}", "b", new_key()))
-    failures = request.session.testsfailed
-    for team in pair:
-        crds.core.create_namespace(namespace_body(team.namespace))
-    try:
-        yield pair
-    finally:
-        for team in pair:
-            if request.session.testsfailed != failures:
-                dump_namespace(crds, team.namespace, ARTIFACTS / "dumps" / team.namespace)
-            crds.core.delete_namespace(team.namespace)
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +124,7 @@ def gateway(
     a, _ = served
     args = ["--serving-namespaces", a.namespace, "--keys-file", str(keys), *overrides]
     # The metrics port the module's Prometheus scrapes (test_canary_full's).
-    metrics_port = canary_full.metrics_port_of(gateway_port)
+    metrics_port = canary_stack.metrics_port_of(gateway_port)
     started = GatewayProcess.start(kube, gateway_port, workdir / "gateway.log", args, metrics_port=metrics_port)
     yield started
     started.stop()

@@ -1,6 +1,6 @@
 """Our runtime (vllm and transformers engines) against vLLM's own OpenAI server, side by side.
 
-All three serve the same tiny Llama (tests/fixtures) on loopback and stay up for the whole run.
+All three serve the same tiny Llama (tests/support/models.py) on loopback and stay up for the whole run.
 Each measurement is a batch of streaming chat completions (MAX_TOKENS tokens each, ignore_eos)
 at 1, 8 or 32 concurrent streams. Batches are interleaved: every round runs each concurrency on
 every target, rotating the target order per round, so background load on a shared machine falls on

@@ -123,7 +123,7 @@ def gateway(
     """The gateway Prometheus scrapes: plain names resolve in team-a only, no limits."""
     a, _ = served
     args = ["--serving-namespaces", a.namespace, "--keys-file", str(keys), *overrides]
-    # The metrics port the module's Prometheus scrapes (test_canary_full's).
+    # The metrics port the module's Prometheus scrapes (e2e/canary_stack.py's).
     metrics_port = canary_stack.metrics_port_of(gateway_port)
     started = GatewayProcess.start(kube, gateway_port, workdir / "gateway.log", args, metrics_port=metrics_port)
     yield started

@@ -1,8 +1,8 @@
 """The canary controller of standalone mode: the operator's rollout plan, fed from local state.
 
-Same calls as the operator's reconcile_feature: read the gateway's metrics only when an analysis is
-due, then `plan()`. What differs is only the I/O: status lives in memory (and the state file) instead
-of the API server, events go to the log, and `generation` counts spec changes seen in the manifests.
+The same pass as the operator's reconcile_feature (servlane_core.rollout.rollout_pass). What differs is
+only the I/O: status lives in memory (and the state file) instead of the API server, events go to the
+log, and `generation` counts spec changes seen in the manifests.
 """
 
 from __future__ import annotations
@@ -15,14 +15,8 @@ from datetime import datetime
 from servlane_api.aifeature import AIFeature, AIFeatureStatus
 from servlane_core.rollout import (
     ROLLOUT_ANNOTATION,
-    MetricsOutage,
     MetricsReader,
-    MetricsUnavailableError,
-    WindowMetrics,
-    analysis_due,
-    analysis_window_seconds,
-    models_to_measure,
-    plan,
+    rollout_pass,
 )
 
 log = logging.getLogger(__name__)
@@ -54,19 +48,13 @@ class FeatureController:
     async def step(self, models_ready: Mapping[str, bool], reader: MetricsReader, now: datetime) -> bool:
         """One pass of the rollout; True when the status changed."""
         spec, status, name = self.feature.spec, self.status, self.feature.name
-        min_window = reader.min_window_seconds
-        metrics: WindowMetrics | MetricsOutage | None = None
-        if analysis_due(spec, status, now, min_window):
-            try:
-                window = analysis_window_seconds(spec.rollout, min_window)
-                metrics = await reader.read(self.feature.namespace, name, models_to_measure(status), window)
-            except MetricsUnavailableError as exc:
-                log.warning("canary metrics for %s unavailable: %s", name, exc)
-                metrics = MetricsOutage(str(exc))
         annotations = self._annotations()
-        result = plan(
-            spec, status, models_ready, metrics, now, annotations, self.generation, min_window_seconds=min_window
+        outcome = await rollout_pass(
+            self.feature.namespace, name, spec, status, models_ready, reader, now, annotations, self.generation
         )
+        if outcome.metrics_outage is not None:
+            log.warning("canary metrics for %s unavailable: %s", name, outcome.metrics_outage)
+        result = outcome.plan
         if result.consumed_annotation is not None:
             self.consumed_command = annotations[result.consumed_annotation]
         for event in result.events:

@@ -17,16 +17,10 @@ from servlane_api.aifeature import AIFeature, AIFeatureStatus, FeaturePhase
 from servlane_api.aimodel import AIModelSpec
 from servlane_api.targets import parse_target
 from servlane_core.rollout import (
-    MetricsOutage,
     MetricsReader,
-    MetricsUnavailableError,
-    WindowMetrics,
-    analysis_due,
-    analysis_window_seconds,
     combine_overrides,
-    models_to_measure,
-    plan,
     referenced_models,
+    rollout_pass,
 )
 from servlane_operator import operator_metrics
 from servlane_operator.kube import Kube
@@ -109,31 +103,26 @@ async def reconcile_feature(
     feature = parse_feature(body)
     spec, status = feature.spec, feature.status
     now = now or datetime.now(UTC)
-    min_window = reader.min_window_seconds
-    metrics: WindowMetrics | MetricsOutage | None = None
-    if analysis_due(spec, status, now, min_window):
-        try:
-            window = analysis_window_seconds(spec.rollout, min_window)
-            metrics = await reader.read(feature.namespace, feature.name, models_to_measure(status), window)
-        except MetricsUnavailableError as exc:
-            # Not only a log line: plan() records it in status, and the deadline acts on a long outage.
-            log.warning("canary metrics for %s/%s unavailable: %s", feature.namespace, feature.name, exc)
-            operator_metrics.CANARY_METRICS_UNAVAILABLE.labels(feature.namespace, feature.name).inc()
-            metrics = MetricsOutage(str(exc))
     ready = {name: target_ready(name, model) for name, model in models.items()}
     annotations = feature.metadata.get("annotations") or {}
     generation = int(feature.metadata.get("generation", 0))
-    result = plan(
+    outcome = await rollout_pass(
+        feature.namespace,
+        feature.name,
         spec,
         status,
         ready,
-        metrics,
+        reader,
         now,
         annotations,
         generation,
-        min_window_seconds=min_window,
         model_replicas=own_replicas(models),
     )
+    if outcome.metrics_outage is not None:
+        # Not only a log line: plan() records it in status, and the deadline acts on a long outage.
+        log.warning("canary metrics for %s/%s unavailable: %s", feature.namespace, feature.name, outcome.metrics_outage)
+        operator_metrics.CANARY_METRICS_UNAVAILABLE.labels(feature.namespace, feature.name).inc()
+    result = outcome.plan
 
     new_status = result.status
     patch = new_status.model_dump(by_alias=True, mode="json")
@@ -153,7 +142,7 @@ async def reconcile_feature(
             operator_metrics.PROGRESS_DEADLINE_EXCEEDED.labels(feature.namespace, feature.name, action).inc()
     if result.consumed_annotation is not None:
         await _remove_annotation(kube, feature, result.consumed_annotation)
-    operator_metrics.RECONCILES.labels("AIFeature", "analysis" if metrics is not None else "change", "ok").inc()
+    operator_metrics.RECONCILES.labels("AIFeature", "analysis" if outcome.analysed else "change", "ok").inc()
     operator_metrics.RECONCILE_SECONDS.labels("AIFeature").observe(time.perf_counter() - started)
     return new_status
 

@@ -24,6 +24,7 @@ from servlane_core.rollout.decide import (
     progress_deadline_seconds,
     referenced_models,
 )
+from servlane_core.rollout.rollout_pass import PassOutcome, rollout_pass
 from servlane_core.rollout.window import (
     MetricsOutage,
     MetricsReader,
@@ -38,6 +39,7 @@ __all__ = [
     "MetricsReader",
     "MetricsUnavailableError",
     "ModelWindow",
+    "PassOutcome",
     "ReplicaSplit",
     "RolloutEvent",
     "RolloutPlan",
@@ -51,5 +53,6 @@ __all__ = [
     "plan",
     "progress_deadline_seconds",
     "referenced_models",
+    "rollout_pass",
     "split_budget",
 ]

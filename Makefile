@@ -16,11 +16,12 @@ run:  ## install what serving needs, then serve the local example on http://127.
 test: setup lint  ## every test: unit, runtime, gateway, canary metrics, e2e on the local control plane
 	$(PY) -m pytest -q -p no:cacheprovider
 
-lint:  ## ruff, mypy strict, import-linter contracts, CRDs in sync with the models, the docs site (strict)
+lint:  ## ruff, mypy strict, import-linter contracts (product and tests), CRDs in sync with the models, the docs site (strict)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/lint-imports .importlinter-tests
 	$(VENV)/bin/servlane-gencrds --check crds charts/servlane/crds
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 

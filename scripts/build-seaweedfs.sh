@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds SeaweedFS's `weed` (the S3-compatible object store the s3:// model-source tests fetch from; see
-# tests/support/s3_server.py) into a cache outside the repo:
+# tests/fixtures/s3_server.py) into a cache outside the repo:
 #   weed   github.com/seaweedfs/seaweedfs/weed at the pseudo-version below (SeaweedFS 4.53), run by the tests as
 #          `weed server -s3`: master, volume server, filer and S3 gateway in one process on loopback. Used only
 #          by the tests, never shipped. Cold: about 12 minutes on 2 shared cores (710 s measured), 157 MB.

@@ -24,6 +24,8 @@ READY_PATH = "/ready"
 METRICS_PATH = "/metrics"
 MODEL_CACHE_DIR = "/var/cache/servlane"
 PVC_MOUNT_DIR = "/mnt/models"
+# Where an oci:// model image is mounted (an image volume, read-only): the image's root holds the model files.
+MODEL_IMAGE_DIR = "/mnt/model-image"
 # LoRA adapters: the list the runtime follows (a ConfigMap volume) and where pvc:// adapters are mounted.
 ADAPTERS_DIR = "/etc/servlane/adapters"
 ADAPTERS_FILE = f"{ADAPTERS_DIR}/adapters.json"

@@ -1,8 +1,9 @@
 """An AIModel as one local runtime process: the operator's own RuntimeConfig mapping, then local overrides.
 
-`build_runtime_config` is the operator's pure builder, so a manifest means the same engine, task and
-options here as in a cluster. Only where the process runs changes (loopback port, a user cache
-folder); fields that only a cluster can honour are named in a warning and otherwise ignored.
+`build_runtime_config` (servlane_api.runtime_contract) is what the operator writes into each pod, so a
+manifest means the same engine, task and options here as in a cluster. Only where the process runs
+changes (loopback port, a user cache folder); fields that only a cluster can honour are named in a
+warning and otherwise ignored.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from servlane_api.aimodel import AIModel, SourceKind
 from servlane_api.runtime_config import RuntimeConfig
-from servlane_operator.builders.deployment import build_runtime_config
+from servlane_api.runtime_contract import build_runtime_config
 
 # AIModelSpec fields that shape pods, not the runtime: meaningless for one local process.
 _CLUSTER_ONLY = {

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
 
 from servlane_api import AIFeature, AIModel
+from servlane_api.manifests import InvalidManifest, parse_feature, parse_model
 from servlane_gateway.sources import flatten_documents
 
 log = logging.getLogger(__name__)
@@ -100,19 +100,17 @@ def _add(out: Manifests, raw: dict[str, Any], file: Path) -> None:
     try:
         if kind == "AIModel":
             raw, create = _resolve_source(raw, file.parent)
-            model = AIModel.model_validate(raw)
+            model = parse_model(raw)
             if name in out.models:
                 raise ManifestError(f"{file}: AIModel {name!r} is defined twice")
             out.models[name] = ModelEntry(model, create)
         else:
-            feature = AIFeature.model_validate(raw)
+            feature = parse_feature(raw)
             if name in out.features:
                 raise ManifestError(f"{file}: AIFeature {name!r} is defined twice")
             out.features[name] = feature
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(map(str, error["loc"]))
-        raise ManifestError(f"{file}: {kind} {name!r}: {where}: {error['msg']}") from exc
+    except InvalidManifest as exc:
+        raise ManifestError(f"{file}: {kind} {name!r}: {exc.problem}") from exc
 
 
 def _resolve_source(raw: dict[str, Any], base: Path) -> tuple[dict[str, Any], bool]:

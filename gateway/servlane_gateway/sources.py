@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import yaml
-from pydantic import ValidationError
 
 from servlane_api import AIFeature, AIModel
+from servlane_api.manifests import InvalidManifest, parse_resource
 from servlane_core.routing.routes import RouteTable, build_route_table
 
 log = logging.getLogger(__name__)
@@ -46,15 +46,10 @@ def flatten_documents(documents: Iterable[Any]) -> list[dict[str, Any]]:
 
 def parse_object(obj: dict[str, Any]) -> AIFeature | AIModel | None:
     """The typed object of a raw one; None for another kind, or an invalid object (logged, never fatal)."""
-    kind = obj.get("kind")
     try:
-        if kind == "AIFeature":
-            return AIFeature.model_validate(obj)
-        if kind == "AIModel":
-            return AIModel.model_validate(obj)
-    except ValidationError as exc:
-        name = (obj.get("metadata") or {}).get("name")
-        log.warning("ignoring invalid %s %r: %s", kind, name, exc.errors()[0].get("msg"))
+        return parse_resource(obj)
+    except InvalidManifest as exc:
+        log.warning("ignoring %s", exc)
     return None
 
 

@@ -13,6 +13,7 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
+from servlane_api import manifests
 from servlane_api.aifeature import AIFeature, AIFeatureStatus, FeaturePhase
 from servlane_api.aimodel import AIModelSpec
 from servlane_api.targets import parse_target
@@ -31,9 +32,9 @@ FEATURE_PHASES = get_args(FeaturePhase)
 
 def parse_feature(body: Mapping[str, Any]) -> AIFeature:
     try:
-        return AIFeature.model_validate(dict(body))
-    except ValidationError as exc:
-        raise kopf.PermanentError(f"invalid AIFeature: {exc.errors()[0]['msg']}") from exc
+        return manifests.parse_feature(body)
+    except manifests.InvalidManifest as exc:
+        raise kopf.PermanentError(str(exc)) from exc
 
 
 def referenced(body: Mapping[str, Any]) -> set[str]:

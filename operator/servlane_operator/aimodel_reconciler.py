@@ -9,8 +9,8 @@ from typing import Any, cast, get_args
 
 import kopf
 from kubernetes.client.exceptions import ApiException
-from pydantic import ValidationError
 
+from servlane_api import manifests
 from servlane_api.aimodel import AIModel, Phase
 from servlane_api.conditions import CHILD_CONFLICT, now_rfc3339
 from servlane_operator import operator_metrics
@@ -33,10 +33,10 @@ def _body(body: Mapping[str, Any]) -> kopf.Body:
 
 def parse_model(body: Mapping[str, Any]) -> AIModel:
     try:
-        return AIModel.model_validate(dict(body))
-    except ValidationError as exc:
+        return manifests.parse_model(body)
+    except manifests.InvalidManifest as exc:
         # The CRD schema rejects most bad specs; what gets here cannot be fixed by retrying.
-        raise kopf.PermanentError(f"invalid AIModel: {exc.errors()[0]['msg']}") from exc
+        raise kopf.PermanentError(str(exc)) from exc
 
 
 def _status_body(

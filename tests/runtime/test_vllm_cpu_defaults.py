@@ -171,7 +171,7 @@ def test_stderr_tail_restores_stderr() -> None:
 
 
 def test_the_aimodel_setting_reaches_the_runtime_config() -> None:
-    from servlane_operator.builders.deployment import build_runtime_config
+    from servlane_api.runtime_contract import build_runtime_config
     from tests.support.aimodels import make_model
 
     spec = {"source": {"uri": "/models/tiny"}, "engine": "vllm", "engineOptions": {"cpuKVCacheGiB": 3}}

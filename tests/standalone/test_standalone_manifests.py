@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from servlane_api.runtime_contract import build_runtime_config
 from servlane_cli.local_config import local_runtime
 from servlane_cli.main import default_inputs
 from servlane_cli.manifests import ManifestError, files_signature, load_manifests
-from servlane_operator.builders.deployment import build_runtime_config
 from tests.standalone.standalone_harness import ai_feature, ai_model, write_manifests
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

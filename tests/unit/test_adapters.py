@@ -12,12 +12,12 @@ import pytest
 
 from servlane_api import AIFeature
 from servlane_api.runtime_config import ADAPTERS_FILE
+from servlane_api.runtime_contract import build_runtime_config
 from servlane_api.targets import Target, parse_target
 from servlane_core.routing.routes import build_route_table
 from servlane_operator.aifeature_reconciler import own_replicas, target_ready
 from servlane_operator.builders import build_deployment, plan_children
 from servlane_operator.builders.adapters import build_adapters_config_map
-from servlane_operator.builders.deployment import build_runtime_config
 from servlane_operator.settings import OperatorSettings
 from servlane_runtime.adapters import AdaptersFileError, parse_adapters, plan_changes
 from tests.support.aimodels import make_model

@@ -15,8 +15,8 @@ import pytest
 from pydantic import ValidationError
 
 from servlane_api.aimodel import AIModel, ModelSource
+from servlane_api.runtime_contract import build_runtime_config
 from servlane_api.s3_source import S3_ENDPOINT, S3_REGION, S3Options, S3Settings
-from servlane_operator.builders.deployment import build_runtime_config
 
 GOOD_ENDPOINTS = (
     "http://seaweedfs.storage:8333",

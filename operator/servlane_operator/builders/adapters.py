@@ -14,14 +14,11 @@ from typing import Any
 
 from servlane_api.aimodel import Adapter, AIModel
 from servlane_api.runtime_config import ADAPTER_PVC_DIR, ADAPTERS_DIR
+from servlane_api.runtime_contract import serves_adapters
 from servlane_operator.builders.common import child_metadata
 
 ADAPTERS_KEY = "adapters.json"
 ADAPTERS_VOLUME = "adapters"
-
-
-def serves_adapters(model: AIModel) -> bool:
-    return model.spec.adapters_enabled and model.spec.task.value == "generate"
 
 
 def source_in_pod(adapter: Adapter) -> str:

@@ -8,19 +8,19 @@ from typing import Any
 from servlane_api.aimodel import AIModel, AIModelSpec, SourceKind
 from servlane_api.pod_env import FIXED_POD_ENV
 from servlane_api.runtime_config import (
-    ADAPTERS_FILE,
     DEFAULT_METRICS_PORT,
     DEFAULT_PORT,
     ENV_VAR,
     HEALTH_PATH,
     MODEL_CACHE_DIR,
+    MODEL_IMAGE_DIR,
     PVC_MOUNT_DIR,
     READY_PATH,
     RuntimeConfig,
 )
-from servlane_api.s3_source import S3Settings
+from servlane_api.runtime_contract import build_runtime_config
 from servlane_core.scaling import autoscaled_replicas
-from servlane_operator.builders.adapters import adapter_volumes, serves_adapters
+from servlane_operator.builders.adapters import adapter_volumes
 from servlane_operator.builders.common import child_metadata
 from servlane_operator.labels import model_labels, selector_labels
 from servlane_operator.observed import DeploymentView
@@ -34,8 +34,6 @@ STARTUP_PERIOD_SECONDS = 1
 # Long enough for load balancers to stop sending new requests before SIGTERM reaches the runtime.
 PRESTOP_SLEEP_SECONDS = 10
 DRAIN_SECONDS = 90
-# Where an oci:// model image is mounted (an image volume, read-only): the image's root holds the model files.
-MODEL_IMAGE_DIR = "/mnt/model-image"
 
 
 def runtime_image(spec: AIModelSpec, settings: OperatorSettings) -> str:
@@ -44,42 +42,6 @@ def runtime_image(spec: AIModelSpec, settings: OperatorSettings) -> str:
     if spec.image:
         return spec.image
     return settings.runtime_image_gpu if spec.resources.gpus > 0 else settings.runtime_image_cpu
-
-
-def build_runtime_config(model: AIModel) -> RuntimeConfig:
-    """What the runtime serves: the operator/runtime contract, written into the pod as JSON."""
-    spec = model.spec
-    source = spec.source
-    if source.kind is SourceKind.PVC:
-        _, path = source.pvc_claim_and_path()
-        model_source = f"{PVC_MOUNT_DIR}/{path}".rstrip("/")
-    elif source.kind is SourceKind.OCI:
-        model_source = MODEL_IMAGE_DIR  # the kubelet has pulled and mounted it: nothing to fetch at start
-    else:
-        model_source = source.uri
-    options = spec.engine_options
-    return RuntimeConfig(
-        model_source=model_source,
-        s3=source.s3.settings() if source.s3 is not None else S3Settings(),
-        served_model_name=model.served_model_name,
-        engine=spec.engine.value,
-        task=spec.task.value,
-        dtype=options.dtype,
-        max_model_len=options.max_model_len,
-        gpu_memory_utilization=options.gpu_memory_utilization,
-        cpu_kv_cache_gib=options.cpu_kv_cache_gib,
-        quantization=options.quantization,
-        tool_call_parser=options.tool_call_parser,
-        tensor_parallel_size=max(1, spec.resources.gpus),
-        extra_args=list(options.extra_args),
-        adapters_enabled=serves_adapters(model),
-        max_adapters=options.max_adapters,
-        max_adapter_rank=options.max_adapter_rank,
-        adapters_file=ADAPTERS_FILE if serves_adapters(model) else None,
-        port=DEFAULT_PORT,
-        metrics_port=DEFAULT_METRICS_PORT,
-        cache_dir=MODEL_CACHE_DIR,
-    )
 
 
 def _replicas(model: AIModel, override: int | None) -> int:

@@ -1,0 +1,59 @@
+"""Reading a manifest into Servlane's types, one way for every process that reads them: the operator (from
+the API server), the gateway (from its watch or a file) and the CLI (`servlane serve`'s files).
+
+An invalid object is described as `<field path>: <what is wrong>` (pydantic's first error), so each
+reader can say it in its own place (a PermanentError, a log line, a CLI error) with the same words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+
+from servlane_api.aifeature import AIFeature
+from servlane_api.aimodel import AIModel
+
+_Resource = TypeVar("_Resource", AIModel, AIFeature)
+
+
+class InvalidManifest(ValueError):
+    def __init__(self, kind: str, name: str | None, problem: str) -> None:
+        super().__init__(f"invalid {kind} {name!r}: {problem}" if name else f"invalid {kind}: {problem}")
+        self.kind, self.name, self.problem = kind, name, problem
+
+
+def describe(exc: ValidationError) -> str:
+    """The first problem of a validation error as `field.path: message` (the message alone at the top)."""
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error.get("loc", ()))
+    return f"{where}: {error['msg']}" if where else str(error["msg"])
+
+
+def parse_model(raw: Mapping[str, Any]) -> AIModel:
+    """An AIModel from its manifest; raises InvalidManifest."""
+    return _parse(AIModel, raw)
+
+
+def parse_feature(raw: Mapping[str, Any]) -> AIFeature:
+    """An AIFeature from its manifest; raises InvalidManifest."""
+    return _parse(AIFeature, raw)
+
+
+def parse_resource(raw: Mapping[str, Any]) -> AIModel | AIFeature | None:
+    """The typed object of a manifest of one of our kinds, None for any other kind; raises InvalidManifest."""
+    kind = raw.get("kind")
+    if kind == "AIModel":
+        return parse_model(raw)
+    if kind == "AIFeature":
+        return parse_feature(raw)
+    return None
+
+
+def _parse(cls: type[_Resource], raw: Mapping[str, Any]) -> _Resource:
+    try:
+        return cls.model_validate(dict(raw))
+    except ValidationError as exc:
+        name = (raw.get("metadata") or {}).get("name")
+        raise InvalidManifest(cls.__name__, str(name) if name else None, describe(exc)) from exc

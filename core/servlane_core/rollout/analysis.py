@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from servlane_api.aifeature import Analysis, AnalysisResult
+from servlane_api.aifeature import Analysis, AnalysisResult, Rollout
 from servlane_core.rollout.window import MetricsOutage, ModelWindow, WindowMetrics
 
 Outcome = Literal["pass", "fail", "inconclusive"]
@@ -175,4 +175,42 @@ def _summary(
         f"{canary}; stable ({source}): {baseline.requests:.0f} requests, server errors {_rate(baseline.error_rate)}, "
         f"4xx {_rate(baseline.client_error_rate)}, p95 latency {_seconds(baseline.p95_latency_seconds)}, "
         f"TTFT {_seconds(baseline.p95_ttft_seconds)}"
+    )
+
+
+def analysis_record(
+    result: CheckResult,
+    verdict: str,
+    message: str,
+    now_text: str,
+    step: int,
+    canary: str,
+    rollout: Rollout,
+    metrics: WindowMetrics | MetricsOutage | None,
+) -> AnalysisResult:
+    """The check as status.analyses records it: the verdict plan() reached and both windows' numbers."""
+    window, stable = result.canary, result.stable
+    return AnalysisResult.model_validate(
+        {
+            "time": now_text,
+            "step": step,
+            "canary_model": canary,
+            "canary_weight": rollout.steps[step],
+            "verdict": verdict,
+            "outcome": result.outcome,
+            "window_seconds": metrics.window_seconds if isinstance(metrics, WindowMetrics) else None,
+            "canary_requests": round(window.requests) if window else 0,
+            "canary_error_rate": window.error_rate if window else None,
+            "canary_client_error_rate": window.client_error_rate if window else None,
+            "canary_failure_rate": result.failure_rate,
+            "canary_p95_ttft_seconds": window.p95_ttft_seconds if window else None,
+            "canary_p95_latency_seconds": window.p95_latency_seconds if window else None,
+            # This window's own stable numbers (not an earlier baseline): later windows may use them.
+            "stable_requests": round(stable.requests) if stable else 0,
+            "stable_error_rate": stable.error_rate if stable else None,
+            "stable_client_error_rate": stable.client_error_rate if stable else None,
+            "stable_p95_ttft_seconds": stable.p95_ttft_seconds if stable else None,
+            "stable_p95_latency_seconds": stable.p95_latency_seconds if stable else None,
+            "message": message,
+        }
     )

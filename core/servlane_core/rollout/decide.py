@@ -19,42 +19,58 @@ with a warning event when the rollout starts.
 
 With rollout.fixedGpuBudget the plan also decides status.replicaOverrides (budget.py), from the AIModels'
 own replica counts, so the controller only applies what the status says.
+
+The status under construction and the moves on it (start, step, promote, roll back) are in draft.py, the
+timing (window, deadline, next analysis, requeue) in schedule.py, the analysis record in analysis.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
-from servlane_api.aifeature import (
-    AIFeatureSpec,
-    AIFeatureStatus,
-    AnalysisResult,
-    FeaturePhase,
-    ModelReplicas,
-    Rollout,
-    WeightedModel,
-)
+from servlane_api.aifeature import AIFeatureSpec, AIFeatureStatus, ModelReplicas, Rollout, WeightedModel
 from servlane_api.conditions import Condition, merge_conditions
-from servlane_core.rollout.analysis import CheckResult, baseline_from_history, check_canary
+from servlane_core.rollout.analysis import analysis_record, baseline_from_history, check_canary
 from servlane_core.rollout.budget import budget_replicas
+from servlane_core.rollout.draft import (
+    Draft,
+    RolloutEvent,
+    anchor_view,
+    clear_canary,
+    enter_step,
+    promote,
+    rollback,
+    start_canary,
+)
 from servlane_core.rollout.feature_conditions import feature_conditions
+from servlane_core.rollout.schedule import (
+    IN_FLIGHT,
+    analysis_due,
+    analysis_window_seconds,
+    next_analysis_at,
+    progress_deadline_seconds,
+    requeue_after,
+)
 from servlane_core.rollout.timeutil import from_rfc3339, parse_duration, to_rfc3339
 from servlane_core.rollout.window import MetricsOutage, WindowMetrics
 
+__all__ = [
+    "ROLLOUT_ANNOTATION",
+    "RolloutEvent",
+    "RolloutPlan",
+    "analysis_due",
+    "analysis_window_seconds",
+    "models_to_measure",
+    "plan",
+    "progress_deadline_seconds",
+    "referenced_models",
+]
+
 ROLLOUT_ANNOTATION = "servlane.dev/rollout"
 HISTORY_LIMIT = 10
-WAITING_POLL_SECONDS = 10.0
-_IN_FLIGHT: tuple[FeaturePhase, ...] = ("Progressing", "Paused")
-
-
-@dataclass(frozen=True)
-class RolloutEvent:
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
 
 
 @dataclass(frozen=True)
@@ -67,48 +83,6 @@ class RolloutPlan:
     def status_patch(self) -> dict[str, object]:
         """The status for a merge patch: cleared fields are explicit nulls so the API server drops them."""
         return self.status.model_dump(by_alias=True, mode="json")
-
-
-@dataclass
-class _Draft:
-    """The status being built; mutable only inside one plan() call."""
-
-    phase: FeaturePhase | None
-    stable: str | None
-    canary: str | None
-    canary_weight: int | None
-    step_index: int | None
-    step_started_at: str | None
-    awaiting_since: str | None
-    failed_checks: int
-    rolled_back_model: str | None
-    rolled_back_generation: int | None
-    analyses: list[AnalysisResult]
-    events: list[RolloutEvent] = field(default_factory=list)
-    degraded: Condition | None = None
-    progressing: Condition | None = None  # replaces the derived Progressing condition (deadline, no verdict)
-
-    @classmethod
-    def of(cls, status: AIFeatureStatus) -> _Draft:
-        return cls(
-            phase=status.phase,
-            stable=status.stable_model,
-            canary=status.canary_model,
-            canary_weight=status.canary_weight,
-            step_index=status.step_index,
-            step_started_at=status.step_started_at,
-            awaiting_since=status.awaiting_verdict_since,
-            failed_checks=status.failed_checks or 0,
-            rolled_back_model=status.rolled_back_model,
-            rolled_back_generation=status.rolled_back_generation,
-            analyses=list(status.analyses),
-        )
-
-    def note(self, reason: str, message: str) -> None:
-        self.events.append(RolloutEvent("Normal", reason, message))
-
-    def warn(self, reason: str, message: str) -> None:
-        self.events.append(RolloutEvent("Warning", reason, message))
 
 
 def plan(
@@ -128,7 +102,7 @@ def plan(
     window the metric source can measure (the reader's min_window_seconds). `model_replicas`: the existing
     AIModels of the namespace with the replicas each asks for itself, from which a fixedGpuBudget rollout
     decides status.replicaOverrides (see budget.py); None: no AIModels to scale (standalone)."""
-    draft = _Draft.of(status)
+    draft = Draft.of(status)
     now_text = to_rfc3339(now)
     window = analysis_window_seconds(spec.rollout, min_window_seconds)
     consumed = ROLLOUT_ANNOTATION if ROLLOUT_ANNOTATION in annotations else None
@@ -149,26 +123,8 @@ def plan(
     new_status = _finalize(draft, spec, status, models_ready, now_text, generation)
     overrides = budget_replicas(spec, new_status, status, model_replicas or {})
     new_status.replica_overrides = [ModelReplicas(model=m, replicas=r) for m, r in overrides.items()]
-    requeue = _requeue_after(spec.rollout, new_status, now, window)
+    requeue = requeue_after(spec.rollout, new_status, now, window)
     return RolloutPlan(new_status, tuple(draft.events), consumed, requeue)
-
-
-def analysis_window_seconds(rollout: Rollout, min_window_seconds: float = 0.0) -> float:
-    """The time between two analyses, and the window each reads: the interval, or the source's minimum."""
-    return max(parse_duration(rollout.interval), min_window_seconds)
-
-
-def progress_deadline_seconds(rollout: Rollout, window_seconds: float) -> float:
-    """The spec's deadline, but never less than two analysis windows (one window may be a baseline)."""
-    return max(float(rollout.progress_deadline_seconds), 2 * window_seconds)
-
-
-def analysis_due(spec: AIFeatureSpec, status: AIFeatureStatus, now: datetime, min_window_seconds: float = 0.0) -> bool:
-    """Whether plan() will analyse metrics now: read them only then (the scrape reader's window is per call)."""
-    if spec.split is not None or status.phase not in _IN_FLIGHT or status.canary_model is None:
-        return False
-    due = _next_analysis_at(analysis_window_seconds(spec.rollout, min_window_seconds), status)
-    return due is not None and now >= due
 
 
 def referenced_models(spec: AIFeatureSpec, status: AIFeatureStatus) -> set[str]:
@@ -188,31 +144,31 @@ def models_to_measure(status: AIFeatureStatus) -> list[str]:
     return [m for m in (status.canary_model, status.stable_model) if m]
 
 
-def _fixed_split(draft: _Draft) -> None:
+def _fixed_split(draft: Draft) -> None:
     if draft.phase != "Split":
         draft.note("FixedSplit", "Traffic follows spec.split; no analysis.")
-    _clear_canary(draft, phase="Split")
+    clear_canary(draft, phase="Split")
     draft.stable = None
 
 
-def _follow_spec(draft: _Draft, target: str, generation: int, status: AIFeatureStatus) -> None:
+def _follow_spec(draft: Draft, target: str, generation: int, status: AIFeatureStatus) -> None:
     if draft.phase == "Split" or draft.stable is None:
         # From a fixed split, a model that already had traffic takes over; any other is a canary
         # against the split's largest share.
         previous = [w for w in status.weights if w.weight > 0] if draft.phase == "Split" else []
         if not previous or any(w.model == target for w in previous):
-            _clear_canary(draft, phase="Stable")
+            clear_canary(draft, phase="Stable")
             draft.stable = target
             draft.note("ModelSelected", f"{target} serves all traffic.")
         else:
-            _clear_canary(draft, phase="Stable")
+            clear_canary(draft, phase="Stable")
             draft.stable = max(previous, key=lambda w: w.weight).model
-            _start_canary(draft, target)
+            start_canary(draft, target)
         return
     if target == draft.stable:
         if draft.canary is not None:
             draft.note("RolloutCancelled", f"spec.model is back to {target}; canary {draft.canary} gets no traffic.")
-        _clear_canary(draft, phase="Stable")
+        clear_canary(draft, phase="Stable")
         return
     if target == draft.canary:
         return
@@ -220,13 +176,13 @@ def _follow_spec(draft: _Draft, target: str, generation: int, status: AIFeatureS
         return  # stays on the stable until the spec changes
     if draft.canary is not None:
         draft.note("CanaryReplaced", f"Canary {draft.canary} replaced by {target}.")
-    _start_canary(draft, target)
+    start_canary(draft, target)
 
 
 def _command(
-    draft: _Draft, command: str, rollout: Rollout, ready: Mapping[str, bool], now_text: str, generation: int
+    draft: Draft, command: str, rollout: Rollout, ready: Mapping[str, bool], now_text: str, generation: int
 ) -> None:
-    in_flight = draft.canary is not None and draft.phase in _IN_FLIGHT
+    in_flight = draft.canary is not None and draft.phase in IN_FLIGHT
     if command not in ("pause", "resume", "promote", "abort"):
         draft.warn("UnknownRolloutCommand", f"{ROLLOUT_ANNOTATION}={command!r}: use pause, resume, promote or abort.")
     elif command == "pause" and in_flight:
@@ -241,18 +197,18 @@ def _command(
         draft.note("RolloutResumed", f"Rollout of {draft.canary} resumed.")
     elif command == "promote" and in_flight and draft.canary is not None:
         if ready.get(draft.canary, False):
-            _promote(draft, f"Canary {draft.canary} promoted by {ROLLOUT_ANNOTATION}=promote.")
+            promote(draft, f"Canary {draft.canary} promoted by {ROLLOUT_ANNOTATION}=promote.")
         else:
             draft.warn("PromoteRefused", f"Canary {draft.canary} is not Ready; it cannot take all traffic.")
     elif command == "abort" and in_flight:
         message = f"Rollout of {draft.canary} aborted by {ROLLOUT_ANNOTATION}=abort; {draft.stable} serves all traffic."
-        _rollback(draft, "ManualAbort", message, generation)
+        rollback(draft, "ManualAbort", message, generation)
     else:
         draft.warn("RolloutCommandIgnored", f"Nothing to {command}: phase is {draft.phase}.")
 
 
 def _progress(
-    draft: _Draft,
+    draft: Draft,
     rollout: Rollout,
     ready: Mapping[str, bool],
     metrics: WindowMetrics | MetricsOutage | None,
@@ -262,17 +218,17 @@ def _progress(
     window: float,
 ) -> None:
     canary = draft.canary
-    if canary is None or draft.phase not in _IN_FLIGHT:
+    if canary is None or draft.phase not in IN_FLIGHT:
         return
     if draft.step_index is None:
         # Traffic moves only once the canary is Ready: until then the stable keeps everything.
         if draft.phase == "Progressing" and ready.get(canary, False):
-            _enter_step(draft, 0, rollout, now_text)
+            enter_step(draft, 0, rollout, now_text)
             draft.note("CanaryStep", f"Canary {canary} is Ready: {draft.canary_weight}% of traffic (step 1).")
         else:
             _check_deadline(draft, rollout, now, window, f"canary {canary} is not Ready", generation)
         return
-    due = _next_analysis_at(window, _anchor_view(draft))
+    due = next_analysis_at(window, anchor_view(draft))
     if due is None or now < due:
         _check_deadline(draft, rollout, now, window, _why_no_verdict(draft), generation)
         return
@@ -288,7 +244,7 @@ def _progress(
         if draft.failed_checks >= threshold:
             verdict = "rollback"
             message = f"Canary {canary} rolled back at {draft.canary_weight}%: {result.message}."
-            _rollback(draft, "AnalysisFailed", message, generation)
+            rollback(draft, "AnalysisFailed", message, generation)
         else:
             message = f"Check {draft.failed_checks}/{threshold} failed: {result.message}."
             draft.warn("AnalysisFailed", f"Canary {canary}: {message}")
@@ -302,27 +258,27 @@ def _progress(
             message = f"Canary {canary} is not Ready: holding at {draft.canary_weight}% ({result.message})."
         elif step >= len(rollout.steps) - 1:
             verdict = "promote"
-            _promote(draft, f"Canary {canary} promoted after the last step: {result.message}.")
+            promote(draft, f"Canary {canary} promoted after the last step: {result.message}.")
         else:
             verdict = "advance"
-            _enter_step(draft, step + 1, rollout, now_text)
+            enter_step(draft, step + 1, rollout, now_text)
             total = len(rollout.steps)
             draft.note("CanaryStep", f"Canary {canary} at {draft.canary_weight}% (step {step + 2}/{total}).")
     else:
         message = f"No verdict: {result.message}."
-    draft.analyses.append(_record(result, verdict, message, now_text, step, canary, rollout, metrics))
+    draft.analyses.append(analysis_record(result, verdict, message, now_text, step, canary, rollout, metrics))
     if verdict == "hold":
         _check_deadline(draft, rollout, now, window, message.removeprefix("No verdict: ").rstrip("."), generation)
 
 
-def _why_no_verdict(draft: _Draft) -> str:
+def _why_no_verdict(draft: Draft) -> str:
     last = draft.analyses[-1] if draft.analyses else None
     if last is not None and last.canary_model == draft.canary and last.verdict == "hold":
         return last.message.removeprefix("No verdict: ").rstrip(".")
     return "no analysis yet"
 
 
-def _check_deadline(draft: _Draft, rollout: Rollout, now: datetime, window: float, why: str, generation: int) -> None:
+def _check_deadline(draft: Draft, rollout: Rollout, now: datetime, window: float, why: str, generation: int) -> None:
     """Roll back or pause a Progressing rollout that has had no verdict for the progress deadline."""
     if draft.phase != "Progressing" or draft.canary is None or draft.awaiting_since is None:
         return
@@ -342,10 +298,10 @@ def _check_deadline(draft: _Draft, rollout: Rollout, now: datetime, window: floa
         return
     message = f"{stalled}. Rolled back: {draft.stable} serves all traffic."
     draft.warn("ProgressDeadlineExceeded", message)
-    _rollback(draft, "ProgressDeadlineExceeded", message, generation)
+    rollback(draft, "ProgressDeadlineExceeded", message, generation)
 
 
-def _warn_if_interval_raised(draft: _Draft, rollout: Rollout, window: float) -> None:
+def _warn_if_interval_raised(draft: Draft, rollout: Rollout, window: float) -> None:
     interval = parse_duration(rollout.interval)
     if window > interval:
         draft.warn(
@@ -355,114 +311,7 @@ def _warn_if_interval_raised(draft: _Draft, rollout: Rollout, window: float) -> 
         )
 
 
-def _record(
-    result: CheckResult,
-    verdict: str,
-    message: str,
-    now_text: str,
-    step: int,
-    canary: str,
-    rollout: Rollout,
-    metrics: WindowMetrics | MetricsOutage | None,
-) -> AnalysisResult:
-    window, stable = result.canary, result.stable
-    return AnalysisResult.model_validate(
-        {
-            "time": now_text,
-            "step": step,
-            "canary_model": canary,
-            "canary_weight": rollout.steps[step],
-            "verdict": verdict,
-            "outcome": result.outcome,
-            "window_seconds": metrics.window_seconds if isinstance(metrics, WindowMetrics) else None,
-            "canary_requests": round(window.requests) if window else 0,
-            "canary_error_rate": window.error_rate if window else None,
-            "canary_client_error_rate": window.client_error_rate if window else None,
-            "canary_failure_rate": result.failure_rate,
-            "canary_p95_ttft_seconds": window.p95_ttft_seconds if window else None,
-            "canary_p95_latency_seconds": window.p95_latency_seconds if window else None,
-            # This window's own stable numbers (not an earlier baseline): later windows may use them.
-            "stable_requests": round(stable.requests) if stable else 0,
-            "stable_error_rate": stable.error_rate if stable else None,
-            "stable_client_error_rate": stable.client_error_rate if stable else None,
-            "stable_p95_ttft_seconds": stable.p95_ttft_seconds if stable else None,
-            "stable_p95_latency_seconds": stable.p95_latency_seconds if stable else None,
-            "message": message,
-        }
-    )
-
-
-def _start_canary(draft: _Draft, target: str) -> None:
-    _clear_canary(draft, phase="Progressing")
-    draft.canary = target
-    draft.canary_weight = 0
-    draft.note("RolloutStarted", f"Canary {target} against stable {draft.stable}; traffic moves once it is Ready.")
-
-
-def _enter_step(draft: _Draft, index: int, rollout: Rollout, now_text: str) -> None:
-    draft.step_index = index
-    draft.canary_weight = rollout.steps[index]
-    draft.step_started_at = now_text
-    draft.awaiting_since = now_text
-
-
-def _promote(draft: _Draft, message: str) -> None:
-    draft.stable = draft.canary
-    _clear_canary(draft, phase="Stable")
-    draft.note("Promoted", message)
-
-
-def _rollback(draft: _Draft, reason: str, message: str, generation: int) -> None:
-    rolled_back = draft.canary
-    _clear_canary(draft, phase="RolledBack")
-    draft.rolled_back_model = rolled_back
-    draft.rolled_back_generation = generation
-    draft.degraded = Condition(type="Degraded", status="True", reason=reason, message=message)
-    draft.warn("RolledBack", message)
-
-
-def _clear_canary(draft: _Draft, phase: FeaturePhase) -> None:
-    draft.phase = phase
-    draft.canary = None
-    draft.canary_weight = None
-    draft.step_index = None
-    draft.step_started_at = None
-    draft.awaiting_since = None
-    draft.failed_checks = 0
-    draft.rolled_back_model = None
-    draft.rolled_back_generation = None
-
-
-def _anchor_view(draft: _Draft) -> AIFeatureStatus:
-    return AIFeatureStatus(
-        phase=draft.phase,
-        canary_model=draft.canary,
-        step_index=draft.step_index,
-        step_started_at=draft.step_started_at,
-        analyses=draft.analyses[-1:],
-    )
-
-
-def _next_analysis_at(window: float, status: AIFeatureStatus) -> datetime | None:
-    """One window after the step started or after the last analysis, whichever is later."""
-    if status.step_index is None or status.step_started_at is None:
-        return None
-    anchor = from_rfc3339(status.step_started_at)
-    if status.analyses:
-        anchor = max(anchor, from_rfc3339(status.analyses[-1].time))
-    return anchor + timedelta(seconds=window)
-
-
-def _requeue_after(rollout: Rollout, status: AIFeatureStatus, now: datetime, window: float) -> float | None:
-    if status.phase not in _IN_FLIGHT or status.canary_model is None:
-        return None
-    due = _next_analysis_at(window, status)
-    if due is None:
-        return WAITING_POLL_SECONDS
-    return max(1.0, (due - now).total_seconds())
-
-
-def _weights(draft: _Draft, spec: AIFeatureSpec) -> list[WeightedModel]:
+def _weights(draft: Draft, spec: AIFeatureSpec) -> list[WeightedModel]:
     if spec.split is not None:
         return [w for w in spec.split if w.weight > 0]
     if draft.stable is None:
@@ -473,7 +322,7 @@ def _weights(draft: _Draft, spec: AIFeatureSpec) -> list[WeightedModel]:
 
 
 def _finalize(
-    draft: _Draft,
+    draft: Draft,
     spec: AIFeatureSpec,
     old: AIFeatureStatus,
     ready: Mapping[str, bool],

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from servlane_api.aifeature import AIFeatureSpec, AIFeatureStatus
-from servlane_core.rollout.decide import RolloutPlan, analysis_due, analysis_window_seconds, models_to_measure, plan
+from servlane_core.rollout.decide import RolloutPlan, models_to_measure, plan
+from servlane_core.rollout.schedule import analysis_due, analysis_window_seconds
 from servlane_core.rollout.window import MetricsOutage, MetricsReader, MetricsUnavailableError, WindowMetrics
 
 

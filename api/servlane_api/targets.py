@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ADAPTER_SEPARATOR = ":"
-# An AIModel name (a DNS label), optionally `:` and an adapter name (servlane_api.aimodel.ADAPTER_NAME).
+# An AIModel name (a DNS label), optionally `:` and an adapter name (servlane_api.sources.ADAPTER_NAME).
 TARGET = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(:[a-z0-9]([-a-z0-9._]*[a-z0-9])?)?$"
 
 

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from servlane_api.aimodel import (
+from servlane_api.sources import (
     ADAPTER_SOURCE,
     CLAIM_TOO_LONG,
     RESERVED_BUCKET,

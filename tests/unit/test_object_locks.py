@@ -11,6 +11,9 @@ import pytest
 
 from servlane_operator import handlers
 from servlane_operator.context import OperatorContext
+from servlane_operator.indexes import Indexes
+from servlane_operator.lanes import Priority
+from servlane_operator.model_passes import apply_model
 from servlane_operator.object_locks import ObjectLocks
 from servlane_operator.settings import OperatorSettings
 from servlane_operator.written_status import WrittenStatuses
@@ -124,6 +127,11 @@ def pinned_by(replicas: int) -> dict[str, Any]:
     return feature(status)
 
 
+def resync(context: OperatorContext, indexes: dict[str, Any]) -> Any:
+    """The periodic resync's pass of the one model."""
+    return apply_model(context, Indexes(indexes), (NS, NAME), trigger="resync", priority=Priority.RESYNC)
+
+
 @pytest.fixture
 def quiet_events(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("event", "info", "warn"):
@@ -151,7 +159,7 @@ def test_a_resync_in_flight_cannot_undo_a_newer_pin_applied_meanwhile(monkeypatc
     a newer pass had applied the next pin. Each writer now holds the model and reads the pin inside."""
     kube = HeldKube()
     memo = OperatorContext.create(OperatorSettings(gateway_namespace="gw"), kube=kube)
-    monkeypatch.setattr(handlers, "start_periodic", lambda memo, kwargs: None)  # no loops in this test
+    monkeypatch.setattr(handlers, "start_loops", lambda context, indexes: None)  # no loops in this test
     indexes: dict[str, Any] = {
         "aimodels_by_key": {(NS, NAME): [model_body()]},
         "deployments_by_model": {},
@@ -160,7 +168,7 @@ def test_a_resync_in_flight_cannot_undo_a_newer_pin_applied_meanwhile(monkeypatc
     }
 
     async def scenario() -> None:
-        resync = asyncio.create_task(handlers.resync_model(model_body(), memo, indexes))
+        in_flight = asyncio.create_task(resync(memo, indexes))
         await asyncio.to_thread(kube.first_apply_started.wait, 10)
         indexes["aifeatures_by_namespace"] = {NS: [pinned_by(2)]}  # the rollout moved on meanwhile
         change_handler: Any = handlers.reconcile_model  # kopf's decorator types it as a handler
@@ -169,7 +177,7 @@ def test_a_resync_in_flight_cannot_undo_a_newer_pin_applied_meanwhile(monkeypatc
         )
         await asyncio.sleep(0.05)
         kube.let_first_apply_finish.set()
-        await asyncio.wait_for(asyncio.gather(resync, change), timeout=10)
+        await asyncio.wait_for(asyncio.gather(in_flight, change), timeout=10)
 
     asyncio.run(scenario())
     assert kube.objects[DEPLOYMENT]["spec"]["replicas"] == 2
@@ -189,5 +197,5 @@ def test_a_resync_reads_the_pin_this_process_wrote_when_the_feature_index_is_beh
         "pods_by_model": {},
         "aifeatures_by_namespace": {NS: [before_the_pin]},  # the watch has not brought the pin yet
     }
-    asyncio.run(handlers.resync_model(model_body(min_replicas=2), memo, indexes))
+    asyncio.run(resync(memo, indexes))
     assert kube.objects[DEPLOYMENT]["spec"]["replicas"] == 1

@@ -27,7 +27,7 @@ from servlane_gateway.console.recent import RequestLog
 from servlane_gateway.console.router import install_console
 from servlane_gateway.demand_lease import DemandSink, KubeDemandLease, NoDemand
 from servlane_gateway.endpoints import EndpointRouter, EndpointSliceSource, Services
-from servlane_gateway.forwarding import GatewayState, handle
+from servlane_gateway.forwarding import handle
 from servlane_gateway.gateway_metrics import GatewayMetrics
 from servlane_gateway.hold import HoldQueue
 from servlane_gateway.kube_watch import KubeRouteSource, own_namespace
@@ -38,6 +38,7 @@ from servlane_gateway.redis_limits import RedisLimiter
 from servlane_gateway.response_cache import CacheBudget
 from servlane_gateway.settings import GatewaySettings, plain_name_namespaces
 from servlane_gateway.sources import FileRouteSource, RouteSource, file_signature
+from servlane_gateway.state import GatewayState
 from servlane_gateway.upstream import UpstreamPool
 from servlane_web.errors import install_error_handlers
 from servlane_web.tracing import TracingMiddleware, start_tracing, stop_tracing

@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -34,34 +34,29 @@ from servlane_core.routing.defaults import apply_defaults
 from servlane_core.routing.endpoint_pick import PREFIX_AFFINITY
 from servlane_core.routing.picking import pick_backend
 from servlane_core.routing.prompt_prefix import prompt_prefix
-from servlane_core.routing.routes import Backend, Route, RouteTable
-from servlane_core.routing.sticky_share import StickyShareGuard
+from servlane_core.routing.routes import Backend, Route
 from servlane_core.routing.waking import waking_pick
-from servlane_gateway.access import KeyRing, route_for
-from servlane_gateway.cache_store import Leading, ResponseCacher
-from servlane_gateway.console.recent import RequestLog
-from servlane_gateway.endpoints import EndpointRouter, Lease
-from servlane_gateway.gateway_metrics import NONE, GatewayMetrics, exemplar
+from servlane_gateway.access import route_for
+from servlane_gateway.cache_store import Leading
+from servlane_gateway.endpoints import Lease
+from servlane_gateway.gateway_metrics import NONE, exemplar
 from servlane_gateway.held_stream import HeldStreamResponse
-from servlane_gateway.hold import HoldQueue
 from servlane_gateway.proxy import (
     CLIENT_GONE,
     COMPLETED,
     RelayResponse,
     StreamResult,
-    Timeouts,
     UpstreamTimeout,
     open_upstream,
     read_body,
 )
-from servlane_gateway.ratelimit import DEFAULT_RESERVED_COMPLETION_TOKENS, Hold, RateLimiter, estimate_tokens
-from servlane_gateway.redis_limits import RedisLimiter
+from servlane_gateway.ratelimit import Hold, estimate_tokens
 from servlane_gateway.response_cache import CACHE_HEADER, COALESCED, HIT, MISS, CacheKey, Caching, Entry, lookup_key
+from servlane_gateway.state import GatewayState
 from servlane_gateway.upstream import (
     UpstreamConnectError,
     UpstreamConnectTimeout,
     UpstreamError,
-    UpstreamPool,
     UpstreamResponse,
 )
 from servlane_web.client_watch import ClientGone, unless_client_leaves
@@ -78,28 +73,6 @@ STREAMING_ENDPOINTS = ("chat/completions", "completions")
 # Two: a second refusal in a row says more about the version than the pod, and ejection keeps dead pods
 # out of later picks.
 MAX_POD_ATTEMPTS = 2
-
-
-@dataclass
-class GatewayState:
-    """Everything a request needs; the route table and key ring are swapped whole on reload."""
-
-    metrics: GatewayMetrics
-    limiter: RateLimiter | RedisLimiter  # in this replica's memory, or shared through Redis (--redis-url)
-    timeouts: Timeouts
-    limits: RequestLimits
-    unavailable_retry_after: float
-    pool: UpstreamPool | None = None
-    table: RouteTable | None = None
-    keys: KeyRing = field(default_factory=KeyRing)
-    sticky_guard: StickyShareGuard = field(default_factory=StickyShareGuard)
-    # Reserved at admission for a completion without max_tokens (see ratelimit.estimate_tokens).
-    reserved_completion_tokens: int = DEFAULT_RESERVED_COMPLETION_TOKENS
-    cache: ResponseCacher | None = None  # deterministic answers, for the features that opt in
-    # Picks the pod of each attempt; without EndpointSlices it hands back the backend's Service URL.
-    endpoints: EndpointRouter = field(default_factory=EndpointRouter)
-    recent: RequestLog | None = None  # with the console on: its slow/failed requests and per-model rates
-    hold: HoldQueue | None = None  # requests waiting for a model with no ready pod; None: 503 at once
 
 
 @dataclass

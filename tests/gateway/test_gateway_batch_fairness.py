@@ -17,7 +17,7 @@ from servlane_gateway.batch import rules
 from servlane_gateway.batch.metrics import BatchMetrics
 from servlane_gateway.batch.store import Active, BatchStore, Claimed
 from servlane_gateway.batch.worker import BatchWorker
-from servlane_gateway.forwarding import GatewayState
+from servlane_gateway.state import GatewayState
 
 CHAT = "/v1/chat/completions"
 FAR = 10**12  # no batch expires during the test

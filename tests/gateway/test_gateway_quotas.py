@@ -37,6 +37,12 @@ def objects(upstreams: dict[str, Upstream]) -> list[dict[str, Any]]:
     return [aimodel("chat-v1", upstreams["v1"].url), aifeature("chat", [("chat-v1", 100)])]
 
 
+def in_memory(gw: Gateway) -> RateLimiter:
+    """The gateway's limiter, which these tests start in this replica's memory (it counts what it holds)."""
+    assert isinstance(gw.state.limiter, RateLimiter)
+    return gw.state.limiter
+
+
 def charged_usage(gw: Gateway) -> float:
     return gw.sample(m.TOKENS, feature="chat", model="chat-v1", kind="prompt") + gw.sample(
         m.TOKENS, feature="chat", model="chat-v1", kind="completion"
@@ -61,7 +67,7 @@ def test_a_stream_is_charged_though_the_client_did_not_ask_for_usage_and_never_s
     wait_until(
         "the usage charged", lambda: gw.sample(m.TOKENS, feature="chat", model="chat-v1", kind="completion") == 3, 10
     )
-    tokens_left = gw.state.limiter.tokens_left("feature", "default/chat")
+    tokens_left = in_memory(gw).tokens_left("feature", "default/chat")
     assert tokens_left == 600 - charged_usage(gw)  # the usage exactly: the reservation was reconciled
 
 
@@ -80,7 +86,7 @@ def test_a_stream_that_asked_for_usage_gets_the_usage_chunk_once(
     wait_until(
         "the usage charged", lambda: gw.sample(m.TOKENS, feature="chat", model="chat-v1", kind="completion") == 2, 10
     )
-    assert gw.state.limiter.tokens_left("feature", "default/chat") == 600 - charged_usage(gw)
+    assert in_memory(gw).tokens_left("feature", "default/chat") == 600 - charged_usage(gw)
 
 
 def test_a_client_that_closes_on_done_is_charged_and_counted_as_served(
@@ -130,7 +136,7 @@ def test_a_key_with_its_in_flight_cap_full_gets_429_with_retry_after(
         with released_at_end(upstreams["v1"]):
             held = [open_held(client, held_body, "sk-alpha-00000000000000000000000") for _ in range(2)]
             assert [r.status_code for r in held] == [200, 200]
-            assert gw.state.limiter.in_flight("key", "team-a") == 2
+            assert in_memory(gw).in_flight("key", "team-a") == 2
             third = client.post(
                 CHAT, json={"model": "chat", "messages": say("hi")}, headers=bearer("sk-alpha-00000000000000000000000")
             )
@@ -146,7 +152,7 @@ def test_a_key_with_its_in_flight_cap_full_gets_429_with_retry_after(
             assert other.status_code == 200  # another key's places are its own
         for response in held:
             assert events(response.finish())[-1] == "[DONE]"
-        wait_until("the streams to end", lambda: gw.state.limiter.in_flight("key", "team-a") == 0, 10)
+        wait_until("the streams to end", lambda: in_memory(gw).in_flight("key", "team-a") == 0, 10)
         again = client.post(
             CHAT, json={"model": "chat", "messages": say("hi")}, headers=bearer("sk-alpha-00000000000000000000000")
         )
@@ -173,7 +179,7 @@ def test_reservations_stop_concurrent_requests_overshooting_the_token_budget(
             # Each is admitted while the budget is not in debt: 1000 -> 1000-r -> 1000-2r -> 1000-3r < 0 (r ~ 420),
             # so the reservations overshoot by less than one of them. Without reserving, all 5 would be in flight.
             assert len(admitted) == 3
-            assert gw.state.limiter.tokens_left("feature", "default/chat") == 1000 - 3 * reserve
+            assert in_memory(gw).tokens_left("feature", "default/chat") == 1000 - 3 * reserve
             for refused in sent[3:]:
                 assert refused.status_code == 429
                 assert "tokens per minute for this feature" in refused.response.json()["error"]["message"]
@@ -187,7 +193,7 @@ def test_reservations_stop_concurrent_requests_overshooting_the_token_budget(
     # Each reservation was replaced by what the request used.
     wait_until(
         "the reservations reconciled",
-        lambda: gw.state.limiter.tokens_left("feature", "default/chat") == 1000 - charged_usage(gw),
+        lambda: in_memory(gw).tokens_left("feature", "default/chat") == 1000 - charged_usage(gw),
         10,
     )
 

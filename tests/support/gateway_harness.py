@@ -15,7 +15,7 @@ import uvicorn
 
 from servlane_core.routing.picking import pick_backend
 from servlane_core.routing.routes import Route, RouteTable
-from servlane_gateway.forwarding import GatewayState
+from servlane_gateway.state import GatewayState
 from tests.support.gateway_upstream import UpstreamState
 from tests.support.polling import wait_until
 

@@ -25,7 +25,7 @@ from servlane_core.protocol.errors import OpenAIError
 from servlane_gateway.batch import rules
 from servlane_gateway.batch.store import FILE_CHUNK, BatchStore, QuotaExceeded
 from servlane_gateway.batch.upload_form import UploadForm
-from servlane_gateway.forwarding import GatewayState
+from servlane_gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")

@@ -19,7 +19,7 @@ from servlane_gateway.batch.metrics import BatchMetrics
 from servlane_gateway.batch.routes import UPLOADS_AT_ONCE, UPLOADS_AT_ONCE_PER_KEY, batch_router
 from servlane_gateway.batch.store import BatchStore, redacted
 from servlane_gateway.batch.worker import BatchWorker
-from servlane_gateway.forwarding import GatewayState
+from servlane_gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
 FIRST_TRY_SECONDS = 15.0  # the most the gateway's start waits for its first try

@@ -24,7 +24,7 @@ from servlane_gateway.batch import rules
 from servlane_gateway.batch.metrics import BatchMetrics
 from servlane_gateway.batch.sender import send
 from servlane_gateway.batch.store import Active, BatchStore, Claimed, new_id
-from servlane_gateway.forwarding import GatewayState
+from servlane_gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF = 30.0

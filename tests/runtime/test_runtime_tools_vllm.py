@@ -112,7 +112,7 @@ def test_auto_calls_are_read_by_vllms_hermes_parser(tools_model_dir: Path) -> No
     require_vllm()
     from transformers import AutoTokenizer
 
-    from servlane_runtime.engines.vllm_engine import VllmToolParser, tool_parser_class
+    from servlane_runtime.engines.vllm_requests import VllmToolParser, tool_parser_class
 
     parser = VllmToolParser(tool_parser_class("hermes"), AutoTokenizer.from_pretrained(tools_model_dir))
     assert parser.start_marker == "<tool_call>"

@@ -25,7 +25,8 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from servlane_api.runtime_config import RuntimeConfig
 from servlane_runtime.engines.base import TokenLogprob
-from servlane_runtime.engines.vllm_engine import AMX_WORKER_EXTENSION, _logprobs
+from servlane_runtime.engines.vllm_args import AMX_WORKER_EXTENSION
+from servlane_runtime.engines.vllm_requests import token_logprobs
 from tests.support.polling import wait_until
 from tests.support.ports import free_port
 from tests.support.servers import InProcessServer, SubprocessServer
@@ -384,8 +385,8 @@ def test_top_logprobs_are_the_likeliest_even_when_the_sampled_token_is_not() -> 
         10: SimpleNamespace(logprob=-0.5, rank=1, decoded_token="a"),
         11: SimpleNamespace(logprob=-1.5, rank=2, decoded_token="b"),
     }
-    (outside,) = _logprobs([position], [40], 2)
+    (outside,) = token_logprobs([position], [40], 2)
     assert outside == TokenLogprob("s", -5.0, (("a", -0.5), ("b", -1.5)))
     inside = {10: position[10], 11: position[11]}  # the sampled token is the likeliest: two entries only
-    assert _logprobs([inside], [11], 2)[0].top == (("a", -0.5), ("b", -1.5))
-    assert _logprobs([position], [40], 0)[0].top == ()
+    assert token_logprobs([inside], [11], 2)[0].top == (("a", -0.5), ("b", -1.5))
+    assert token_logprobs([position], [40], 0)[0].top == ()

@@ -44,7 +44,7 @@ def test_vllm_reads_calls_with_the_configured_parser(tools_model_dir: Path) -> N
     require_vllm()
     from transformers import AutoTokenizer
 
-    from servlane_runtime.engines.vllm_engine import VllmToolParser, tool_parser_class
+    from servlane_runtime.engines.vllm_requests import VllmToolParser, tool_parser_class
 
     tokenizer = AutoTokenizer.from_pretrained(tools_model_dir)
     pythonic = VllmToolParser(tool_parser_class("pythonic"), tokenizer)

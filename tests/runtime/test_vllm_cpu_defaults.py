@@ -21,7 +21,7 @@ from servlane_runtime.engines.cpu_memory import (
     meminfo_bytes,
     weights_bytes,
 )
-from servlane_runtime.engines.vllm_engine import (
+from servlane_runtime.engines.vllm_args import (
     AMX_WORKER_EXTENSION,
     COMPILE_OFF_ENV,
     KV_CACHE_ENV,

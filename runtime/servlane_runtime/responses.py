@@ -1,0 +1,101 @@
+"""The OpenAI shapes of what an engine produced: a finished chat choice (its tool calls parsed), the
+streamed tool-call deltas, finish reasons, logprobs in the chat and the legacy completion shape, usage and
+base64 embeddings. Pure functions of the engine's output: serving decides when each is sent."""
+
+from __future__ import annotations
+
+import base64
+import struct
+from dataclasses import dataclass, field
+
+from servlane_core.protocol import openai as p
+from servlane_core.protocol.tools import OutputPlan, ParsedToolCall
+
+from .engines.base import TokenLogprob, ToolCallParser
+from .tool_calls import ChoiceOutput
+
+
+@dataclass
+class Choice:
+    text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+
+
+def token_usage(prompt_tokens: int, completion_tokens: int) -> p.Usage:
+    return p.Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+    )
+
+
+def chat_choice(
+    index: int, choice: Choice, plan: OutputPlan, parser: ToolCallParser | None, logprobs: p.ChoiceLogprobs | None
+) -> p.ChatChoice:
+    output = ChoiceOutput(plan, parser)
+    content = output.push(choice.text)
+    rest, calls = output.finish()
+    content += rest
+    message = p.AssistantMessage(
+        content=content or (None if calls else ""),
+        tool_calls=[
+            p.ResponseToolCall(
+                id=p.new_tool_call_id(), function=p.ResponseFunctionCall(name=c.name, arguments=c.arguments)
+            )
+            for c in calls
+        ]
+        or None,
+    )
+    return p.ChatChoice(
+        index=index, message=message, logprobs=logprobs, finish_reason=finish_reason(choice.finish_reason, calls)
+    )
+
+
+def finish_reason(reason: str | None, calls: list[ParsedToolCall]) -> str | None:
+    """`tool_calls` when the model stopped after calling tools (OpenAI's reason); a cut-off stays `length`."""
+    return "tool_calls" if calls and reason == "stop" else reason
+
+
+def tool_call_deltas(calls: list[ParsedToolCall]) -> list[p.DeltaToolCall]:
+    """OpenAI's streaming shape of each call: id, type and name first (arguments ""), then the arguments."""
+    pieces = []
+    for index, call in enumerate(calls):
+        head = p.DeltaFunctionCall(name=call.name, arguments="")
+        pieces.append(p.DeltaToolCall(index=index, id=p.new_tool_call_id(), type="function", function=head))
+        pieces.append(p.DeltaToolCall(index=index, function=p.DeltaFunctionCall(arguments=call.arguments)))
+    return pieces
+
+
+def chat_logprobs(items: list[TokenLogprob]) -> p.ChoiceLogprobs:
+    return p.ChoiceLogprobs(
+        content=[
+            p.TokenLogprobEntry(
+                token=t.token,
+                logprob=t.logprob,
+                bytes=list(t.token.encode()),
+                top_logprobs=[p.TopLogprob(token=s, logprob=v, bytes=list(s.encode())) for s, v in t.top],
+            )
+            for t in items
+        ]
+    )
+
+
+def completion_logprobs(items: list[TokenLogprob]) -> p.CompletionLogprobs:
+    """The legacy shape: `logprobs: k` gives the k likeliest and always the sampled token too, first, so up
+    to k + 1 entries (OpenAI's documented meaning, and what `vllm serve` returns)."""
+    offsets, at = [], 0
+    for t in items:
+        offsets.append(at)
+        at += len(t.token)
+    return p.CompletionLogprobs(
+        tokens=[t.token for t in items],
+        token_logprobs=[t.logprob for t in items],
+        top_logprobs=[{t.token: t.logprob, **dict(t.top)} for t in items],
+        text_offset=offsets,
+    )
+
+
+def base64_vector(vector: list[float]) -> str:
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()

@@ -71,13 +71,13 @@ def test_the_plan_loads_new_unloads_removed_and_reloads_moved_adapters() -> None
 
 def test_the_switch_never_runs_two_adapters_at_once_and_starves_none() -> None:
     pytest.importorskip("torch")
-    from servlane_runtime.engines.transformers_engine import _AdapterSwitch
+    from servlane_runtime.engines.adapter_switch import AdapterSwitch
 
     activations: list[str | None] = []
     running: dict[str | None, int] = {}
     overlaps: list[set[str | None]] = []
     lock = threading.Lock()
-    switch = _AdapterSwitch(activations.append)
+    switch = AdapterSwitch(activations.append)
 
     def steps(name: str | None, count: int) -> None:
         for _ in range(count):
@@ -197,9 +197,9 @@ def test_adapters_are_routed_by_name_and_as_feature_targets() -> None:
 
 def test_loading_an_adapter_waits_for_the_running_steps_and_holds_new_ones() -> None:
     pytest.importorskip("torch")
-    from servlane_runtime.engines.transformers_engine import _AdapterSwitch
+    from servlane_runtime.engines.adapter_switch import AdapterSwitch
 
-    switch = _AdapterSwitch(lambda _name: None)
+    switch = AdapterSwitch(lambda _name: None)
     in_step, release, exclusive_done, later_step_ran = (threading.Event() for _ in range(4))
     order: list[str] = []
 

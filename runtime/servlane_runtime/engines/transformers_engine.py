@@ -7,11 +7,12 @@ hands tokens to the event loop through an asyncio queue.
 
 Structured outputs (a JSON schema from response_format or forced tool calls) are xgrammar's: its
 GrammarMatcher masks, at every step, the tokens that would leave the schema (the loop applies the mask
-before sampling). Compiled grammars are cached by xgrammar's compiler, keyed by the schema.
+before sampling). Compiled grammars are cached by xgrammar's compiler, keyed by the schema. The sampling
+itself (penalties, top-p, logprobs, the grammar's mask) is in transformers_sampling.
 
 LoRA adapters are peft's, on the one shared model: a step runs with one adapter active (or none, for
 the base model). Requests for the same adapter step together; a request for another waits for the running
-steps to finish, then the switch happens (`_AdapterSwitch`, taken per token, so no request waits for a
+steps to finish, then the switch happens (adapter_switch, taken per token, so no request waits for a
 whole generation of another adapter). Without any adapter loaded the model is the plain one.
 
 A device failure (a CUDA error: illegal memory access, device-side assert, a lost GPU) leaves the CUDA
@@ -21,10 +22,9 @@ context unusable for every later request, so it is raised as EngineDeadError; ou
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections import Counter
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -33,6 +33,7 @@ from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
 from servlane_api.runtime_config import RuntimeConfig
 
+from .adapter_switch import AdapterSwitch
 from .base import (
     AdapterUsers,
     EmbeddingResult,
@@ -46,11 +47,10 @@ from .base import (
 )
 from .chat_template import ChatTemplate
 from .text_stream import StopTextStream
+from .transformers_sampling import Guide, penalised, sample
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 _DEFAULT_MAX_LEN = 2048
-# vLLM raises a temperature in (0, 0.01) to 0.01: below it logits / temperature overflows to inf and NaN.
-_MIN_TEMPERATURE = 1e-2
 # Memory for compiled grammars (xgrammar's cache): schemas come from clients, so the cache is bounded.
 _GRAMMAR_CACHE_BYTES = 64 * 1024 * 1024
 # Unloading an adapter waits this long at most for the generations that use it (then they may fail).
@@ -71,7 +71,7 @@ class TransformersEngine(InferenceEngine):
         self._grammars_lock = threading.Lock()
         # One thread per running request: admission control bounds how many there are.
         self._pool = ThreadPoolExecutor(max_workers=config.max_in_flight, thread_name_prefix="generate")
-        self._switch = _AdapterSwitch(self._activate)
+        self._switch = AdapterSwitch(self._activate)
         self._adapters: set[str] = set()
         self._adapter_users = AdapterUsers()
 
@@ -192,17 +192,17 @@ class TransformersEngine(InferenceEngine):
         generated: list[int] = []
         counts: Counter[int] = Counter()
         pending: list[TokenLogprob] = []
-        guide = _Guide(self._compile(options.json_schema)) if options.json_schema is not None else None
+        guide = Guide(self._compile(options.json_schema)) if options.json_schema is not None else None
         for _ in range(options.max_tokens):
             if cancelled.is_set():
                 return
             with self._switch.step(options.adapter):
                 out = self._model(input_ids=inputs, past_key_values=past, use_cache=True)
             past = out.past_key_values
-            logits = _penalised(out.logits[0, -1].float(), counts, options)
+            logits = penalised(out.logits[0, -1].float(), counts, options)
             if guide is not None:
                 guide.mask(logits)
-            token, logprob = self._sample(logits, options, generator)
+            token, logprob = sample(logits, options, generator, self._token_text)
             if guide is not None:
                 guide.accept(token)
             if token in self._eos and not options.ignore_eos:
@@ -226,25 +226,6 @@ class TransformersEngine(InferenceEngine):
 
     def _decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return str(self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
-
-    def _sample(
-        self, logits: torch.Tensor, options: SamplingOptions, generator: torch.Generator
-    ) -> tuple[int, TokenLogprob | None]:
-        logprobs = torch.log_softmax(logits, dim=-1)
-        if options.temperature <= 0:
-            token = int(torch.argmax(logits))
-        else:
-            probs = torch.softmax(logits / max(options.temperature, _MIN_TEMPERATURE), dim=-1)
-            if options.top_p < 1.0:
-                probs = _top_p(probs, options.top_p)
-            token = int(torch.multinomial(probs, 1, generator=generator))
-        if options.logprobs is None:
-            return token, None
-        top: tuple[tuple[str, float], ...] = ()
-        if options.logprobs > 0:
-            values, ids = torch.topk(logprobs, options.logprobs)
-            top = tuple((self._token_text(int(i)), float(v)) for v, i in zip(values, ids, strict=True))
-        return token, TokenLogprob(self._token_text(token), float(logprobs[token]), top)
 
     def _token_text(self, token: int) -> str:
         return str(self._tokenizer.decode([token]))
@@ -338,92 +319,3 @@ def as_engine_death(exc: Exception) -> Exception:
     dead = EngineDeadError(f"the device failed: {exc}")
     dead.__cause__ = exc
     return dead
-
-
-_EXCLUSIVE = object()  # the switch's mark while the model itself changes (an adapter loads or unloads)
-_UNSET = object()  # after such a change: the next step sets its adapter again, whatever it was before
-
-
-class _AdapterSwitch:
-    """One adapter at a time on the shared model. Steps with the active adapter run together; a step for
-    another waits until they end, and while it waits no new step of the active one starts (no starvation)."""
-
-    def __init__(self, activate: Callable[[str | None], None]) -> None:
-        self._activate = activate
-        self._cond = threading.Condition()
-        self._active: object = None
-        self._running = 0
-        self._waiting: Counter[object] = Counter()
-
-    def _others_waiting(self) -> bool:
-        return any(count for name, count in self._waiting.items() if name != self._active)
-
-    @contextlib.contextmanager
-    def step(self, name: object) -> Iterator[None]:
-        """`name`: the adapter (None: the base model), or _EXCLUSIVE."""
-        with self._cond:
-            self._waiting[name] += 1
-            while self._running and (self._active != name or self._others_waiting()):
-                self._cond.wait()
-            self._waiting[name] -= 1
-            if self._active != name:
-                if name is None or isinstance(name, str):
-                    self._activate(name)
-                self._active = name
-            self._running += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._running -= 1
-                if not self._running:
-                    self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        """No step runs meanwhile (the model object may be replaced)."""
-        with self.step(_EXCLUSIVE):
-            yield
-        with self._cond:
-            self._active = _UNSET
-
-
-class _Guide:
-    """One generation's xgrammar matcher: masks what the grammar forbids next, follows what was sampled."""
-
-    def __init__(self, compiled: Any) -> None:
-        import xgrammar
-
-        self._xgr = xgrammar
-        self._matcher = xgrammar.GrammarMatcher(compiled)
-        self._bitmask = xgrammar.allocate_token_bitmask(1, compiled.tokenizer_info.vocab_size)
-
-    def mask(self, logits: torch.Tensor) -> None:
-        if self._matcher.is_terminated():
-            return
-        self._matcher.fill_next_token_bitmask(self._bitmask)
-        self._xgr.apply_token_bitmask_inplace(logits.view(1, -1), self._bitmask.to(logits.device))
-
-    def accept(self, token: int) -> None:
-        if not self._matcher.is_terminated():
-            self._matcher.accept_token(token)
-
-
-def _penalised(logits: torch.Tensor, counts: Counter[int], options: SamplingOptions) -> torch.Tensor:
-    """OpenAI's penalties: subtract presence once and frequency per occurrence of each seen token."""
-    if not counts or (options.presence_penalty == 0 and options.frequency_penalty == 0):
-        return logits
-    ids = torch.tensor(list(counts.keys()), device=logits.device)
-    freq = torch.tensor(list(counts.values()), dtype=logits.dtype, device=logits.device)
-    logits = logits.clone()
-    logits[ids] -= options.presence_penalty + options.frequency_penalty * freq
-    return logits
-
-
-def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    sorted_probs, order = torch.sort(probs, descending=True)
-    keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < top_p
-    keep[0] = True  # the likeliest token always stays: a tiny top_p (5e-324 is 0.0 in float32) keeps only it
-    filtered = torch.zeros_like(probs)
-    filtered[order[keep]] = sorted_probs[keep]
-    return filtered / filtered.sum()

@@ -83,23 +83,9 @@ def create_app(
     app.state.admission = admission
     app.state.metrics = metrics
     install_error_handlers(app)
-
-    async def on_engine_error(_: Request, exc: Exception) -> JSONResponse:
-        error = OpenAIError(500, str(exc), type="server_error", code="engine_error")
-        return JSONResponse(error.body(), status_code=500)
-
-    app.add_exception_handler(EngineError, on_engine_error)
-    limits = RequestLimits(
-        max_body_bytes=config.max_body_bytes,
-        max_json_depth=config.max_json_depth,
-        max_list_items=config.max_list_items,
-    )
-    app.add_middleware(RequestGuard, limits=limits)  # inside the metrics: its 413s and 400s are counted
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
-    if tracer is not None:  # outermost but one: the span covers the whole request, its trace id every answer
-        app.add_middleware(TracingMiddleware, tracer=tracer)
-    # Outermost: the metrics port serves /metrics only, and the API port (the routes above) has none.
-    app.add_middleware(MetricsPort, port=config.metrics_port, metrics=metrics, startup=host.startup)
+    app.add_exception_handler(EngineError, _on_engine_error)
+    _add_middleware(app, config, metrics, host.startup, tracer)
+    _add_probes(app, host, serving)
 
     async def admitted(request: Request, model: str, run: Any) -> Response:
         """Check the model, take a slot (by priority), run, and answer JSON or SSE."""
@@ -121,6 +107,46 @@ def create_app(
             return JSONResponse(result.model_dump(mode="json"))
         return SlotStreamingResponse(result, slot)
 
+    @app.post("/v1/chat/completions")
+    async def chat(body: p.ChatCompletionRequest, request: Request) -> Response:
+        return await admitted(request, body.model, lambda: serving.chat(body, spans_of(request.scope)))
+
+    @app.post("/v1/completions")
+    async def completions(body: p.CompletionRequest, request: Request) -> Response:
+        return await admitted(request, body.model, lambda: serving.completions(body, spans_of(request.scope)))
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: p.EmbeddingRequest, request: Request) -> Response:
+        return await admitted(request, body.model, lambda: serving.embeddings(body))
+
+    return app
+
+
+async def _on_engine_error(_: Request, exc: Exception) -> JSONResponse:
+    error = OpenAIError(500, str(exc), type="server_error", code="engine_error")
+    return JSONResponse(error.body(), status_code=500)
+
+
+def _add_middleware(
+    app: FastAPI, config: RuntimeConfig, metrics: RuntimeMetrics, startup: StartupClock, tracer: Any | None
+) -> None:
+    """Each added one wraps those before it: the request guard innermost, the metrics port outermost."""
+    limits = RequestLimits(
+        max_body_bytes=config.max_body_bytes,
+        max_json_depth=config.max_json_depth,
+        max_list_items=config.max_list_items,
+    )
+    app.add_middleware(RequestGuard, limits=limits)  # inside the metrics: its 413s and 400s are counted
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    if tracer is not None:  # outermost but one: the span covers the whole request, its trace id every answer
+        app.add_middleware(TracingMiddleware, tracer=tracer)
+    # Outermost: the metrics port serves /metrics only, and the API port (the routes above) has none.
+    app.add_middleware(MetricsPort, port=config.metrics_port, metrics=metrics, startup=startup)
+
+
+def _add_probes(app: FastAPI, host: ModelHost, serving: OpenAIServing) -> None:
+    """Liveness, readiness and the model list: answered at once, never admitted."""
+
     @app.get(HEALTH_PATH)
     async def health() -> JSONResponse:
         # Failed (the model did not load, or the engine died) is not alive: the process is about to
@@ -136,17 +162,3 @@ def create_app(
     @app.get("/v1/models")
     async def models() -> JSONResponse:
         return JSONResponse(serving.models().model_dump(mode="json"))
-
-    @app.post("/v1/chat/completions")
-    async def chat(body: p.ChatCompletionRequest, request: Request) -> Response:
-        return await admitted(request, body.model, lambda: serving.chat(body, spans_of(request.scope)))
-
-    @app.post("/v1/completions")
-    async def completions(body: p.CompletionRequest, request: Request) -> Response:
-        return await admitted(request, body.model, lambda: serving.completions(body, spans_of(request.scope)))
-
-    @app.post("/v1/embeddings")
-    async def embeddings(body: p.EmbeddingRequest, request: Request) -> Response:
-        return await admitted(request, body.model, lambda: serving.embeddings(body))
-
-    return app

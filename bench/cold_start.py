@@ -9,7 +9,7 @@ reaches every pod from a local PersistentVolume, nothing downloads. Each round m
 - `aimodel` (one per operator variant, see `variants`): an AIModel with `autoscaling.minReplicas: 0` is applied
   with the operator running as a process; apply -> first token. Then the operator's autoscaler takes the idle
   model to zero; once its pod is gone, the gateway's demand Lease (what the gateway writes while it holds a
-  request, servlane_gateway.demand_lease) wakes it: zero -> first token. Each pod start's steps are the
+  request, servlane_gateway.routing.demand_lease) wakes it: zero -> first token. Each pod start's steps are the
   operator's own account of it (status.coldStart).
 - `floor`: no operator. A plain Deployment and Service running the same image, the same runtime configuration
   (the JSON the operator would pass) and the same volume and resources, with only a readiness probe on /ready
@@ -61,7 +61,7 @@ from servlane_api.runtime_config import ENV_VAR, READY_PATH, RuntimeConfig
 from servlane_api.runtime_exit import TERMINATION_LOG_ENV
 from servlane_core.cold_start import breakdown, runtime_steps
 from servlane_core.routing.waking import demand_lease_name
-from servlane_gateway.demand_lease import lease_body
+from servlane_gateway.routing.demand_lease import lease_body
 from servlane_operator.builders.deployment import build_deployment
 from servlane_operator.settings import OperatorSettings
 from tests.support.cluster_harness import RUNTIME_CPU_IMAGE as RUNTIME_IMAGE

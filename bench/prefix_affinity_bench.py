@@ -256,7 +256,7 @@ def serve_gateway(port: int, routes_file: Path, replicas: list[str]) -> None:
     import uvicorn
 
     from servlane_gateway.app import create_app
-    from servlane_gateway.endpoints import services_of
+    from servlane_gateway.routing.pods import services_of
     from servlane_gateway.settings import GatewaySettings
     from servlane_gateway.workers import server_options
 

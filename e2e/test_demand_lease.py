@@ -8,7 +8,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from servlane_gateway.demand_lease import KubeDemandLease
+from servlane_gateway.routing.demand_lease import KubeDemandLease
 from tests.support.cluster_harness import Kube
 from tests.support.polling import wait_until
 

@@ -25,7 +25,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from servlane_core.scaling.demand import demanded_model
-from servlane_gateway.demand_lease import KubeDemandLease
+from servlane_gateway.routing.demand_lease import KubeDemandLease
 from tests.support.cluster_harness import Kube, namespace_body, present, wait_until
 from tests.support.helmtool import CHART, Helm, HelmUnavailable, find_helm
 

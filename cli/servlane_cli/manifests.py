@@ -23,7 +23,7 @@ import yaml
 
 from servlane_api import AIFeature, AIModel
 from servlane_api.manifests import InvalidManifest, parse_feature, parse_model
-from servlane_gateway.sources import flatten_documents
+from servlane_gateway.routing.sources import flatten_documents
 
 log = logging.getLogger(__name__)
 

@@ -22,24 +22,24 @@ from servlane_core.routing.routes import RouteTable, describe_ambiguity, describ
 from servlane_core.routing.waking import HoldLimits
 from servlane_gateway.access import KeyRing, names_for, parse_keys
 from servlane_gateway.batch.service import BatchService
-from servlane_gateway.cache_store import AnswerStore, MemoryStore, RedisStore, ResponseCacher
+from servlane_gateway.cache.rules import CacheBudget
+from servlane_gateway.cache.store import AnswerStore, MemoryStore, RedisStore, ResponseCacher
 from servlane_gateway.console.recent import RequestLog
 from servlane_gateway.console.router import install_console
-from servlane_gateway.demand_lease import DemandSink, KubeDemandLease, NoDemand
-from servlane_gateway.endpoints import EndpointRouter, EndpointSliceSource, Services
 from servlane_gateway.forwarding import handle
 from servlane_gateway.gateway_metrics import GatewayMetrics
-from servlane_gateway.hold import HoldQueue
-from servlane_gateway.kube_watch import KubeRouteSource, own_namespace
-from servlane_gateway.metrics_listener import MetricsEndpoint, arrived_on
-from servlane_gateway.proxy import Timeouts
-from servlane_gateway.ratelimit import Limiter, Limits, RateLimiter
-from servlane_gateway.redis_limits import RedisLimiter
-from servlane_gateway.response_cache import CacheBudget
+from servlane_gateway.http.metrics_listener import MetricsEndpoint, arrived_on
+from servlane_gateway.http.proxy import Timeouts
+from servlane_gateway.http.upstream import UpstreamPool
+from servlane_gateway.limits.rates import Limiter, Limits, RateLimiter
+from servlane_gateway.limits.redis_limiter import RedisLimiter
+from servlane_gateway.routing.demand_lease import DemandSink, KubeDemandLease, NoDemand
+from servlane_gateway.routing.hold import HoldQueue
+from servlane_gateway.routing.kube_watch import KubeRouteSource, own_namespace
+from servlane_gateway.routing.pods import EndpointRouter, EndpointSliceSource, Services
+from servlane_gateway.routing.sources import FileRouteSource, RouteSource, file_signature
 from servlane_gateway.settings import GatewaySettings, plain_name_namespaces
-from servlane_gateway.sources import FileRouteSource, RouteSource, file_signature
 from servlane_gateway.state import GatewayState
-from servlane_gateway.upstream import UpstreamPool
 from servlane_web.errors import install_error_handlers
 from servlane_web.tracing import TracingMiddleware, start_tracing, stop_tracing
 
@@ -232,7 +232,7 @@ def create_app(
     settings: GatewaySettings, source: RouteSource | None = None, demand: DemandSink | None = None
 ) -> FastAPI:
     """`demand`: where the demand for models at zero goes; default: their demand Leases when watching the
-    cluster, nowhere with a routes file (servlane_gateway.demand_lease)."""
+    cluster, nowhere with a routes file (servlane_gateway.routing.demand_lease)."""
     timeouts = Timeouts(settings.connect_timeout, settings.first_byte_timeout, settings.idle_timeout)
     state = GatewayState(
         metrics=GatewayMetrics(),

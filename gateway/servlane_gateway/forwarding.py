@@ -2,7 +2,7 @@
 
 The body is parsed once into a dict; the feature's defaults and the backend's served model name are
 written into it and it is serialised once per attempt. The pod of the picked backend is picked by the
-feature's routing policy (servlane_gateway.endpoints). A pod that refuses the connection is retried on
+feature's routing policy (servlane_gateway.routing.pods). A pod that refuses the connection is retried on
 another pod of the same backend, and a backend with no pod left to try once on another ready backend;
 nothing has reached the client at that point, and nothing is retried after the upstream accepted the
 request.
@@ -37,11 +37,11 @@ from servlane_core.routing.prompt_prefix import prompt_prefix
 from servlane_core.routing.routes import Backend, Route
 from servlane_core.routing.waking import waking_pick
 from servlane_gateway.access import route_for
-from servlane_gateway.cache_store import Leading
-from servlane_gateway.endpoints import Lease
+from servlane_gateway.cache.rules import CACHE_HEADER, COALESCED, HIT, MISS, CacheKey, Caching, Entry, lookup_key
+from servlane_gateway.cache.store import Leading
 from servlane_gateway.gateway_metrics import NONE, exemplar
-from servlane_gateway.held_stream import HeldStreamResponse
-from servlane_gateway.proxy import (
+from servlane_gateway.http.held_stream import HeldStreamResponse
+from servlane_gateway.http.proxy import (
     CLIENT_GONE,
     COMPLETED,
     RelayResponse,
@@ -50,15 +50,15 @@ from servlane_gateway.proxy import (
     open_upstream,
     read_body,
 )
-from servlane_gateway.ratelimit import Hold, estimate_tokens
-from servlane_gateway.response_cache import CACHE_HEADER, COALESCED, HIT, MISS, CacheKey, Caching, Entry, lookup_key
-from servlane_gateway.state import GatewayState
-from servlane_gateway.upstream import (
+from servlane_gateway.http.upstream import (
     UpstreamConnectError,
     UpstreamConnectTimeout,
     UpstreamError,
     UpstreamResponse,
 )
+from servlane_gateway.limits.rates import Hold, estimate_tokens
+from servlane_gateway.routing.pods import Lease
+from servlane_gateway.state import GatewayState
 from servlane_web.client_watch import ClientGone, unless_client_leaves
 from servlane_web.tracing import NO_SPANS, Phase, RequestSpans, spans_of
 
@@ -323,7 +323,7 @@ async def _when_ready(
 ) -> Response:
     """No backend of the route is ready, `backend` (picked by weight among the waking ones) is on its way:
     the request goes to it now if a pod of it already takes requests, else once one does (held: see
-    servlane_gateway.hold). A held stream gets its response head at once (held_stream). Not answered from
+    servlane_gateway.routing.hold). A held stream gets its response head at once (held_stream). Not answered from
     the response cache: the request has waited for a model that was not up, nothing identical was answered."""
     assert state.hold is not None
     send_to = partial(_to_backend, state, request, endpoint, call, route, body, priority)

@@ -30,11 +30,11 @@ CACHE_MISSES = "servlane_gateway_response_cache_misses_total"
 CACHE_COALESCED = "servlane_gateway_response_cache_coalesced_total"
 CACHE_STORES = "servlane_gateway_response_cache_stores_total"
 CACHE_EVICTIONS = "servlane_gateway_response_cache_evictions_total"
-# Per pod of a model version (endpoint-aware routing: servlane_gateway.endpoints).
+# Per pod of a model version (endpoint-aware routing: servlane_gateway.routing.pods).
 ENDPOINT_IN_FLIGHT = "servlane_gateway_endpoint_in_flight"
 ENDPOINT_PICKS = "servlane_gateway_endpoint_picks_total"
 ENDPOINT_EJECTIONS = "servlane_gateway_endpoint_ejections_total"
-# Requests held for a model with no ready pod (servlane_gateway.hold): the gateway's own series, so they
+# Requests held for a model with no ready pod (servlane_gateway.routing.hold): the gateway's own series, so they
 # exist while no pod of the model does.
 REQUESTS_HELD = "servlane_gateway_requests_held"
 HOLD_SECONDS = "servlane_gateway_hold_seconds"

@@ -21,15 +21,15 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from servlane_api.children import DEFAULT_CLUSTER_DOMAIN
 from servlane_api.runtime_config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_LIST_ITEMS
 from servlane_core.routing.overrides import parse_override_env, parse_override_items
-from servlane_gateway.ratelimit import DEFAULT_RESERVED_COMPLETION_TOKENS
-from servlane_gateway.response_cache import (
+from servlane_gateway.cache.rules import (
     DEFAULT_CACHE_MAX_BYTES,
     DEFAULT_MAX_ENTRY_BYTES,
     redis_database,
     redis_location,
     with_database,
 )
-from servlane_gateway.upstream import DEFAULT_MAX_IDLE_SECONDS, DEFAULT_MAX_LIFETIME_SECONDS
+from servlane_gateway.http.upstream import DEFAULT_MAX_IDLE_SECONDS, DEFAULT_MAX_LIFETIME_SECONDS
+from servlane_gateway.limits.rates import DEFAULT_RESERVED_COMPLETION_TOKENS
 
 ENV_PREFIX = "SERVLANE_GATEWAY_"
 BATCH_DATABASE_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg", "sqlite")

@@ -13,14 +13,14 @@ from servlane_core.protocol.limits import RequestLimits
 from servlane_core.routing.routes import RouteTable
 from servlane_core.routing.sticky_share import StickyShareGuard
 from servlane_gateway.access import KeyRing
-from servlane_gateway.cache_store import ResponseCacher
+from servlane_gateway.cache.store import ResponseCacher
 from servlane_gateway.console.recent import RequestLog
-from servlane_gateway.endpoints import EndpointRouter
 from servlane_gateway.gateway_metrics import GatewayMetrics
-from servlane_gateway.hold import HoldQueue
-from servlane_gateway.proxy import Timeouts
-from servlane_gateway.ratelimit import DEFAULT_RESERVED_COMPLETION_TOKENS, Limiter
-from servlane_gateway.upstream import UpstreamPool
+from servlane_gateway.http.proxy import Timeouts
+from servlane_gateway.http.upstream import UpstreamPool
+from servlane_gateway.limits.rates import DEFAULT_RESERVED_COMPLETION_TOKENS, Limiter
+from servlane_gateway.routing.hold import HoldQueue
+from servlane_gateway.routing.pods import EndpointRouter
 
 
 @dataclass

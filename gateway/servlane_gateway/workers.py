@@ -38,8 +38,8 @@ from pydantic import SecretStr
 from uvicorn.supervisors import Multiprocess
 
 from servlane_gateway.app import create_app
-from servlane_gateway.http_server import GatewayHttpProtocol
-from servlane_gateway.metrics_listener import APP_FACTORY, bind_listeners
+from servlane_gateway.http.metrics_listener import APP_FACTORY, bind_listeners
+from servlane_gateway.http.server import GatewayHttpProtocol
 from servlane_gateway.settings import GatewaySettings
 
 STARTUP_FAILURE = 3  # uvicorn's own exit status for an app that failed to start

@@ -14,7 +14,9 @@ import openai
 import pytest
 
 from servlane_core.routing.routes import Backend
-from servlane_gateway.endpoints import (
+from servlane_gateway.gateway_metrics import ENDPOINT_EJECTIONS, ENDPOINT_IN_FLIGHT, ENDPOINT_PICKS
+from servlane_gateway.http.upstream import UpstreamConnectTimeout, UpstreamPool
+from servlane_gateway.routing.pods import (
     EndpointRouter,
     EndpointSliceSource,
     Services,
@@ -22,8 +24,6 @@ from servlane_gateway.endpoints import (
     services_of,
     slice_endpoints,
 )
-from servlane_gateway.gateway_metrics import ENDPOINT_EJECTIONS, ENDPOINT_IN_FLIGHT, ENDPOINT_PICKS
-from servlane_gateway.upstream import UpstreamConnectTimeout, UpstreamPool
 from tests.support.endpoint_slices import SERVICE_URL, endpoint_slice
 from tests.support.gateway_harness import Gateway, ServedApp, StartGateway, Upstream, aifeature, aimodel, refused_url
 from tests.support.gateway_upstream import create_upstream
@@ -364,7 +364,7 @@ def model_slice(model: str, namespace: str, ip: str, ready: bool = True) -> dict
 async def test_a_burst_of_slice_events_at_a_thousand_services_merges_only_their_service(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import servlane_gateway.endpoints as endpoints_module
+    import servlane_gateway.routing.pods as endpoints_module
 
     merged: list[int] = []  # how many slices each merge reads
     merge = endpoints_module.services_of

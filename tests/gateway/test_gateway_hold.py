@@ -20,7 +20,7 @@ import pytest
 
 from servlane_core.routing.picking import pick_backend
 from servlane_core.routing.routes import Backend
-from servlane_gateway.demand_lease import CallbackDemand
+from servlane_gateway.routing.demand_lease import CallbackDemand
 from tests.gateway.waking_upstream import WakingUpstream, start_waking_upstream
 from tests.support.gateway_harness import Gateway, StartGateway, aifeature, aimodel, route_in
 from tests.support.hold import HELD, waking_model

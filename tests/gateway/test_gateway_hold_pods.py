@@ -19,11 +19,11 @@ from kubernetes.client.exceptions import ApiException
 from servlane_api import AIModel
 from servlane_core.routing.routes import Backend, can_wake
 from servlane_core.routing.waking import HoldLimits, hold_refusal, waking_pick
-from servlane_gateway.demand_lease import KubeDemandLease
-from servlane_gateway.endpoints import EndpointRouter, services_of
 from servlane_gateway.gateway_metrics import GatewayMetrics
-from servlane_gateway.hold import HoldQueue
-from servlane_gateway.kube_watch import routing_view
+from servlane_gateway.routing.demand_lease import KubeDemandLease
+from servlane_gateway.routing.hold import HoldQueue
+from servlane_gateway.routing.kube_watch import routing_view
+from servlane_gateway.routing.pods import EndpointRouter, services_of
 from tests.gateway.waking_upstream import WakingUpstream, start_waking_upstream
 from tests.support.endpoint_slices import SERVICE_URL, endpoint_slice
 from tests.support.gateway_harness import StartGateway, aimodel

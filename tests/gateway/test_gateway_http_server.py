@@ -1,4 +1,4 @@
-"""The gateway's server protocol (servlane_gateway.http_server): one write per whole response, heads of streams
+"""The gateway's server protocol (servlane_gateway.http.server): one write per whole response, heads of streams
 and of bodiless answers still sent, over real sockets; and the transport wrapper's rules on their own."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from servlane_gateway.http_server import HeadHoldingTransport
+from servlane_gateway.http.server import HeadHoldingTransport
 from tests.support.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-type: text/plain\r\n\r\n"

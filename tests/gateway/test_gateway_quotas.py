@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from servlane_api import metric_names as m
-from servlane_gateway.proxy import UsageScanner
-from servlane_gateway.ratelimit import Limits, RateLimiter, estimate_tokens
+from servlane_gateway.http.proxy import UsageScanner
+from servlane_gateway.limits.rates import Limits, RateLimiter, estimate_tokens
 from tests.support.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
 from tests.support.polling import wait_until
 from tests.support.quotas import CHAT, events, open_held, released_at_end

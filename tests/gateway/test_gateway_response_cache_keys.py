@@ -18,9 +18,7 @@ from servlane_api.aifeature import MAX_RESPONSE_CACHE_BYTES, ResponseCache
 from servlane_core.routing.model_version import answer_version
 from servlane_core.routing.routes import Backend, Route, build_route_table
 from servlane_gateway.app import answer_store_for, cache_budget_for, log_cache
-from servlane_gateway.cache_store import MemoryStore, RedisStore, ResponseCacher, Stored, redis_keys, redis_member
-from servlane_gateway.gateway_metrics import GatewayMetrics
-from servlane_gateway.response_cache import (
+from servlane_gateway.cache.rules import (
     DEFAULT_CACHE_MAX_BYTES,
     Bounds,
     CacheBudget,
@@ -37,6 +35,8 @@ from servlane_gateway.response_cache import (
     stream_keepable,
     with_database,
 )
+from servlane_gateway.cache.store import MemoryStore, RedisStore, ResponseCacher, Stored, redis_keys, redis_member
+from servlane_gateway.gateway_metrics import GatewayMetrics
 from servlane_gateway.settings import GatewaySettings
 from tests.support.gateway_harness import aifeature, aimodel
 

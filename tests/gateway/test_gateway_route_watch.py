@@ -20,8 +20,8 @@ from servlane_api import AIFeature, AIModel
 from servlane_api import metric_names as contract
 from servlane_core.routing.routes import RouteTable, build_route_table
 from servlane_gateway.gateway_metrics import GatewayMetrics
-from servlane_gateway.kube_watch import KubeRouteSource, RouteObjectStore, routing_view
-from servlane_gateway.sources import flatten_documents, parse_objects
+from servlane_gateway.routing.kube_watch import KubeRouteSource, RouteObjectStore, routing_view
+from servlane_gateway.routing.sources import flatten_documents, parse_objects
 from tests.support.gateway_harness import aifeature, aimodel, route_in
 
 FEATURES = ("aifeatures", "")

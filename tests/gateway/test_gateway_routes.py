@@ -19,8 +19,8 @@ from servlane_core.routing.routes import (
     describe_ambiguity,
     describe_refused,
 )
-from servlane_gateway.kube_watch import RouteObjectStore
-from servlane_gateway.sources import flatten_documents, load_routes_file, parse_objects
+from servlane_gateway.routing.kube_watch import RouteObjectStore
+from servlane_gateway.routing.sources import flatten_documents, load_routes_file, parse_objects
 from tests.support.gateway_harness import aifeature, aimodel, picked, route_in
 
 
@@ -234,7 +234,7 @@ def test_a_slash_in_spec_served_name_is_invalid_and_the_gateway_leaves_the_aimod
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Admission refuses it (CEL); an object stored before the rule existed is logged and skipped, never routed."""
-    with caplog.at_level("WARNING", logger="servlane_gateway.sources"):
+    with caplog.at_level("WARNING", logger="servlane_gateway.routing.sources"):
         table = table_of(aimodel("hf", "http://hf", served="meta-llama/Llama-3"), aimodel("ok", "http://ok"))
     assert table.names() == ["ok"]
     assert any("'hf'" in r.getMessage() and "must not contain '/'" in r.getMessage() for r in caplog.records)

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from servlane_gateway.upstream import UpstreamBroken, UpstreamConnectError, UpstreamPool
+from servlane_gateway.http.upstream import UpstreamBroken, UpstreamConnectError, UpstreamPool
 from tests.support.gateway_harness import refused_url
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

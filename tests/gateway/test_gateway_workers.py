@@ -28,8 +28,8 @@ from pydantic import SecretStr, ValidationError
 from servlane_api import metric_names as m
 from servlane_core.routing.routes import build_route_table
 from servlane_gateway.app import create_app
+from servlane_gateway.routing.sources import OnTable, parse_objects
 from servlane_gateway.settings import GatewaySettings
-from servlane_gateway.sources import OnTable, parse_objects
 from servlane_gateway.workers import MAX_AUTO_WORKERS, cpu_limit, settings_json, worker_count
 from tests.support.gateway_harness import ServedApp, Upstream, aifeature, aimodel
 from tests.support.polling import wait_until

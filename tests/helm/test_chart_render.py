@@ -168,7 +168,7 @@ def test_namespaced_operator_without_prometheus_may_read_pods_cluster_wide(helm:
 
 
 def test_gateway_rbac_reads_routing_and_writes_only_leases(helm: Helm) -> None:
-    """Read-only but for the demand Leases of the models it holds requests for (servlane_gateway.demand_lease)."""
+    """Read-only but for the demand Leases of the models it holds requests for (routing.demand_lease)."""
     for objects, kind in (
         (helm.template(), "ClusterRole"),
         (helm.template(CHART / "ci/namespaced-values.yaml"), "Role"),

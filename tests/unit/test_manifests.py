@@ -12,7 +12,7 @@ import pytest
 from servlane_api import AIFeature, AIModel
 from servlane_api.manifests import InvalidManifest, parse_resource
 from servlane_cli.manifests import ManifestError, load_manifests
-from servlane_gateway.sources import parse_object
+from servlane_gateway.routing.sources import parse_object
 from servlane_operator.aimodel_reconciler import parse_model
 
 

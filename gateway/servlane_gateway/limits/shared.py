@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 from servlane_core.protocol.errors import OpenAIError
-from servlane_gateway.ratelimit import IN_FLIGHT_RETRY_AFTER, Check, refusal
+from servlane_gateway.limits.rates import IN_FLIGHT_RETRY_AFTER, Check, refusal
 
 MICROS = 1_000_000
 # The part of the lease after which a replica renews the leases of its requests in flight: a lease then

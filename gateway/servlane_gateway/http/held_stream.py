@@ -22,8 +22,8 @@ from starlette.types import Receive, Scope, Send
 
 from servlane_core.protocol.errors import OpenAIError
 from servlane_core.routing.routes import Backend
-from servlane_gateway.hold import Ticket
-from servlane_gateway.proxy import RelayResponse
+from servlane_gateway.http.proxy import RelayResponse
+from servlane_gateway.routing.hold import Ticket
 from servlane_web.client_watch import ClientGone, unless_client_leaves
 
 log = logging.getLogger(__name__)

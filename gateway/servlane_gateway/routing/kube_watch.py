@@ -12,7 +12,7 @@ tenant's requests. Builds are coalesced: at most one runs and one waits, however
 The table is published only once every stream has listed, so routing never sees half the objects.
 Backends are each AIModel's own Service, named from its name and namespace (servlane_api.children), never
 status.endpoint: status is writable by whoever may patch `aimodels/status`.
-The list-then-watch loop (watch_forever) also serves the EndpointSlice watch (servlane_gateway.endpoints).
+The list-then-watch loop (watch_forever) also serves the EndpointSlice watch (servlane_gateway.routing.pods).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from servlane_api import GROUP, VERSION, AIFeature, AIModel
 from servlane_api.children import DEFAULT_CLUSTER_DOMAIN
 from servlane_core.routing.routes import WAKING_PHASES, RouteTable, build_route_table
-from servlane_gateway.sources import OnTable, parse_object, split_kinds
+from servlane_gateway.routing.sources import OnTable, parse_object, split_kinds
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ requests until it refills. A bucket holds at most one minute's allowance, so a l
 allows a burst of N, then N/60 per second.
 
 `RateLimiter` keeps all of it in this process's memory: each gateway replica limits on its own.
-`servlane_gateway.redis_limits.RedisLimiter` keeps the same buckets, reservations and in-flight places in
+`servlane_gateway.limits.redis_limiter.RedisLimiter` keeps the same buckets, reservations and in-flight places in
 a Redis shared by the replicas, with the same semantics; both answer the `Limiter` protocol the request
 path uses. The decisions both make from the same facts (which checks apply, what a refusal says) are here.
 """

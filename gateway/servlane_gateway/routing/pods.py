@@ -47,7 +47,7 @@ from servlane_core.routing.endpoint_pick import (
 from servlane_core.routing.outliers import OutlierDetector, OutlierRules
 from servlane_core.routing.routes import Backend
 from servlane_gateway.gateway_metrics import GatewayMetrics
-from servlane_gateway.kube_watch import Resource, custom_objects_api, watch_forever
+from servlane_gateway.routing.kube_watch import Resource, custom_objects_api, watch_forever
 
 log = logging.getLogger(__name__)
 
@@ -326,7 +326,7 @@ class EndpointRouter:
         self.rng = rng or random.Random()
         self._series: dict[str, tuple[str, str, str]] = {}  # address -> metric labels in use
         # Pods (addresses) the slices list as not ready yet whose runtime's /ready answered 200 when asked
-        # (servlane_gateway.hold), and backends without slices (called at their URL) likewise: since when.
+        # (servlane_gateway.routing.hold), and backends without slices (called at their URL) likewise: since when.
         # They take requests before the kubelet's next readiness probe says so, for PROBED_READY_SECONDS.
         self._probed_pods: dict[str, float] = {}
         self._probed_urls: dict[str, float] = {}

@@ -7,7 +7,7 @@ Retry-After, so one team's flood never takes another team's places) for at most 
 with the limiter): holding is being in flight, as far as the limits go.
 
 While requests are held for a model, one watcher task per model (on the event loop):
-- signals demand at once and then at most every `demand_renew` seconds (servlane_gateway.demand_lease),
+- signals demand at once and then at most every `demand_renew` seconds (servlane_gateway.routing.demand_lease),
   so the operator scales the model up;
 - asks the runtime `/ready` of each pod its EndpointSlices list as not ready yet (without slices: the
   model's URL) every `probe_interval` seconds, and marks one that answers 200 as taking requests
@@ -40,9 +40,9 @@ from servlane_core.routing.waking import (
     HoldLimits,
     hold_refusal,
 )
-from servlane_gateway.demand_lease import DemandSink, NoDemand
-from servlane_gateway.endpoints import EndpointRouter
 from servlane_gateway.gateway_metrics import GatewayMetrics
+from servlane_gateway.routing.demand_lease import DemandSink, NoDemand
+from servlane_gateway.routing.pods import EndpointRouter
 
 log = logging.getLogger(__name__)
 

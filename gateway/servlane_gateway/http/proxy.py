@@ -18,7 +18,7 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from servlane_gateway.upstream import (
+from servlane_gateway.http.upstream import (
     UpstreamBroken,
     UpstreamConnectTimeout,
     UpstreamError,
@@ -201,7 +201,7 @@ class RelayResponse(Response):
 
     async def relay(self, scope: Scope, receive: Receive, send: Send, headers_sent: bool = False) -> None:
         """The relay; `headers_sent`: the client already has its response head (a held stream's, sent
-        before its backend was up: servlane_gateway.held_stream), so only the body follows."""
+        before its backend was up: servlane_gateway.http.held_stream), so only the body follows."""
         result = StreamResult()
         scanner = UsageScanner(self.strip_usage)
         try:

@@ -29,8 +29,8 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from servlane_core.protocol.errors import OpenAIError
-from servlane_gateway.ratelimit import Check, Kind, Limits, Scope, plan_checks
-from servlane_gateway.shared_limits import (
+from servlane_gateway.limits.rates import Check, Kind, Limits, Scope, plan_checks
+from servlane_gateway.limits.shared import (
     RENEW_FRACTION,
     ScriptCall,
     admit_call,

@@ -40,10 +40,7 @@ from redis.exceptions import RedisError
 from starlette.responses import Response
 
 from servlane_api.aifeature import ResponseCache
-from servlane_gateway.gateway_metrics import GatewayMetrics
-from servlane_gateway.proxy import UsageScanner
-from servlane_gateway.redis_limits import redis_client
-from servlane_gateway.response_cache import (
+from servlane_gateway.cache.rules import (
     CACHE_HEADER,
     HIT,
     Bounds,
@@ -55,7 +52,10 @@ from servlane_gateway.response_cache import (
     json_keepable,
     stream_keepable,
 )
-from servlane_gateway.shared_limits import redact_url
+from servlane_gateway.gateway_metrics import GatewayMetrics
+from servlane_gateway.http.proxy import UsageScanner
+from servlane_gateway.limits.redis_limiter import redis_client
+from servlane_gateway.limits.shared import redact_url
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""The response cache: its keys and rules, and the stores that keep answers (memory, Redis)."""

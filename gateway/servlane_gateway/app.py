@@ -7,15 +7,14 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from servlane_core.protocol import openai as p
 from servlane_core.protocol.limits import RequestLimits
 from servlane_core.routing.overrides import apply_overrides
 from servlane_core.routing.routes import RouteTable, describe_ambiguity, describe_refused, resolve_plain_names
@@ -26,6 +25,7 @@ from servlane_gateway.cache.rules import CacheBudget
 from servlane_gateway.cache.store import AnswerStore, MemoryStore, RedisStore, ResponseCacher
 from servlane_gateway.console.recent import RequestLog
 from servlane_gateway.console.router import install_console
+from servlane_gateway.endpoints import BY_PATH, document
 from servlane_gateway.forwarding import handle
 from servlane_gateway.gateway_metrics import GatewayMetrics
 from servlane_gateway.http.metrics_listener import MetricsEndpoint, arrived_on
@@ -167,7 +167,6 @@ def batch_service_for(settings: GatewaySettings, state: GatewayState) -> BatchSe
     )
 
 
-PROXIED = {f"/v1/{e}": e for e in ("chat/completions", "completions", "embeddings")}
 FIRST_TABLE_WAIT_SECONDS = 20.0
 
 
@@ -194,29 +193,11 @@ class GatewayApp(FastAPI):
         await self._serve(scope, receive, send)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in PROXIED:
-            response = await handle(self.state.gateway, Request(scope, receive, send), PROXIED[scope["path"]])
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in BY_PATH:
+            response = await handle(self.state.gateway, Request(scope, receive, send), BY_PATH[scope["path"]])
             await response(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
-
-
-def _document_proxied(app: FastAPI, state: GatewayState) -> None:
-    """The proxied endpoints as routes with the runtime's request models: for the OpenAPI schema (clients,
-    the schema fuzz) and for other methods (405). POSTs never get here (GatewayApp.__call__), so the
-    gateway itself never validates beyond its limits: the backend does, and its 400s are relayed."""
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: p.ChatCompletionRequest, request: Request) -> Response:
-        return await handle(state, request, "chat/completions")
-
-    @app.post("/v1/completions")
-    async def completions(body: p.CompletionRequest, request: Request) -> Response:
-        return await handle(state, request, "completions")
-
-    @app.post("/v1/embeddings")
-    async def embeddings(body: p.EmbeddingRequest, request: Request) -> Response:
-        return await handle(state, request, "embeddings")
 
 
 def hold_limits_for(settings: GatewaySettings) -> HoldLimits:
@@ -340,7 +321,7 @@ def create_app(
     app.state.gateway = state
     install_error_handlers(app)
 
-    _document_proxied(app, state)
+    document(app, partial(handle, state))
     batch.install(app)
     if settings.console_enabled:
         state.recent = RequestLog(settings.console_slow_seconds)

@@ -256,12 +256,12 @@ def serve_gateway(port: int, routes_file: Path, replicas: list[str]) -> None:
     import uvicorn
 
     from servlane_gateway.app import create_app
-    from servlane_gateway.routing.pods import services_of
+    from servlane_gateway.routing.slices import services_of
     from servlane_gateway.settings import GatewaySettings
     from servlane_gateway.workers import server_options
 
     app = create_app(GatewaySettings(routes_file=routes_file))
-    app.state.gateway.endpoints.update(services_of([endpoint_slice(i, url) for i, url in enumerate(replicas)]))
+    app.state.gateway.pods.update(services_of([endpoint_slice(i, url) for i, url in enumerate(replicas)]))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", **server_options())
 
 

@@ -7,7 +7,7 @@ import sys
 
 from pydantic import ValidationError
 
-from servlane_gateway.settings import parse_settings
+from servlane_gateway.flags import parse_settings
 from servlane_gateway.workers import serve
 
 

@@ -21,8 +21,9 @@ from servlane_core.routing.routes import RouteTable, describe_ambiguity, describ
 from servlane_core.routing.waking import HoldLimits
 from servlane_gateway.access import KeyRing, names_for, parse_keys
 from servlane_gateway.batch.service import BatchService
+from servlane_gateway.cache.redis_store import RedisStore
 from servlane_gateway.cache.rules import CacheBudget
-from servlane_gateway.cache.store import AnswerStore, MemoryStore, RedisStore, ResponseCacher
+from servlane_gateway.cache.store import AnswerStore, MemoryStore, ResponseCacher
 from servlane_gateway.console.recent import RequestLog
 from servlane_gateway.console.router import install_console
 from servlane_gateway.endpoints import BY_PATH, document
@@ -36,8 +37,9 @@ from servlane_gateway.limits.redis_limiter import RedisLimiter
 from servlane_gateway.routing.demand_lease import DemandSink, KubeDemandLease, NoDemand
 from servlane_gateway.routing.hold import HoldQueue
 from servlane_gateway.routing.kube_watch import KubeRouteSource, own_namespace
-from servlane_gateway.routing.pods import EndpointRouter, EndpointSliceSource, Services
-from servlane_gateway.routing.sources import FileRouteSource, RouteSource, file_signature
+from servlane_gateway.routing.pods import PodRouter
+from servlane_gateway.routing.slices import EndpointSliceSource, Services
+from servlane_gateway.routing.sources import FileRouteSource, OnTable, RouteSource, file_signature
 from servlane_gateway.settings import GatewaySettings, plain_name_namespaces
 from servlane_gateway.state import GatewayState
 from servlane_web.errors import install_error_handlers
@@ -209,11 +211,8 @@ def hold_limits_for(settings: GatewaySettings) -> HoldLimits:
     )
 
 
-def create_app(
-    settings: GatewaySettings, source: RouteSource | None = None, demand: DemandSink | None = None
-) -> FastAPI:
-    """`demand`: where the demand for models at zero goes; default: their demand Leases when watching the
-    cluster, nowhere with a routes file (servlane_gateway.routing.demand_lease)."""
+def gateway_state_for(settings: GatewaySettings) -> GatewayState:
+    """The shared state, its limiter and response cache made (not started); fails fast on a malformed keys file."""
     timeouts = Timeouts(settings.connect_timeout, settings.first_byte_timeout, settings.idle_timeout)
     state = GatewayState(
         metrics=GatewayMetrics(),
@@ -234,25 +233,29 @@ def create_app(
     if settings.keys_file is not None:
         state.metrics.keys_file_loaded(True, time.time())  # it parsed: a broken one stops the start above
         log_key_ring(state.keys, settings.keys_file)
-    batch = batch_service_for(settings, state)
-    tracer = start_tracing("servlane-gateway")
-    routes = source or route_source_for(settings)
-    state.endpoints = EndpointRouter(state.metrics)
-    # The pods behind each AIModel's Service, when watching the cluster; else its Service URL is called.
-    slices = EndpointSliceSource(settings.namespaces) if isinstance(routes, KubeRouteSource) else None
+    return state
+
+
+def hold_queue_for(
+    settings: GatewaySettings, state: GatewayState, routes: RouteSource, demand: DemandSink | None
+) -> HoldQueue | None:
+    """The queue of requests for models with no ready pod; None (a 503 at once) when either bound is 0."""
     limits = hold_limits_for(settings)
     if limits.per_model > 0 and limits.per_namespace > 0:  # else a model with no ready pod is a 503 at once
         if demand is None:
             demand = KubeDemandLease() if isinstance(routes, KubeRouteSource) else NoDemand()
-        state.hold = HoldQueue(state.endpoints, state.metrics, limits, demand, settings.unavailable_retry_after)
+        return HoldQueue(state.pods, state.metrics, limits, demand, settings.unavailable_retry_after)
+    return None
+
+
+def table_listener(state: GatewayState, settings: GatewaySettings, first_table: asyncio.Event) -> OnTable:
+    """What a new route table does: overrides and plain names applied, what changed logged, then swapped in."""
     serving = plain_name_namespaces(settings, own_namespace)
     log.info(
         "plain model names resolve in namespace(s) %s for callers whose API key names no namespace (a name "
         "several hold is ambiguous: refused); elsewhere call '<namespace>/<name>'",
         ", ".join(serving),
     )
-
-    first_table = asyncio.Event()
 
     def on_table(table: RouteTable) -> None:
         first_table.set()
@@ -269,10 +272,64 @@ def create_app(
         if state.hold is not None:
             state.hold.table_changed(table)
 
-    def on_services(services: Services) -> None:
-        state.endpoints.update(services)
-        if state.hold is not None:
-            state.hold.poke()  # a pod that became ready releases the requests held for its model now
+    return on_table
+
+
+def services_changed(state: GatewayState, services: Services) -> None:
+    """The pods of the AIModels' Services changed (the EndpointSlice watch)."""
+    state.pods.update(services)
+    if state.hold is not None:
+        state.hold.poke()  # a pod that became ready releases the requests held for its model now
+
+
+def install_probes(app: FastAPI, state: GatewayState, settings: GatewaySettings) -> None:
+    """/v1/models (what the caller's key may call), /health and /ready."""
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        key = state.keys.authenticate(request.headers.get("authorization"))
+        table = state.table
+        # Each model the key may call, named as a request of this key resolves it (ambiguous ones qualified).
+        visible = names_for(key, table) if table is not None else []
+        data = [{"id": n, "object": "model", "created": 0, "owned_by": "servlane"} for n in visible]
+        return {"object": "list", "data": data}
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        if state.table is None:
+            return JSONResponse({"status": "waiting for routes"}, status_code=503, headers={"Retry-After": "1"})
+        keys_file = "none" if settings.keys_file is None else "invalid" if state.keys.broken else "valid"
+        if state.keys.broken:
+            # Not ready: a rollout of a broken keys Secret stops here instead of replacing working replicas.
+            detail = {"status": "the API keys file does not parse", "keys_file": keys_file}
+            return JSONResponse(detail, status_code=503, headers={"Retry-After": "5"})
+        # The shared limit store is deliberately not checked: its outage hits every replica at once, and
+        # taking them all out of the Service would turn the limited requests' 503 + Retry-After into
+        # connection errors and fail the requests no limit applies to as well.
+        return JSONResponse({"status": "ready", "keys_file": keys_file})
+
+
+def create_app(
+    settings: GatewaySettings, source: RouteSource | None = None, demand: DemandSink | None = None
+) -> FastAPI:
+    """`demand`: where the demand for models at zero goes; default: their demand Leases when watching the
+    cluster, nowhere with a routes file (servlane_gateway.routing.demand_lease)."""
+    state = gateway_state_for(settings)
+    timeouts = state.timeouts
+    batch = batch_service_for(settings, state)
+    tracer = start_tracing("servlane-gateway")
+    routes = source or route_source_for(settings)
+    state.pods = PodRouter(state.metrics)
+    # The pods behind each AIModel's Service, when watching the cluster; else its Service URL is called.
+    slices = EndpointSliceSource(settings.namespaces) if isinstance(routes, KubeRouteSource) else None
+    state.hold = hold_queue_for(settings, state, routes, demand)
+    first_table = asyncio.Event()
+    on_table = table_listener(state, settings, first_table)
+    on_services = partial(services_changed, state)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -328,32 +385,7 @@ def create_app(
         objects = routes.latest_objects if isinstance(routes, FileRouteSource | KubeRouteSource) else lambda: ([], [])
         install_console(app, state, objects, state.recent, settings.trace_url_template, batch.latest)
 
-    @app.get("/v1/models")
-    async def models(request: Request) -> dict[str, Any]:
-        key = state.keys.authenticate(request.headers.get("authorization"))
-        table = state.table
-        # Each model the key may call, named as a request of this key resolves it (ambiguous ones qualified).
-        visible = names_for(key, table) if table is not None else []
-        data = [{"id": n, "object": "model", "created": 0, "owned_by": "servlane"} for n in visible]
-        return {"object": "list", "data": data}
-
-    @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @app.get("/ready")
-    async def ready() -> JSONResponse:
-        if state.table is None:
-            return JSONResponse({"status": "waiting for routes"}, status_code=503, headers={"Retry-After": "1"})
-        keys_file = "none" if settings.keys_file is None else "invalid" if state.keys.broken else "valid"
-        if state.keys.broken:
-            # Not ready: a rollout of a broken keys Secret stops here instead of replacing working replicas.
-            detail = {"status": "the API keys file does not parse", "keys_file": keys_file}
-            return JSONResponse(detail, status_code=503, headers={"Retry-After": "5"})
-        # The shared limit store is deliberately not checked: its outage hits every replica at once, and
-        # taking them all out of the Service would turn the limited requests' 503 + Retry-After into
-        # connection errors and fail the requests no limit applies to as well.
-        return JSONResponse({"status": "ready", "keys_file": keys_file})
+    install_probes(app, state, settings)
 
     # Not a route: /metrics answers only on the metrics port (metrics_listener), OpenMetrics with the exemplars
     # that link a latency bucket to a trace when asked (one worker process only: the multiprocess files hold none).

@@ -88,6 +88,26 @@ class GatewayMetrics:
         # Worker processes: values live in the multiprocess files, which cannot drop a series.
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         r = self.registry
+        self._add_request_metrics(r)
+        self._add_cache_metrics(r)
+        self._add_pod_metrics(r)
+        self._add_hold_metrics(r)
+        # Created by the first keys_file_loaded(): without a keys file there is no file state to report.
+        self._keys_file: tuple[Gauge, Gauge] | None = None
+
+        # Label children cached per label values: `.labels()` takes a lock and builds a key on every call,
+        # and the values are bounded (route names, models, status codes), so the cache is too.
+        self._request_children: dict[tuple[str, str, str, int], Any] = {}
+        self._latency_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+        self._token_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+        self.weighted: set[tuple[str, str, str]] = set()  # (namespace, feature, model) with a weight now
+        # What set_weights last wrote, so the next table rewrites only what changed.
+        self._shares: dict[tuple[str, str, str], float] = {}
+        self._route_shares: dict[tuple[str, str], tuple[Route, dict[str, float]]] = {}
+        self._started: set[tuple[str, str, str]] = set()  # request and error series started at 0
+
+    def _add_request_metrics(self, r: CollectorRegistry) -> None:
+        """Requests, latency, tokens, weights and where the limits live."""
         self.requests = Counter(
             _base(contract.REQUESTS, "_total"), "Requests by feature, model and status code.",
             ["namespace", "feature", "model", "code"], registry=r,
@@ -127,6 +147,8 @@ class GatewayMetrics:
             ["mode"], registry=r, multiprocess_mode="max",
         )  # fmt: skip
 
+    def _add_cache_metrics(self, r: CollectorRegistry) -> None:
+        """The response cache's hits, misses, coalesced answers, stores and evictions."""
         cache = ["namespace", "feature"]
         self.cache_hits = Counter(
             _base(CACHE_HITS, "_total"), "Requests answered from the response cache.", cache, registry=r
@@ -147,9 +169,8 @@ class GatewayMetrics:
             registry=r,
         )  # fmt: skip
 
-        # Created by the first keys_file_loaded(): without a keys file there is no file state to report.
-        self._keys_file: tuple[Gauge, Gauge] | None = None
-
+    def _add_pod_metrics(self, r: CollectorRegistry) -> None:
+        """Each pod's requests in flight, picks and ejections."""
         pod = ["namespace", "model", "pod"]
         self.endpoint_in_flight = Gauge(
             ENDPOINT_IN_FLIGHT, "Requests this gateway has in flight to each pod.", pod, registry=r,
@@ -163,6 +184,8 @@ class GatewayMetrics:
             registry=r,
         )  # fmt: skip
 
+    def _add_hold_metrics(self, r: CollectorRegistry) -> None:
+        """Requests held for a model with no ready pod."""
         self.requests_held = Gauge(
             REQUESTS_HELD, "Requests held now for a model with no ready pod, waiting for one.",
             ["namespace", "model"], registry=r, multiprocess_mode="livesum",
@@ -177,17 +200,6 @@ class GatewayMetrics:
             "(waited too long, model gone), by reason.",
             ["namespace", "reason"], registry=r,
         )  # fmt: skip
-
-        # Label children cached per label values: `.labels()` takes a lock and builds a key on every call,
-        # and the values are bounded (route names, models, status codes), so the cache is too.
-        self._request_children: dict[tuple[str, str, str, int], Any] = {}
-        self._latency_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
-        self._token_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
-        self.weighted: set[tuple[str, str, str]] = set()  # (namespace, feature, model) with a weight now
-        # What set_weights last wrote, so the next table rewrites only what changed.
-        self._shares: dict[tuple[str, str, str], float] = {}
-        self._route_shares: dict[tuple[str, str], tuple[Route, dict[str, float]]] = {}
-        self._started: set[tuple[str, str, str]] = set()  # request and error series started at 0
 
     def keys_file_loaded(self, valid: bool, at: float) -> None:
         """The API keys file was (re)loaded at Unix time `at`: parsed (`valid`) or not. Across workers,

@@ -1,18 +1,10 @@
-"""The gateway's settings: each one from a CLI flag, else an environment variable, else its default.
-
-Environment variables are the flag names upper-cased with SERVLANE_GATEWAY_ in front, e.g.
---routes-file ↔ SERVLANE_GATEWAY_ROUTES_FILE, --namespaces ↔ SERVLANE_GATEWAY_NAMESPACES (comma-separated,
-like SERVLANE_GATEWAY_SERVING_NAMESPACES).
-`--endpoint-override FROM=TO` repeats; its variable SERVLANE_GATEWAY_ENDPOINT_OVERRIDES holds a comma list of
-FROM=TO or a JSON object.
-"""
+"""The gateway's settings, checked (types, schemes, names, combinations that cannot work); read from the
+flags and the environment by servlane_gateway.flags."""
 
 from __future__ import annotations
 
-import argparse
-import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -31,7 +23,6 @@ from servlane_gateway.cache.rules import (
 from servlane_gateway.http.upstream import DEFAULT_MAX_IDLE_SECONDS, DEFAULT_MAX_LIFETIME_SECONDS
 from servlane_gateway.limits.rates import DEFAULT_RESERVED_COMPLETION_TOKENS
 
-ENV_PREFIX = "SERVLANE_GATEWAY_"
 BATCH_DATABASE_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg", "sqlite")
 NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
@@ -402,31 +393,3 @@ def plain_name_namespaces(settings: GatewaySettings, own_namespace: Callable[[],
     if settings.namespaces:
         return list(settings.namespaces)
     return [own_namespace()]
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> GatewaySettings:
-    env = os.environ if environ is None else environ
-    parser = argparse.ArgumentParser(prog="python -m servlane_gateway", description=__doc__)
-    for name, info in GatewaySettings.model_fields.items():
-        if name == "watch":
-            parser.add_argument(_flag(name), action="store_true", default=None, help=info.description)
-        elif name == "endpoint_overrides":
-            parser.add_argument("--endpoint-override", dest=name, action="append", default=None, help=info.description)
-        else:
-            parser.add_argument(_flag(name), default=None, help=info.description or f"default: {info.default}")
-    args = vars(parser.parse_args(argv))
-    values: dict[str, object] = {}
-    for name in GatewaySettings.model_fields:
-        value = args.get(name)
-        if value is None:
-            value = env.get(ENV_PREFIX + name.upper())
-        if value is None:
-            continue
-        if name in ("namespaces", "serving_namespaces") and isinstance(value, str):
-            value = [ns.strip() for ns in value.split(",") if ns.strip()]
-        values[name] = value
-    return GatewaySettings.model_validate(values)

@@ -20,7 +20,7 @@ from servlane_gateway.http.proxy import Timeouts
 from servlane_gateway.http.upstream import UpstreamPool
 from servlane_gateway.limits.rates import DEFAULT_RESERVED_COMPLETION_TOKENS, Limiter
 from servlane_gateway.routing.hold import HoldQueue
-from servlane_gateway.routing.pods import EndpointRouter
+from servlane_gateway.routing.pods import PodRouter
 
 
 @dataclass
@@ -36,10 +36,10 @@ class GatewayState:
     table: RouteTable | None = None
     keys: KeyRing = field(default_factory=KeyRing)
     sticky_guard: StickyShareGuard = field(default_factory=StickyShareGuard)
-    # Reserved at admission for a completion without max_tokens (see ratelimit.estimate_tokens).
+    # Reserved at admission for a completion without max_tokens (see limits.rates.estimate_tokens).
     reserved_completion_tokens: int = DEFAULT_RESERVED_COMPLETION_TOKENS
     cache: ResponseCacher | None = None  # deterministic answers, for the features that opt in
     # Picks the pod of each attempt; without EndpointSlices it hands back the backend's Service URL.
-    endpoints: EndpointRouter = field(default_factory=EndpointRouter)
+    pods: PodRouter = field(default_factory=PodRouter)
     recent: RequestLog | None = None  # with the console on: its slow/failed requests and per-model rates
     hold: HoldQueue | None = None  # requests waiting for a model with no ready pod; None: 503 at once

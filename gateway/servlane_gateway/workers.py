@@ -124,7 +124,7 @@ def fresh_metrics_dir() -> Path:
 
 def server_options() -> dict[str, Any]:
     """uvicorn's settings for the gateway, single process or workers alike.
-    - the gateway's protocol: one write per response, no watcher task per request (http_server);
+    - the gateway's protocol: one write per response, no watcher task per request (http.server);
     - no X-Forwarded-* rewriting of the client address: the gateway never uses it, and it cost a middleware
       call per request;
     - no access log: a line per request; the metrics count requests instead."""

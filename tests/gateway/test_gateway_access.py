@@ -13,9 +13,9 @@ from servlane_core.protocol.errors import OpenAIError
 from servlane_core.routing.defaults import apply_defaults
 from servlane_core.routing.routes import RouteTable, build_route_table
 from servlane_gateway.access import MIN_KEY_LENGTH, ApiKey, KeyRing, parse_keys, route_for
+from servlane_gateway.flags import parse_settings
 from servlane_gateway.limits.rates import Limits, RateLimiter, TokenBucket
 from servlane_gateway.routing.sources import parse_objects
-from servlane_gateway.settings import parse_settings
 from tests.support.gateway_harness import aifeature
 
 ALPHA, BRAVO, OPS = "sk-alpha-0123456789abcdef0123456789", "sk-bravo-0123456789abcdef0123456789", "sk-ops#2"

@@ -15,8 +15,9 @@ from sqlalchemy import table as sa_table
 
 from servlane_gateway.batch import rules
 from servlane_gateway.batch import store as store_module
+from servlane_gateway.batch.files import ABANDONED_AFTER, FILE_CHUNK, QuotaExceeded, engine_url, redacted
 from servlane_gateway.batch.schema import file_chunks, files
-from servlane_gateway.batch.store import ABANDONED_AFTER, FILE_CHUNK, BatchStore, QuotaExceeded, engine_url, redacted
+from servlane_gateway.batch.store import BatchStore
 from tests.support.batch_databases import Postgres
 
 CHAT = "/v1/chat/completions"

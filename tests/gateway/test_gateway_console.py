@@ -9,7 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-from servlane_gateway.settings import GatewaySettings, parse_settings
+from servlane_gateway.flags import parse_settings
+from servlane_gateway.settings import GatewaySettings
 from tests.support.console import console_objects
 from tests.support.gateway_harness import StartGateway, Upstream
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from servlane_gateway.settings import parse_settings
+from servlane_gateway.flags import parse_settings
 from tests.helm import conftest as helm_fixtures
 from tests.support.helmtool import CHART, Helm, one
 

@@ -16,14 +16,8 @@ import pytest
 from servlane_core.routing.routes import Backend
 from servlane_gateway.gateway_metrics import ENDPOINT_EJECTIONS, ENDPOINT_IN_FLIGHT, ENDPOINT_PICKS
 from servlane_gateway.http.upstream import UpstreamConnectTimeout, UpstreamPool
-from servlane_gateway.routing.pods import (
-    EndpointRouter,
-    EndpointSliceSource,
-    Services,
-    is_model_slice,
-    services_of,
-    slice_endpoints,
-)
+from servlane_gateway.routing.pods import PodRouter
+from servlane_gateway.routing.slices import EndpointSliceSource, Services, is_model_slice, services_of, slice_endpoints
 from tests.support.endpoint_slices import SERVICE_URL, endpoint_slice
 from tests.support.gateway_harness import Gateway, ServedApp, StartGateway, Upstream, aifeature, aimodel, refused_url
 from tests.support.gateway_upstream import create_upstream
@@ -64,7 +58,7 @@ def start(start_gateway: StartGateway, routing: str, slices: list[dict[str, Any]
 
 
 def set_slices(gateway: Gateway, services: Services) -> None:
-    gateway.state.endpoints.update(services)
+    gateway.state.pods.update(services)
 
 
 def received(pods: dict[str, Upstream]) -> dict[str, int]:
@@ -250,7 +244,7 @@ def test_an_overridden_backend_is_called_at_its_url(start_gateway: StartGateway,
 
 
 def test_without_a_ready_pod_the_router_falls_back_to_the_service_url() -> None:
-    router = EndpointRouter()
+    router = PodRouter()
     backend = Backend("m", "default", SERVICE_URL.removesuffix("/v1"), "m", True, 100)
     lease = router.choose(backend, "least-load", None)  # no slices known
     assert lease is not None
@@ -364,16 +358,16 @@ def model_slice(model: str, namespace: str, ip: str, ready: bool = True) -> dict
 async def test_a_burst_of_slice_events_at_a_thousand_services_merges_only_their_service(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import servlane_gateway.routing.pods as endpoints_module
+    import servlane_gateway.routing.slices as slices_module
 
     merged: list[int] = []  # how many slices each merge reads
-    merge = endpoints_module.services_of
+    merge = slices_module.services_of
 
     def counted(slices: list[dict[str, Any]]) -> Services:
         merged.append(len(slices))
         return merge(slices)
 
-    monkeypatch.setattr(endpoints_module, "services_of", counted)
+    monkeypatch.setattr(slices_module, "services_of", counted)
     slices = [model_slice(f"m{i}", f"team-{i % 50}", f"10.1.{i // 250}.{i % 250}") for i in range(1000)]
     source = EndpointSliceSource()
     published: list[Services] = []

@@ -23,7 +23,8 @@ from servlane_gateway.gateway_metrics import GatewayMetrics
 from servlane_gateway.routing.demand_lease import KubeDemandLease
 from servlane_gateway.routing.hold import HoldQueue
 from servlane_gateway.routing.kube_watch import routing_view
-from servlane_gateway.routing.pods import EndpointRouter, services_of
+from servlane_gateway.routing.pods import PodRouter
+from servlane_gateway.routing.slices import services_of
 from tests.gateway.waking_upstream import WakingUpstream, start_waking_upstream
 from tests.support.endpoint_slices import SERVICE_URL, endpoint_slice
 from tests.support.gateway_harness import StartGateway, aimodel
@@ -44,7 +45,7 @@ def test_a_held_request_goes_to_the_pod_whose_ready_answered_before_its_slice_sa
     start_gateway: StartGateway, pod: WakingUpstream
 ) -> None:
     gw = start_gateway([waking_model("m", SERVICE_URL.removesuffix("/v1"))])
-    gw.state.endpoints.update(services_of([endpoint_slice("pod-a", pod.url, ready=False)]))
+    gw.state.pods.update(services_of([endpoint_slice("pod-a", pod.url, ready=False)]))
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(httpx.post, f"{gw.url}/v1/chat/completions", json=body, timeout=20)
@@ -54,7 +55,7 @@ def test_a_held_request_goes_to_the_pod_whose_ready_answered_before_its_slice_sa
         response = answer.result(10)
     assert response.status_code == 200
     assert response.json()["choices"][0]["message"]["content"] == "pod-a"
-    router = gw.state.endpoints
+    router = gw.state.pods
     assert router.is_live(BACKEND)
     router.update(services_of([endpoint_slice("pod-a", pod.url, ready=True)]))
     assert not router._probed_pods  # the slice caught up: its word stands from now on
@@ -63,7 +64,7 @@ def test_a_held_request_goes_to_the_pod_whose_ready_answered_before_its_slice_sa
 
 
 def test_only_pods_on_their_way_up_are_probed() -> None:
-    router = EndpointRouter()
+    router = PodRouter()
     assert router.probe_targets(BACKEND) == [(BACKEND.base_url, BACKEND.base_url)]  # no slices: its URL
     router.update(
         services_of(
@@ -81,7 +82,7 @@ def test_only_pods_on_their_way_up_are_probed() -> None:
 
 
 async def test_a_slice_update_releases_held_requests_at_once_without_waiting_for_a_probe() -> None:
-    router = EndpointRouter()
+    router = PodRouter()
     router.update(services_of([endpoint_slice("pod-a", "http://10.0.0.1:8000", ready=False)]))
     limits = HoldLimits(probe_interval=3600)  # no polling tick in this test: only the push can release
     queue = HoldQueue(router, GatewayMetrics(), limits)

@@ -20,7 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from servlane_api import metric_names as m
-from servlane_gateway.settings import GatewaySettings, parse_settings
+from servlane_gateway.flags import parse_settings
+from servlane_gateway.settings import GatewaySettings
 from tests.support.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
 from tests.support.polling import wait_until
 from tests.support.ports import free_port

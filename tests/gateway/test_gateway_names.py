@@ -10,8 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
+from servlane_gateway.flags import parse_settings
 from servlane_gateway.routing.kube_watch import own_namespace
-from servlane_gateway.settings import parse_settings, plain_name_namespaces
+from servlane_gateway.settings import plain_name_namespaces
 from tests.support.gateway_harness import StartGateway, Upstream, aifeature, aimodel
 
 

@@ -10,7 +10,7 @@ import pytest
 from servlane_api import AIFeature, AIModel
 from servlane_core.routing.overrides import apply_overrides, parse_override_env, parse_override_items, rewrite_url
 from servlane_core.routing.routes import build_route_table
-from servlane_gateway.settings import parse_settings
+from servlane_gateway.flags import parse_settings
 from tests.support.gateway_harness import StartGateway, Upstream, aifeature, aimodel, route_in
 
 CLUSTER = "http://chat-v1.prod.svc.cluster.local:8000"

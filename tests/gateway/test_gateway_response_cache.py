@@ -20,8 +20,9 @@ import redis
 
 from servlane_api import metric_names as m
 from servlane_api.aifeature import MAX_RESPONSE_CACHE_BYTES, ResponseCache
+from servlane_gateway.cache.redis_store import RedisStore
 from servlane_gateway.cache.rules import CACHE_HEADER, CacheBudget, CacheKey, Entry
-from servlane_gateway.cache.store import MemoryStore, RedisStore, Stored
+from servlane_gateway.cache.store import MemoryStore, Stored
 from servlane_gateway.gateway_metrics import CACHE_COALESCED, CACHE_EVICTIONS, CACHE_HITS, CACHE_MISSES, CACHE_STORES
 from tests.support.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel, route_in
 from tests.support.polling import wait_until

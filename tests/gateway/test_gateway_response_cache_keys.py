@@ -18,6 +18,7 @@ from servlane_api.aifeature import MAX_RESPONSE_CACHE_BYTES, ResponseCache
 from servlane_core.routing.model_version import answer_version
 from servlane_core.routing.routes import Backend, Route, build_route_table
 from servlane_gateway.app import answer_store_for, cache_budget_for, log_cache
+from servlane_gateway.cache.redis_store import RedisStore, redis_keys, redis_member
 from servlane_gateway.cache.rules import (
     DEFAULT_CACHE_MAX_BYTES,
     Bounds,
@@ -35,7 +36,7 @@ from servlane_gateway.cache.rules import (
     stream_keepable,
     with_database,
 )
-from servlane_gateway.cache.store import MemoryStore, RedisStore, ResponseCacher, Stored, redis_keys, redis_member
+from servlane_gateway.cache.store import MemoryStore, ResponseCacher, Stored
 from servlane_gateway.gateway_metrics import GatewayMetrics
 from servlane_gateway.settings import GatewaySettings
 from tests.support.gateway_harness import aifeature, aimodel

@@ -19,10 +19,11 @@ from pydantic import ValidationError
 
 from servlane_api import metric_names as m
 from servlane_core.protocol.errors import OpenAIError
+from servlane_gateway.flags import parse_settings
 from servlane_gateway.limits.rates import Check, Limits, RateLimiter, plan_checks
 from servlane_gateway.limits.redis_limiter import STORE_UNAVAILABLE, RedisLimiter
 from servlane_gateway.limits.shared import admit_call, admit_refusal, redact_url, settle_call, store_key
-from servlane_gateway.settings import GatewaySettings, parse_settings
+from servlane_gateway.settings import GatewaySettings
 from tests.support import shared_limits
 from tests.support.gateway_harness import Gateway, StartGateway, Upstream
 from tests.support.polling import wait_until

@@ -478,7 +478,7 @@ def test_schema_rejects_bad_model_network_policy_values(helm: Helm, setting: str
 
 
 def test_gateway_quota_settings_reach_the_gateway(helm: Helm) -> None:
-    from servlane_gateway.settings import parse_settings
+    from servlane_gateway.flags import parse_settings
 
     defaults = env_of(one(helm.template(), "Deployment", "mp-servlane-gateway"))
     assert defaults["SERVLANE_GATEWAY_KEY_MAX_IN_FLIGHT"] == "0"  # unlimited unless set
@@ -493,7 +493,7 @@ def test_gateway_quota_settings_reach_the_gateway(helm: Helm) -> None:
 
 
 def test_gateway_redis_settings_reach_the_gateway_and_keep_the_password_in_secrets(helm: Helm) -> None:
-    from servlane_gateway.settings import parse_settings
+    from servlane_gateway.flags import parse_settings
 
     assert not any(
         name.startswith("SERVLANE_GATEWAY_REDIS")
@@ -528,7 +528,7 @@ def test_gateway_redis_settings_reach_the_gateway_and_keep_the_password_in_secre
 
 
 def test_gateway_workers_reach_the_gateway_and_more_than_one_needs_shared_limits(helm: Helm) -> None:
-    from servlane_gateway.settings import parse_settings
+    from servlane_gateway.flags import parse_settings
 
     defaults = env_of(one(helm.template(), "Deployment", "mp-servlane-gateway"))
     assert parse_settings(["--watch"], defaults).workers == 0  # one per CPU given

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from servlane_gateway.settings import parse_settings
+from servlane_gateway.flags import parse_settings
 from tests.support.helmtool import Helm, one
 
 GATEWAY = "mp-servlane-gateway"

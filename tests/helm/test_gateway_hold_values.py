@@ -12,7 +12,7 @@ GATEWAY = "mp-servlane-gateway"
 
 
 def test_the_hold_settings_reach_the_gateway_with_their_defaults_and_as_set(helm: Helm) -> None:
-    from servlane_gateway.settings import parse_settings
+    from servlane_gateway.flags import parse_settings
 
     defaults = parse_settings(["--watch"], env_of(one(helm.template(), "Deployment", GATEWAY)))
     assert (defaults.hold_max_per_model, defaults.hold_max_per_namespace) == (100, 200)

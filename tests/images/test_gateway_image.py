@@ -50,9 +50,9 @@ os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:9"
 from servlane_web.tracing import start_tracing, stop_tracing
 assert start_tracing("servlane-gateway") is not None
 stop_tracing()
-import redis.asyncio, servlane_gateway.limits.redis_limiter, servlane_gateway.cache.store
+import redis.asyncio, servlane_gateway.limits.redis_limiter, servlane_gateway.cache.redis_store
 import sqlalchemy, alembic.command, alembic.config
-from servlane_gateway.batch.store import engine_url
+from servlane_gateway.batch.files import engine_url
 engine = sqlalchemy.create_engine(engine_url("postgresql://batch@127.0.0.1:9/batch"))
 assert engine.dialect.driver == "psycopg", engine.dialect.driver
 import python_multipart

@@ -6,7 +6,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from servlane_gateway.forwarding import header
+from servlane_gateway.http.request import header
 
 
 def request_with(headers: list[tuple[bytes, bytes]]) -> Request:

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, TraceIdRatioBased
 
 from servlane_core.tracing import TRACE_ID_HEADER
-from servlane_gateway.settings import parse_settings
+from servlane_gateway.flags import parse_settings
 from servlane_web.tracing import TracingMiddleware
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -23,7 +23,8 @@ from sqlalchemy.exc import DBAPIError
 
 from servlane_core.protocol.errors import OpenAIError
 from servlane_gateway.batch import rules
-from servlane_gateway.batch.store import FILE_CHUNK, BatchStore, QuotaExceeded
+from servlane_gateway.batch.files import FILE_CHUNK, QuotaExceeded
+from servlane_gateway.batch.store import BatchStore
 from servlane_gateway.batch.upload_form import UploadForm
 from servlane_gateway.state import GatewayState
 
@@ -137,6 +138,9 @@ async def in_db(call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         raise unavailable() from None
 
 
+OwnerOf = Callable[[Request], tuple[BatchStore, str]]  # the caller's store and owner, or the refusal
+
+
 def batch_router(
     state: GatewayState,
     store: BatchStore | None,
@@ -160,6 +164,14 @@ def batch_router(
             raise unavailable()  # its schema is not migrated yet (the database did not answer at start)
         return store, key.name if key is not None else ""
 
+    _add_file_routes(router, owner_of, uploads, max_file_bytes)
+    _add_batch_routes(router, owner_of, wake)
+    return router
+
+
+def _add_file_routes(router: APIRouter, owner_of: OwnerOf, uploads: UploadPlaces, max_file_bytes: int) -> None:
+    """Files: upload (multipart, streamed into the database), list, retrieve, content, delete."""
+
     @router.post("/v1/files", openapi_extra=UPLOAD_SCHEMA)
     async def upload(request: Request) -> dict[str, Any]:
         # The body is read here, not by FastAPI before the call: the key is checked first, and a body
@@ -171,41 +183,7 @@ def batch_router(
         if length.isdigit() and int(length) > max_file_bytes + FORM_OVERHEAD:
             raise too_large(max_file_bytes)
         with uploads.place(owner):
-            form = UploadForm(request.headers.get("content-type", ""))
-            file_id: str | None = None
-            try:
-                received, index = 0, 0
-                async for data in request.stream():
-                    received += len(data)
-                    if received > max_file_bytes + FORM_OVERHEAD:
-                        raise too_large(max_file_bytes)
-                    form.feed(data)
-                    if form.filename is not None and file_id is None:
-                        file_id = await in_db(db.begin_file, owner, rules.INPUT_PURPOSE, form.filename, _now())
-                    if file_id is not None:
-                        for chunk in form.take(UPLOAD_CHUNK):
-                            await in_db(db.append_chunk, file_id, index, chunk)
-                            index += 1
-                rest = form.end()
-                if file_id is None:  # no file part: form.end() said so already
-                    raise OpenAIError(400, "Missing the file to upload (multipart field 'file').", param="file")
-                if form.fields.get("purpose") != rules.INPUT_PURPOSE:
-                    message = f"Only purpose '{rules.INPUT_PURPOSE}' is supported here."
-                    raise OpenAIError(400, message, param="purpose")
-                if rest:
-                    await in_db(db.append_chunk, file_id, index, rest)
-                size = index * UPLOAD_CHUNK + len(rest)
-                if size > max_file_bytes:
-                    raise too_large(max_file_bytes)
-                try:
-                    return await in_db(db.finish_file, owner, file_id, size)
-                except QuotaExceeded as exc:
-                    raise over_quota(exc) from None
-            except BaseException:
-                if file_id is not None:  # its chunks go with it; one left by a dead process is swept later
-                    with suppress(Exception):
-                        await in_db(db.discard_file, file_id)
-                raise
+            return await _store_upload(request, db, owner, max_file_bytes)
 
     @router.get("/v1/files")
     async def list_files(
@@ -247,6 +225,10 @@ def batch_router(
         if not await in_db(db.delete_file, owner, file_id):
             raise not_found("file", file_id)
         return {"id": file_id, "object": "file", "deleted": True}
+
+
+def _add_batch_routes(router: APIRouter, owner_of: OwnerOf, wake: Callable[[], None]) -> None:
+    """Batches: create (the worker is woken), list, retrieve, cancel."""
 
     @router.post("/v1/batches")
     async def create_batch(request: Request, body: BatchCreate) -> dict[str, Any]:
@@ -295,7 +277,44 @@ def batch_router(
         wake()
         return found
 
-    return router
+
+async def _store_upload(request: Request, db: BatchStore, owner: str, max_file_bytes: int) -> dict[str, Any]:
+    """The multipart body into the database as it arrives, in chunks; the file's record, or the error."""
+    form = UploadForm(request.headers.get("content-type", ""))
+    file_id: str | None = None
+    try:
+        received, index = 0, 0
+        async for data in request.stream():
+            received += len(data)
+            if received > max_file_bytes + FORM_OVERHEAD:
+                raise too_large(max_file_bytes)
+            form.feed(data)
+            if form.filename is not None and file_id is None:
+                file_id = await in_db(db.begin_file, owner, rules.INPUT_PURPOSE, form.filename, _now())
+            if file_id is not None:
+                for chunk in form.take(UPLOAD_CHUNK):
+                    await in_db(db.append_chunk, file_id, index, chunk)
+                    index += 1
+        rest = form.end()
+        if file_id is None:  # no file part: form.end() said so already
+            raise OpenAIError(400, "Missing the file to upload (multipart field 'file').", param="file")
+        if form.fields.get("purpose") != rules.INPUT_PURPOSE:
+            message = f"Only purpose '{rules.INPUT_PURPOSE}' is supported here."
+            raise OpenAIError(400, message, param="purpose")
+        if rest:
+            await in_db(db.append_chunk, file_id, index, rest)
+        size = index * UPLOAD_CHUNK + len(rest)
+        if size > max_file_bytes:
+            raise too_large(max_file_bytes)
+        try:
+            return await in_db(db.finish_file, owner, file_id, size)
+        except QuotaExceeded as exc:
+            raise over_quota(exc) from None
+    except BaseException:
+        if file_id is not None:  # its chunks go with it; one left by a dead process is swept later
+            with suppress(Exception):
+                await in_db(db.discard_file, file_id)
+        raise
 
 
 def _now() -> int:

@@ -19,7 +19,8 @@ from starlette.types import Message
 
 from servlane_core.protocol.errors import OpenAIError
 from servlane_gateway.access import ApiKey, KeyRing
-from servlane_gateway.forwarding import error_response, handle
+from servlane_gateway.forwarding import handle
+from servlane_gateway.http.request import error_response
 from servlane_gateway.state import GatewayState
 
 LOW_PRIORITY = "low"

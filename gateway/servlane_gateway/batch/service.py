@@ -15,9 +15,10 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from servlane_gateway.batch.files import redacted
 from servlane_gateway.batch.metrics import BatchMetrics
 from servlane_gateway.batch.routes import UPLOADS_AT_ONCE, UPLOADS_AT_ONCE_PER_KEY, batch_router
-from servlane_gateway.batch.store import BatchStore, redacted
+from servlane_gateway.batch.store import BatchStore
 from servlane_gateway.batch.worker import BatchWorker
 from servlane_gateway.state import GatewayState
 

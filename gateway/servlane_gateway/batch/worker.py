@@ -21,9 +21,10 @@ from servlane_core.routing.routes import Route
 from servlane_gateway.access import route_for
 from servlane_gateway.batch import metrics as m
 from servlane_gateway.batch import rules
+from servlane_gateway.batch.files import new_id
 from servlane_gateway.batch.metrics import BatchMetrics
 from servlane_gateway.batch.sender import send
-from servlane_gateway.batch.store import Active, BatchStore, Claimed, new_id
+from servlane_gateway.batch.store import Active, BatchStore, Claimed
 from servlane_gateway.state import GatewayState
 
 log = logging.getLogger(__name__)

@@ -97,7 +97,7 @@ class HeldStreamResponse(Response):
             self.ticket.leave()
         if isinstance(answer, RelayResponse):
             await answer.relay(scope, receive, send, headers_sent=True)
-        else:  # counted where it was answered (forwarding._respond)
+        else:  # counted where it was answered (answers.respond)
             await _end(send, _event_of_answer(answer))
 
 

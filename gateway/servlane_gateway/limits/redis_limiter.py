@@ -1,5 +1,5 @@
 """Limits shared by the gateway replicas through Redis: `RedisLimiter`, used instead of the in-memory
-`ratelimit.RateLimiter` when `--redis-url` is set, with the same semantics (see ratelimit's docstring and
+`rates.RateLimiter` when `--redis-url` is set, with the same semantics (see rates' docstring and
 `Admission.settle`).
 
 Each admission and each settlement is one Lua script (EVALSHA through redis-py's `register_script`), so
@@ -174,7 +174,7 @@ class StoreUnavailable(Exception):
 
 class RedisAdmission:
     """One admitted request's hold on the shared limits, released exactly once by `settle` (its semantics
-    are `ratelimit.Admission.settle`'s). The release is sent to Redis in the background: `settle` is called
+    are `rates.Admission.settle`'s). The release is sent to Redis in the background: `settle` is called
     where the request ends, e.g. a stream's callback, which cannot wait."""
 
     def __init__(self, limiter: RedisLimiter, checks: list[Check], member: str, reserved: int) -> None:
@@ -192,7 +192,7 @@ class RedisAdmission:
 
 
 class RedisLimiter:
-    """The `ratelimit.Limiter` whose buckets and places in flight live in a Redis shared by the replicas."""
+    """The `rates.Limiter` whose buckets and places in flight live in a Redis shared by the replicas."""
 
     mode = "redis"
 

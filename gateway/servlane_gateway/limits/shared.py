@@ -1,7 +1,7 @@
-"""The pure part of the limits shared by the gateway replicas through Redis (`redis_limits` does the I/O).
+"""The pure part of the limits shared by the gateway replicas through Redis (`redis_limiter` does the I/O).
 
 Here: the store's key names, what the scripts are sent for a request and what their answers mean, and the
-Redis URL as a log may show it. The bucket arithmetic is `ratelimit.TokenBucket`'s, done inside Redis by
+Redis URL as a log may show it. The bucket arithmetic is `rates.TokenBucket`'s, done inside Redis by
 the scripts (so that it is atomic across replicas and reads Redis' clock, not the replicas').
 
 Key layout, under a configurable prefix (the chart's: `servlane:<release namespace>:<gateway>`, so two

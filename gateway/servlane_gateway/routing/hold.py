@@ -11,7 +11,7 @@ While requests are held for a model, one watcher task per model (on the event lo
   so the operator scales the model up;
 - asks the runtime `/ready` of each pod its EndpointSlices list as not ready yet (without slices: the
   model's URL) every `probe_interval` seconds, and marks one that answers 200 as taking requests
-  (EndpointRouter.mark_probed), without waiting for the kubelet's next readiness probe;
+  (PodRouter.mark_probed), without waiting for the kubelet's next readiness probe;
 - releases every request held for the model as soon as it has a pod to take them: a ready endpoint in a
   slice update (pushed: `poke`), a probe's 200, or the route table saying the model is ready.
 A model that is deleted, or stops waking (it failed) while requests wait, fails them at once (503).
@@ -42,7 +42,7 @@ from servlane_core.routing.waking import (
 )
 from servlane_gateway.gateway_metrics import GatewayMetrics
 from servlane_gateway.routing.demand_lease import DemandSink, NoDemand
-from servlane_gateway.routing.pods import EndpointRouter
+from servlane_gateway.routing.pods import PodRouter
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class Ticket:
 class HoldQueue:
     def __init__(
         self,
-        router: EndpointRouter,
+        router: PodRouter,
         metrics: GatewayMetrics,
         limits: HoldLimits | None = None,
         demand: DemandSink | None = None,

@@ -12,7 +12,7 @@ tenant's requests. Builds are coalesced: at most one runs and one waits, however
 The table is published only once every stream has listed, so routing never sees half the objects.
 Backends are each AIModel's own Service, named from its name and namespace (servlane_api.children), never
 status.endpoint: status is writable by whoever may patch `aimodels/status`.
-The list-then-watch loop (watch_forever) also serves the EndpointSlice watch (servlane_gateway.routing.pods).
+The list-then-watch loop (watch_forever) also serves the EndpointSlice watch (servlane_gateway.routing.slices).
 """
 
 from __future__ import annotations

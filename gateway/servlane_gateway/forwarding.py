@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastapi import Request
 from starlette.requests import ClientDisconnect
@@ -63,6 +63,17 @@ log = logging.getLogger(__name__)
 # Two: a second refusal in a row says more about the version than the pod, and ejection keeps dead pods
 # out of later picks.
 MAX_POD_ATTEMPTS = 2
+
+
+class Asked(NamedTuple):
+    """A request past authentication, routing and the limits, on its way to a backend."""
+
+    request: Request
+    endpoint: str
+    call: Call
+    route: Route
+    body: dict[str, Any]
+    priority: str | None
 
 
 def unavailable(state: GatewayState, message: str) -> OpenAIError:
@@ -133,18 +144,11 @@ async def _handle(state: GatewayState, request: Request, endpoint: str, call: Ca
         call.admission = await state.limiter.acquire(call.key_name, route.namespace, route.name, reserve)
         routing.event("admitted")
     call.strip_usage = ask_for_usage(body, endpoint)
-    return await _forward(state, request, endpoint, call, route, body, priority)
+    return await _forward(state, Asked(request, endpoint, call, route, body, priority))
 
 
-async def _forward(
-    state: GatewayState,
-    request: Request,
-    endpoint: str,
-    call: Call,
-    route: Route,
-    body: dict[str, Any],
-    priority: str | None,
-) -> Response:
+async def _forward(state: GatewayState, asked: Asked) -> Response:
+    request, endpoint, call, route, body, _ = asked
     sticky = sticky_id(request, body)
     # A client (its key, else its sticky id) stays pinned to a version only up to its fair share of it.
     pick = state.sticky_guard.pick(route, sticky, call.key_name or sticky)
@@ -152,12 +156,12 @@ async def _forward(
     if pick.unpinned and backend is not None:
         state.metrics.sticky_unpinned.labels(route.namespace, route.name, backend.model).inc()
     if backend is None and state.hold is not None and (waking := waking_pick(route, sticky)) is not None:
-        return await _when_ready(state, request, endpoint, call, route, body, priority, sticky, waking)
+        return await _when_ready(state, asked, sticky, waking)
     # After admission, so the limits hold for answers from the cache too (they are charged no tokens).
     key = lookup_key(body, endpoint, route, backend) if state.cache is not None else None
     if state.cache is not None and key is not None and (entry := await state.cache.get(key)) is not None:
         return _from_cache(state, call, request, entry, HIT)
-    to_backend = partial(_to_backend, state, request, endpoint, call, route, body, priority, backend, key, sticky)
+    to_backend = partial(_to_backend, state, asked, backend, key, sticky)
     if state.cache is None or key is None or body.get("stream"):
         return await to_backend()
     # Identical non-streamed requests while the first is on its way: one asks the backend, the others take
@@ -175,23 +179,14 @@ async def _forward(
         state.cache.release(call.leading)
 
 
-async def _when_ready(
-    state: GatewayState,
-    request: Request,
-    endpoint: str,
-    call: Call,
-    route: Route,
-    body: dict[str, Any],
-    priority: str | None,
-    sticky: str | None,
-    backend: Backend,
-) -> Response:
+async def _when_ready(state: GatewayState, asked: Asked, sticky: str | None, backend: Backend) -> Response:
     """No backend of the route is ready, `backend` (picked by weight among the waking ones) is on its way:
     the request goes to it now if a pod of it already takes requests, else once one does (held: see
     servlane_gateway.routing.hold). A held stream gets its response head at once (held_stream). Not answered from
     the response cache: the request has waited for a model that was not up, nothing identical was answered."""
+    request, endpoint, call, _, body, _ = asked
     assert state.hold is not None
-    send_to = partial(_to_backend, state, request, endpoint, call, route, body, priority)
+    send_to = partial(_to_backend, state, asked)
     if state.pods.is_live(backend):
         return await send_to(backend, None, sticky)
     ticket = state.hold.enter(backend)  # 429 when its model's or namespace's queue is full
@@ -222,17 +217,9 @@ def _from_cache(state: GatewayState, call: Call, request: Request, entry: Entry,
 
 
 async def _to_backend(
-    state: GatewayState,
-    request: Request,
-    endpoint: str,
-    call: Call,
-    route: Route,
-    body: dict[str, Any],
-    priority: str | None,
-    backend: Backend | None,
-    key: CacheKey | None,
-    sticky: str | None,
+    state: GatewayState, asked: Asked, backend: Backend | None, key: CacheKey | None, sticky: str | None
 ) -> Response:
+    request, endpoint, call, route, body, priority = asked
     spans = spans_of(request.scope)
     headers = {"content-type": "application/json", "accept": header(request, b"accept") or "*/*"}
     if request_id := header(request, b"x-request-id"):

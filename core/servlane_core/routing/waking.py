@@ -1,5 +1,5 @@
 """Requests for a model with no ready pod: which models wake, which one a held request waits for, and
-whether a queue has room. Pure: the gateway's hold queue (servlane_gateway.hold) acts on these.
+whether a queue has room. Pure: the gateway's hold queue (servlane_gateway.routing.hold) acts on these.
 
 A model wakes (routes.can_wake) when its pods are on their way (phase Pending or Deploying: scaled to zero with
 autoscaling, being created, or starting) and it has an endpoint (its Service). A model that is Degraded

@@ -148,7 +148,9 @@ async def test_series_of_another_scrape_job_never_enter_the_canary_window(
         finally:
             await reader.aclose()
 
-    assert 20 <= canary.requests <= 30  # increase() extrapolates a little, never by the impostor's 2000
+    # increase() extrapolates the 20 over the part of the window its samples do not cover (33.3 seen on a
+    # loaded machine, where the scrapes spanned about 36 s of the 60), but never adds the impostor's 2000.
+    assert 20 <= canary.requests < 200
     assert canary.error_rate == pytest.approx(0.5)
     assert canary.p95_latency_seconds is not None
     assert canary.p95_latency_seconds > 0.1

@@ -10,7 +10,7 @@ runtime's clock and the kubelet's are the same node's, and that is what lets the
 from __future__ import annotations
 
 import math
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -19,18 +19,23 @@ from servlane_api._base import ApiModel
 # The runtime serves its RuntimeStartup here, on the metrics port (beside /metrics).
 STARTUP_PATH = "/startup"
 
-RuntimePhase = Literal["process_start", "imports_done", "weights_fetched", "engine_loaded", "ready", "first_token"]
+RuntimePhase = Literal[
+    "process_start", "imports_done", "weights_fetched", "engine_loaded", "ready", "first_request", "first_token"
+]
 # In the order a start reaches them. process_start: the process was exec'd (from the kernel's record, so the
 # interpreter's own start-up is inside imports); imports_done: the server's code imported, about to listen;
 # weights_fetched: the model's files are local (downloaded or found); engine_loaded: the engine (torch,
-# vLLM) imported and the weights loaded; ready: the warm-up token served, /ready answers 200; first_token:
-# the first token (or embedding) of a real request served.
+# vLLM) imported and the weights loaded; ready: the warm-up token served, /ready answers 200; first_request:
+# the first inference request (a POST under /v1/) reached the server after ready, before its body was read (for
+# a model woken from zero, when the gateway let its held request go: ready -> first_request is the gateway's
+# part); first_token: the first token (or embedding) of a real request served.
 RUNTIME_PHASES: tuple[RuntimePhase, ...] = (
     "process_start",
     "imports_done",
     "weights_fetched",
     "engine_loaded",
     "ready",
+    "first_request",
     "first_token",
 )
 
@@ -41,12 +46,20 @@ MAX_COLD_START_SAMPLES = 10
 class RuntimeStartup(BaseModel):
     """The JSON at GET /startup: each phase reached, as Unix seconds (absent until reached).
 
-    The operator reads this from a pod a tenant may control (spec.image): anything else in it is dropped,
-    and a time that is not a finite positive number is refused."""
+    The operator reads this from a pod a tenant may control (spec.image): anything else in it is dropped (a
+    phase this version does not know too, so a newer runtime's start is still told), and a time that is not a
+    finite positive number is refused."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     phases: dict[RuntimePhase, float] = Field(default_factory=dict)
+
+    @field_validator("phases", mode="before")
+    @classmethod
+    def _known(cls, phases: Any) -> Any:
+        if isinstance(phases, dict):
+            return {name: at for name, at in phases.items() if name in RUNTIME_PHASES}
+        return phases
 
     @field_validator("phases")
     @classmethod

@@ -32,7 +32,7 @@ from .metrics_port import MetricsPort
 from .model_host import EngineFactory, ModelHost
 from .request_guard import RequestGuard
 from .serving import OpenAIServing
-from .startup import StartupClock
+from .startup import FirstRequestStamp, StartupClock
 
 
 class SlotStreamingResponse(StreamingResponse):
@@ -138,6 +138,7 @@ def _add_middleware(
     )
     app.add_middleware(RequestGuard, limits=limits)  # inside the metrics: its 413s and 400s are counted
     app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(FirstRequestStamp, startup=startup)  # outside the guard: stamped before the body is read
     if tracer is not None:  # outermost but one: the span covers the whole request, its trace id every answer
         app.add_middleware(TracingMiddleware, tracer=tracer)
     # Outermost: the metrics port serves /metrics only, and the API port (the routes above) has none.

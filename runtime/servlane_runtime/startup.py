@@ -4,7 +4,8 @@ Served as JSON at GET /startup on the metrics port and as gauges beside /metrics
 beside what Kubernetes reports of the pod to explain a cold start (status.coldStart).
 
 process_start is the kernel's record of when this process was exec'd, so the interpreter's own start and
-the imports before any of our code ran are counted too; the other phases are stamped as they happen.
+the imports before any of our code ran are counted too; the other phases are stamped as they happen
+(first_request by FirstRequestStamp, an ASGI layer in front of the routes).
 Each phase is stamped once: a later stamp of the same phase (a second first token) changes nothing.
 """
 
@@ -13,7 +14,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
 
 from servlane_api.cold_start import RuntimePhase, RuntimeStartup
 
@@ -66,3 +68,24 @@ class StartupClock:
 
     def snapshot(self) -> RuntimeStartup:
         return RuntimeStartup(phases=dict(self._phases))
+
+
+class FirstRequestStamp:
+    """ASGI layer that stamps first_request when the first inference request (a POST under /v1/) arrives on the
+    API port after ready, before its body is read: for a model woken from zero, ready -> first_request is how
+    long the gateway took to let its held requests go (#30's goal: under 100 ms). Probes, the model list and
+    requests turned away while loading are not requests the model served, and are not counted."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], startup: StartupClock) -> None:
+        self.app = app
+        self.startup = startup
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and scope["path"].startswith("/v1/")
+            and self.startup.reached("ready")
+        ):
+            self.startup.mark("first_request")
+        await self.app(scope, receive, send)

@@ -3,17 +3,19 @@ from which the operator explains a pod's cold start."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from servlane_api.cold_start import RUNTIME_PHASES, STARTUP_PATH, RuntimeStartup
 from servlane_api.runtime_config import RuntimeConfig
-from servlane_runtime.startup import StartupClock, process_start_time
+from servlane_runtime.startup import FirstRequestStamp, StartupClock, process_start_time
 from tests.support.servers import InProcessServer, SubprocessServer, tiny_config
 
 
@@ -28,9 +30,11 @@ def test_a_runtime_process_reports_each_phase_of_its_start_in_order(tiny_llama_d
     spawned = time.time()
     with SubprocessServer(tiny_config(tiny_llama_dir)) as server:
         server.wait_ready()
+        # The model list and the probes are not requests the model served: no first request, no first token.
+        assert server.get("/v1/models").status_code == 200
         before_traffic = startup_of(server).phases
-        assert list(before_traffic) == list(RUNTIME_PHASES[:-1]), before_traffic  # no first token yet
-        times = [before_traffic[phase] for phase in RUNTIME_PHASES[:-1]]
+        assert list(before_traffic) == list(RUNTIME_PHASES[:-2]), before_traffic
+        times = [before_traffic[phase] for phase in RUNTIME_PHASES[:-2]]
         assert times == sorted(times), before_traffic
         # The process's start from the kernel's record: after the parent spawned it, before our imports ended.
         assert spawned - 0.05 <= before_traffic["process_start"] < before_traffic["imports_done"]
@@ -39,8 +43,8 @@ def test_a_runtime_process_reports_each_phase_of_its_start_in_order(tiny_llama_d
         chat = {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         assert httpx.post(server.v1 + "/chat/completions", json=chat, timeout=60).status_code == 200
         first = startup_of(server).phases
-        assert first["first_token"] >= first["ready"]
-        assert {k: v for k, v in first.items() if k != "first_token"} == before_traffic
+        assert first["ready"] <= first["first_request"] <= first["first_token"], first
+        assert {k: v for k, v in first.items() if k not in ("first_request", "first_token")} == before_traffic
 
         # Stamped once: a second request leaves the first token where it was.
         assert httpx.post(server.v1 + "/chat/completions", json=chat, timeout=60).status_code == 200
@@ -79,6 +83,31 @@ def test_the_clock_stamps_each_phase_once_and_tells_listeners_of_the_past_too() 
     assert clock.snapshot().phases == {"process_start": 5.0, "imports_done": 10.0, "ready": 11.0}
 
 
+def test_the_first_request_is_the_first_inference_post_after_ready() -> None:
+    """Stamped as the request arrives (the gateway's part of a wake from zero ends there), once: not for a
+    request turned away while loading, not for GETs, and not for what the metrics port answers."""
+    clock = StartupClock(process_start=1.0, clock=lambda: 2.0)
+    passed: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        passed.append(scope["path"])
+
+    stamp = FirstRequestStamp(app, clock)
+
+    def arrive(method: str, path: str) -> None:
+        asyncio.run(stamp({"type": "http", "method": method, "path": path}, None, None))
+
+    arrive("POST", "/v1/chat/completions")  # still loading: the runtime answers 503, not a served request
+    assert not clock.reached("first_request")
+    clock.mark("ready")
+    arrive("GET", "/v1/models")
+    arrive("POST", "/tokenize")
+    assert not clock.reached("first_request")
+    arrive("POST", "/v1/completions")
+    assert clock.snapshot().phases["first_request"] == 2.0
+    assert passed == ["/v1/chat/completions", "/v1/models", "/tokenize", "/v1/completions"]  # all passed on
+
+
 def test_the_process_start_is_the_kernels_record_not_the_time_of_asking() -> None:
     """A process that sleeps before it asks still reports when it was started."""
     code = "import time; time.sleep(1.5); from servlane_runtime.startup import process_start_time as p; print(p())"
@@ -99,6 +128,9 @@ def test_a_startup_reply_that_is_not_times_is_refused() -> None:
         raise AssertionError(f"accepted {bad}")
     unknown = RuntimeStartup.model_validate_json('{"phases": {"ready": 5}, "secret": "x"}')
     assert unknown.phases == {"ready": 5.0}
+    # A phase of a newer runtime is dropped, not the whole start: an operator still tells the rest of it.
+    newer = RuntimeStartup.model_validate_json('{"phases": {"ready": 5, "kv_cache_warm": 6}}')
+    assert newer.phases == {"ready": 5.0}
 
 
 def test_the_runtime_process_imports_its_engine_at_once_and_never_scikit_learn() -> None:

@@ -15,6 +15,14 @@ reaches every pod from a local PersistentVolume, nothing downloads. Each round m
   (the JSON the operator would pass) and the same volume and resources, with only a readiness probe on /ready
   every second (the shortest period Kubernetes has); apply -> first token, then `kubectl scale` 0 -> 1 ->
   first token. Its steps are computed the way the operator computes them (servlane_core.cold_start.breakdown).
+- `held`: what a user of a model at zero sees. The chart installed (operator and gateway pods from our images,
+  the gateway on a NodePort, one replica; otherwise its defaults) in namespaces of their own; an AIModel with
+  `autoscaling.minReplicas: 0` and an AIFeature in front of it; apply -> first token through the gateway, then,
+  once the chart's operator has taken it to zero, one request sent to the gateway, which holds it, writes its
+  demand Lease and lets it go when the pod is ready: zero -> first token. Beside the operator's steps, the
+  runtime's own stamps (GET /startup, read from the operator pod's network namespace as the NetworkPolicy
+  allows): runtime ready -> that request's arrival at the pod (the gateway's part, #30's goal: under 100 ms
+  at p50) and -> its first token.
 - `standalone`: the runtime as `servlane serve` runs it (`python -m servlane_runtime`, this machine's venv, no
   container, no CPU limit): process start -> first token, its own steps (GET /startup).
 
@@ -27,7 +35,7 @@ the median and min-max of every step, the machine's load and the versions.
     flock /tmp/servlane-realnode.lock env COLD_START_ENGINE=transformers COLD_START_ROUNDS=5 \\
         .venv/bin/python -m pytest -q -s -p no:cacheprovider bench/cold_start.py
 
-COLD_START_TARGETS (default `aimodel,floor,standalone`) picks the targets; COLD_START_VARIANTS
+COLD_START_TARGETS (default `aimodel,floor,held,standalone`) picks the targets; COLD_START_VARIANTS
 (`label[=operator source dir]` by commas, default `aimodel`) runs several operators (e.g. a copy of operator/
 with other settings, by PYTHONPATH) as targets of their own.
 """
@@ -46,6 +54,7 @@ import time
 import urllib.error
 import urllib.parse
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -57,27 +66,33 @@ from bench.machine_load import cpu_times, shares
 from localcluster.cluster import LocalCluster, stop_process_groups
 from servlane_api.aimodel import AIModel
 from servlane_api.cold_start import STARTUP_PATH, RuntimeStartup
-from servlane_api.runtime_config import ENV_VAR, READY_PATH, RuntimeConfig
+from servlane_api.runtime_config import DEFAULT_METRICS_PORT, ENV_VAR, READY_PATH, RuntimeConfig
 from servlane_api.runtime_exit import TERMINATION_LOG_ENV
 from servlane_core.cold_start import breakdown, runtime_steps
 from servlane_core.routing.waking import demand_lease_name
 from servlane_gateway.routing.demand_lease import lease_body
 from servlane_operator.builders.deployment import build_deployment
 from servlane_operator.settings import OperatorSettings
-from tests.support.cluster_harness import RUNTIME_CPU_IMAGE as RUNTIME_IMAGE
 from tests.support.cluster_harness import (
+    GATEWAY_IMAGE,
+    OPERATOR_IMAGE,
     Kube,
     OperatorProcess,
     install_crds,
     operator_rbac,
     service_account_kubeconfig,
 )
+from tests.support.cluster_harness import RUNTIME_CPU_IMAGE as RUNTIME_IMAGE
+from tests.support.helm_install import gateway_node_port, helm_or_fail, install_chart, uninstall_chart
+from tests.support.pod_netns import get_in_pod, netns_of
 from tests.support.polling import wait_until
 from tests.support.ports import free_port
 from tests.support.real_node import real_cluster, real_node_images  # noqa: F401 (fixtures)
 from tests.support.real_pods import (
     NODE_SELECTOR,
+    delete_local_claim,
     describe_model,
+    describe_pods,
     ensure_namespace,
     gone,
     local_model_claim,
@@ -91,7 +106,10 @@ CLAIM = "cold-start-models"
 ENGINE = os.environ.get("COLD_START_ENGINE", "transformers")
 ROUNDS = int(os.environ.get("COLD_START_ROUNDS", "5"))
 RUN = os.environ.get("COLD_START_RUN", "current")
-TARGETS = tuple(t.strip() for t in os.environ.get("COLD_START_TARGETS", "aimodel,floor,standalone").split(","))
+TARGETS = tuple(t.strip() for t in os.environ.get("COLD_START_TARGETS", "aimodel,floor,held,standalone").split(","))
+# The `held` target's chart release, its namespace and the namespace of its models (its operator watches only
+# that one, and the operator processes of `aimodel` only NAMESPACE: one writer for each model).
+HELD_RELEASE, HELD_SYSTEM, HELD_NAMESPACE = "cold-held", "cold-start-held-system", "cold-start-held"
 # The model's pod: what e2e/test_real_pods.py (transformers) and e2e/test_real_pods_vllm.py (vllm) give it.
 RESOURCES = {"cpu": "1500m", "memory": "4Gi"}
 # A start on 2 shared cores; the first after the image's import reads it from disk.
@@ -153,11 +171,15 @@ def _summary(values: list[float]) -> dict[str, float] | None:
     return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
 
 
-def first_token(base: Callable[[], str | None], model: str, started: float, deadline: float) -> float:
+def first_token(
+    base: Callable[[], str | None], model: str, started: float, deadline: float, refused: list[str] | None = None
+) -> float:
     """Seconds from `started` (time.time()) until a one-token chat completion at base() is answered 200.
-    base() is None while there is nothing to ask yet (no Service)."""
+    base() is None while there is nothing to ask yet (no Service). Each attempt that was not answered 200 is
+    added to `refused`."""
     body = {"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 1, "temperature": 0}
-    timeout = httpx.Timeout(120.0, connect=CONNECT_SECONDS)
+    # Reads may be long: the gateway holds a request for a model at zero until its pod is ready.
+    timeout = httpx.Timeout(float(START_DEADLINE_SECONDS), connect=CONNECT_SECONDS)
     last = "nothing asked yet"
     with httpx.Client(timeout=timeout, trust_env=False) as http:
         while time.time() - started < deadline:
@@ -170,6 +192,8 @@ def first_token(base: Callable[[], str | None], model: str, started: float, dead
                     last = f"HTTP {answer.status_code}: {answer.text[:200]}"
                 except httpx.TransportError as exc:
                     last = f"{type(exc).__name__}: {exc}"
+                if refused is not None:
+                    refused.append(last)
             time.sleep(POLL_SECONDS)  # a client's retry period, not a synchronisation
     raise AssertionError(f"no first token from {model} within {deadline}s; last: {last}")
 
@@ -192,20 +216,20 @@ def cluster_ip_base(c: LocalCluster, service: str) -> Callable[[], str | None]:
     return base
 
 
-def only_pod(c: LocalCluster, selector: str) -> dict[str, Any]:
-    running = [p for p in pods(c, NAMESPACE, selector) if not p["metadata"].get("deletionTimestamp")]
+def only_pod(c: LocalCluster, selector: str, namespace: str = NAMESPACE) -> dict[str, Any]:
+    running = [p for p in pods(c, namespace, selector) if not p["metadata"].get("deletionTimestamp")]
     assert len(running) == 1, [p["metadata"]["name"] for p in running]
     return running[0]
 
 
-def no_pods(c: LocalCluster, selector: str, timeout: float = 240) -> None:
-    wait_until(f"no pods with {selector}", lambda: not pods(c, NAMESPACE, selector), timeout=timeout, interval=0.5)
+def no_pods(c: LocalCluster, selector: str, timeout: float = 240, namespace: str = NAMESPACE) -> None:
+    wait_until(f"no pods with {selector}", lambda: not pods(c, namespace, selector), timeout=timeout, interval=0.5)
 
 
-def force_delete_pods(c: LocalCluster, selector: str) -> None:
+def force_delete_pods(c: LocalCluster, selector: str, namespace: str = NAMESPACE) -> None:
     """Cleanup between rounds, not measured: the pods' preStop and drain are skipped."""
-    for pod in pods(c, NAMESPACE, selector):
-        path = f"/api/v1/namespaces/{NAMESPACE}/pods/{pod['metadata']['name']}"
+    for pod in pods(c, namespace, selector):
+        path = f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}"
         try:
             c.api("DELETE", path, {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
         except urllib.error.HTTPError as exc:
@@ -241,11 +265,13 @@ def pod_steps(c: LocalCluster, selector: str) -> dict[str, float | None]:
     return steps_of(sample)
 
 
-def operator_steps(kube: Kube, model: str, pod: str, timeout: float = 30) -> dict[str, float | None]:
+def operator_steps(
+    kube: Kube, model: str, pod: str, timeout: float = 30, namespace: str = NAMESPACE
+) -> dict[str, float | None]:
     """status.coldStart.last for `pod`, with its first token once the operator has it (else firstToken None)."""
 
     def last(with_first_token: bool) -> dict[str, Any] | None:
-        cold = ((kube.get_model(NAMESPACE, model).get("status") or {}).get("coldStart") or {}).get("last") or {}
+        cold = ((kube.get_model(namespace, model).get("status") or {}).get("coldStart") or {}).get("last") or {}
         if cold.get("pod") != pod or (with_first_token and cold.get("firstToken") is None):
             return None
         return dict(cold)
@@ -418,6 +444,118 @@ def floor_round(c: LocalCluster, folder: str, name: str) -> dict[str, Any]:
     }
 
 
+# --- held: through the chart's gateway, which holds requests for a model at zero ---
+HELD_VALUES: dict[str, Any] = {
+    # The chart's defaults but for: pods on the real node, one gateway replica (of 2) on a NodePort (the host's
+    # way in) without its PodDisruptionBudget, and an operator that watches only the held models' namespace.
+    "operator": {"watchNamespaces": [HELD_NAMESPACE], "nodeSelector": dict(NODE_SELECTOR)},
+    "gateway": {
+        "replicaCount": 1,
+        "service": {"type": "NodePort"},
+        "podDisruptionBudget": {"enabled": False},
+        "nodeSelector": dict(NODE_SELECTOR),
+    },
+}
+
+
+@dataclass
+class HeldStack:
+    cluster: LocalCluster
+    gateway: str  # http://127.0.0.1:<nodePort>
+
+    def startup(self, pod: dict[str, Any]) -> dict[str, float]:
+        """A model pod's /startup, asked from the operator pod's network namespace: the model's NetworkPolicy
+        admits the operator (and the scraper) to the metrics port, not this host."""
+        operator = pods(self.cluster, HELD_SYSTEM, "app.kubernetes.io/component=operator")[0]
+        url = f"http://{pod['status']['podIP']}:{DEFAULT_METRICS_PORT}{STARTUP_PATH}"
+        body = get_in_pod(netns_of(self.cluster, operator["status"]["podIP"]), url)
+        return {phase: at for phase, at in RuntimeStartup.model_validate_json(body).phases.items()}
+
+
+@pytest.fixture(scope="module")
+def held(cluster: LocalCluster, kube: Kube, model_dir: Path) -> Iterator[HeldStack | None]:
+    """The chart, installed once for the `held` rounds (None when they are not asked for)."""
+    if "held" not in TARGETS:
+        yield None
+        return
+    helm = helm_or_fail()
+    ensure_namespace(cluster, HELD_NAMESPACE)
+    local_model_claim(cluster, HELD_NAMESPACE, CLAIM, {model_dir.name: model_dir})
+    try:
+        install_chart(
+            cluster, helm, HELD_RELEASE, HELD_SYSTEM, HELD_VALUES, cluster.workdir / "cold-start-held-values.yaml",
+            lambda: describe_pods(cluster, HELD_SYSTEM, f"app.kubernetes.io/instance={HELD_RELEASE}"),
+        )  # fmt: skip
+        yield HeldStack(cluster, gateway_node_port(cluster, HELD_RELEASE, HELD_SYSTEM))
+    finally:
+        uninstall_chart(cluster, helm, HELD_RELEASE, HELD_SYSTEM)
+        delete_local_claim(cluster, HELD_NAMESPACE, CLAIM)
+
+
+def since_ready(phases: dict[str, float], phase: str) -> float | None:
+    """Seconds from the runtime's ready to `phase` on its own clock (None when not stamped)."""
+    return round(phases[phase] - phases["ready"], 3) if phase in phases and "ready" in phases else None
+
+
+def held_round(c: LocalCluster, kube: Kube, stack: HeldStack, folder: str, name: str) -> dict[str, Any]:
+    selector = f"servlane.dev/model={name}"
+    feature = f"{name}-chat"
+    autoscaling = {"minReplicas": 0, "maxReplicas": 1, "scaleToZeroAfter": "1s"}
+    gateway = lambda: stack.gateway  # noqa: E731 - first_token's base()
+    load = Load()
+    started = time.time()
+    kube.create_model(HELD_NAMESPACE, name, {**model_spec(folder), "autoscaling": autoscaling})
+    kube.create_feature(HELD_NAMESPACE, feature, {"model": name})
+    try:
+        # 404 until the gateway knows the feature; then held until the pod is ready.
+        apply_ft = first_token(gateway, feature, started, START_DEADLINE_SECONDS)
+        pod = only_pod(c, selector, HELD_NAMESPACE)
+        apply_phases = stack.startup(pod)
+        apply_steps = operator_steps(kube, name, pod["metadata"]["name"], namespace=HELD_NAMESPACE)
+        apply_load = load.done()
+        wait_until(
+            "the idle model at zero",
+            lambda: (
+                (kube.get_model(HELD_NAMESPACE, name).get("status") or {}).get("autoscaler", {}).get("desiredReplicas")
+                == 0
+            ),
+            timeout=120,
+            interval=0.5,
+        )
+        no_pods(c, selector, namespace=HELD_NAMESPACE)
+        load = Load()
+        refused: list[str] = []
+        started = time.time()
+        zero_ft = first_token(gateway, feature, started, START_DEADLINE_SECONDS, refused)
+        # One request, held and answered: the work this target claims (a refusal would be retried above).
+        assert not refused, refused
+        pod = only_pod(c, selector, HELD_NAMESPACE)
+        zero_phases = stack.startup(pod)
+        zero_steps = operator_steps(kube, name, pod["metadata"]["name"], namespace=HELD_NAMESPACE)
+        zero_load = load.done()
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{describe_model(c, HELD_NAMESPACE, name)}") from None
+    finally:
+        kube.delete_feature(HELD_NAMESPACE, feature)
+        kube.delete_model(HELD_NAMESPACE, name)
+        deployment = f"/apis/apps/v1/namespaces/{HELD_NAMESPACE}/deployments/model-{name}"
+        wait_until("the Deployment deleted", lambda: gone(c, deployment), timeout=60, interval=0.5)
+        force_delete_pods(c, selector, HELD_NAMESPACE)
+        no_pods(c, selector, namespace=HELD_NAMESPACE)
+    return {
+        "apply_to_first_token": round(apply_ft, 2),
+        "apply_steps": apply_steps,
+        "apply_runtime": {"ready_to_request_arrived": since_ready(apply_phases, "first_request"),
+                          "ready_to_first_token": since_ready(apply_phases, "first_token")},
+        "apply_load": apply_load,
+        "zero_to_first_token": round(zero_ft, 2),
+        "zero_steps": zero_steps,
+        "zero_runtime": {"ready_to_request_arrived": since_ready(zero_phases, "first_request"),
+                         "ready_to_first_token": since_ready(zero_phases, "first_token")},
+        "zero_load": zero_load,
+    }  # fmt: skip
+
+
 def standalone_round(folder: Path, workdir: Path, name: str) -> dict[str, Any]:
     """`python -m servlane_runtime` as servlane serve runs it, the same configuration but for the files' place."""
     model = AIModel.model_validate(
@@ -481,6 +619,7 @@ def operators(cluster: LocalCluster, kube: Kube) -> Iterator[dict[str, OperatorP
         env = {
             "SERVLANE_RUNTIME_IMAGE_CPU": RUNTIME_IMAGE,
             "SERVLANE_AUTOSCALE_INTERVAL_SECONDS": AUTOSCALE_INTERVAL_SECONDS,
+            "SERVLANE_NAMESPACES": NAMESPACE,  # not the held target's models: the chart's operator has those
         }
         if source:
             env["PYTHONPATH"] = source
@@ -497,9 +636,10 @@ def versions(c: LocalCluster) -> dict[str, Any]:
         except importlib.metadata.PackageNotFoundError:
             return None
 
-    image = subprocess.run(
-        ["docker", "image", "inspect", "--format", "{{.Id}}", RUNTIME_IMAGE], capture_output=True, text=True
-    )
+    def image_id(image: str) -> str:
+        inspect = ["docker", "image", "inspect", "--format", "{{.Id}}", image]
+        return subprocess.run(inspect, capture_output=True, text=True).stdout.strip()
+
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
     layers = ["api", "core", "runtime", "operator"]
     dirty = subprocess.run(["git", "status", "--porcelain", "--", *layers], capture_output=True, text=True)
@@ -509,7 +649,8 @@ def versions(c: LocalCluster) -> dict[str, Any]:
         "commit": commit.stdout.strip(),
         "uncommitted_changes_in_api_core_runtime_operator": bool(dirty.stdout.strip()),
         "runtime_image": RUNTIME_IMAGE,
-        "runtime_image_id": image.stdout.strip(),
+        "runtime_image_id": image_id(RUNTIME_IMAGE),
+        "held_chart_images": {image: image_id(image) for image in (OPERATOR_IMAGE, GATEWAY_IMAGE)},
         "node": {
             k: info[0].get(k)
             for k in ("kubeletVersion", "kubeProxyVersion", "containerRuntimeVersion", "kernelVersion")
@@ -523,7 +664,11 @@ def versions(c: LocalCluster) -> dict[str, Any]:
 
 
 def test_cold_start_rounds(
-    cluster: LocalCluster, kube: Kube, model_dir: Path, operators: dict[str, OperatorProcess]
+    cluster: LocalCluster,
+    kube: Kube,
+    model_dir: Path,
+    operators: dict[str, OperatorProcess],
+    held: HeldStack | None,
 ) -> None:
     targets = [label for label in operators if "aimodel" in TARGETS] + [t for t in TARGETS if t != "aimodel"]
     runs: dict[str, list[dict[str, Any]]] = {t: [] for t in targets}
@@ -535,6 +680,9 @@ def test_cold_start_rounds(
                 run = floor_round(cluster, model_dir.name, name)
             elif target == "standalone":
                 run = standalone_round(model_dir, cluster.workdir, name)
+            elif target == "held":
+                assert held is not None
+                run = held_round(cluster, kube, held, model_dir.name, name)
             else:
                 process = operators[target]
                 process.start()
@@ -560,6 +708,12 @@ def test_cold_start_rounds(
             "aimodel_autoscaling": {"minReplicas": 0, "maxReplicas": 1, "scaleToZeroAfter": "1s"},
             "zero_demand": "the gateway's demand Lease created (aimodel); kubectl scale 0 -> 1 (floor)",
             "floor": "plain Deployment + Service, same container and runtime config, readinessProbe /ready every 1s",
+            "held": {
+                "chart_values": HELD_VALUES,
+                "first_token": "through the gateway's NodePort, by the AIFeature's name",
+                "zero_demand": "one request to the gateway, which holds it and writes the demand Lease",
+                "operator_autoscale_interval_seconds": "the chart's default",
+            },
             "standalone": "python -m servlane_runtime on the host (no container, no CPU limit), as servlane serve",
             "operator_variants": {label: source or "this tree" for label, source in variants()},
         },
@@ -581,6 +735,12 @@ def test_cold_start_rounds(
             "zero_steps_seconds": step_summary(done, "zero_steps"),
             "runs": done,
         }
+        if target == "held":
+            for key in ("apply_runtime", "zero_runtime"):
+                result["targets"][target][f"{key}_seconds"] = {
+                    what: _summary([r[key][what] for r in done if r[key][what] is not None])
+                    for what in ("ready_to_request_arrived", "ready_to_first_token")
+                }
         print(f"\n{target}: apply -> first token {result['targets'][target]['apply_to_first_token_seconds']}, "
               f"zero -> first token {result['targets'][target]['zero_to_first_token_seconds']}")  # fmt: skip
     stored = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}

@@ -20,8 +20,6 @@ from typing import Any
 import openai
 import pytest
 
-from e2e.helm_install import gateway_node_port, helm_or_fail, install_chart, uninstall_chart
-from e2e.pod_netns import blocked, get_in_pod, netns_of
 from e2e.traffic import Load
 from localcluster.cluster import LocalCluster
 from servlane_operator.labels import GATEWAY_LABELS
@@ -32,7 +30,9 @@ from tests.support.cluster_harness import (
     RUNTIME_CPU_IMAGE,
     Kube,
 )
+from tests.support.helm_install import gateway_node_port, helm_or_fail, install_chart, uninstall_chart
 from tests.support.helmtool import Helm
+from tests.support.pod_netns import blocked, get_in_pod, netns_of
 from tests.support.polling import wait_until
 from tests.support.real_pods import (
     NODE,

@@ -31,11 +31,11 @@ from typing import Any
 import openai
 import pytest
 
-from e2e.helm_install import gateway_node_port, helm_or_fail, install_chart, uninstall_chart
 from e2e.host_services import HostPostgres, HostRedis, expose, private_directory
 from localcluster.cluster import LocalCluster
 from servlane_gateway.cache.rules import CACHE_HEADER, Entry
 from tests.support.cluster_harness import ARTIFACTS, GATEWAY_IMAGE, OPERATOR_IMAGE, RUNTIME_CPU_IMAGE, Kube
+from tests.support.helm_install import gateway_node_port, helm_or_fail, install_chart, uninstall_chart
 from tests.support.helm_toggles import RELEASE, SYSTEM, TEAM, toggles_values
 from tests.support.helmtool import Helm
 from tests.support.polling import wait_until

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from e2e.pod_netns import blocked, get_in_pod, netns_of
 from localcluster.cluster import LocalCluster
+from tests.support.pod_netns import blocked, get_in_pod, netns_of
 from tests.support.polling import wait_until
 
 pytestmark = [

@@ -35,12 +35,12 @@ import httpx
 import openai
 import pytest
 
-from e2e.helm_install import gateway_node_port, helm_or_fail, install_chart, uninstall_chart
-from e2e.pod_netns import get_in_pod, netns_of
 from localcluster.cluster import LocalCluster
 from servlane_api.runtime_config import DEFAULT_METRICS_PORT
 from tests.support.cluster_harness import ARTIFACTS, GATEWAY_IMAGE, OPERATOR_IMAGE, RUNTIME_CPU_IMAGE, Kube
+from tests.support.helm_install import gateway_node_port, helm_or_fail, install_chart, uninstall_chart
 from tests.support.helmtool import Helm
+from tests.support.pod_netns import get_in_pod, netns_of
 from tests.support.polling import wait_until
 from tests.support.real_pods import (
     NODE_SELECTOR,
@@ -369,9 +369,10 @@ def test_a_request_and_a_stream_at_zero_are_answered_once_a_pod_is_ready(stz: St
     started = [phases for pod in stz.running_pods() if (phases := stz.startup_if_up(pod)) is not None]
     stamped = sorted((p for p in started if "first_token" in p and "ready" in p), key=lambda p: p["ready"])
     stz.record(
-        "runtime ready -> first token of a held request (s, the runtime's /startup)",
-        round(stamped[0]["first_token"] - stamped[0]["ready"], 3) if stamped else f"not stamped: {started}",
-    )
+        "runtime ready -> held request arrived, -> its first token (s, the runtime's /startup)",
+        [round(stamped[0].get("first_request", float("nan")) - stamped[0]["ready"], 3),
+         round(stamped[0]["first_token"] - stamped[0]["ready"], 3)] if stamped else f"not stamped: {started}",
+    )  # fmt: skip
 
 
 def test_fifty_concurrent_requests_during_a_cold_start_are_held_or_refused_with_retry_after(stz: Stz) -> None:

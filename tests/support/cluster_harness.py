@@ -123,6 +123,9 @@ class Kube:
     def create_feature(self, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
         return self.create_object("AIFeature", namespace, name, spec)
 
+    def delete_feature(self, namespace: str, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURALS["AIFeature"], name)
+
     def get_feature(self, namespace: str, name: str) -> dict[str, Any]:
         return self.get_object("AIFeature", namespace, name)
 

@@ -1,6 +1,7 @@
 """Traffic as a pod on the real node sends it: the pod's network namespace (mounted under the node's containerd
-state), entered with nsenter, runs this interpreter's HTTP GET. Shared by e2e/test_real_node.py and
-e2e/test_real_helm.py (NetworkPolicy checks: who may reach whom)."""
+state), entered with nsenter, runs this interpreter's HTTP GET. For the real-node e2e (NetworkPolicy checks: who
+may reach whom; a model pod's metrics port, which only the operator and the scraper may reach) and
+bench/cold_start.py."""
 
 from __future__ import annotations
 

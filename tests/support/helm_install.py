@@ -1,6 +1,6 @@
-"""`helm install --wait` of our chart on the real node, as the real-node Helm e2e modules each do it: the values
-written where a failed run leaves them (.artifacts), the pods' story added to a failed install, and the gateway's
-NodePort (the host's way in)."""
+"""`helm install --wait` of our chart on the real node, as the real-node Helm e2e modules and bench/cold_start.py
+do it: the values written where a failed run leaves them (.artifacts), the pods' story added to a failed install,
+and the gateway's NodePort (the host's way in)."""
 
 from __future__ import annotations
 

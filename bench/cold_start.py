@@ -109,7 +109,7 @@ RUN = os.environ.get("COLD_START_RUN", "current")
 TARGETS = tuple(t.strip() for t in os.environ.get("COLD_START_TARGETS", "aimodel,floor,held,standalone").split(","))
 # The `held` target's chart release, its namespace and the namespace of its models (its operator watches only
 # that one, and the operator processes of `aimodel` only NAMESPACE: one writer for each model).
-HELD_RELEASE, HELD_SYSTEM, HELD_NAMESPACE = "cold-held", "cold-start-held-system", "cold-start-held"
+HELD_RELEASE, HELD_SYSTEM, HELD_NAMESPACE = "servlane-cold-held", "cold-start-held-system", "cold-start-held"
 # The model's pod: what e2e/test_real_pods.py (transformers) and e2e/test_real_pods_vllm.py (vllm) give it.
 RESOURCES = {"cpu": "1500m", "memory": "4Gi"}
 # A start on 2 shared cores; the first after the image's import reads it from disk.
@@ -165,10 +165,10 @@ def model_spec(folder: str) -> dict[str, Any]:
 
 
 # --- measuring ---
-def _summary(values: list[float]) -> dict[str, float] | None:
+def _summary(values: list[float], digits: int = 2) -> dict[str, float] | None:
     if not values:
         return None
-    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
+    return {k: round(f(values), digits) for k, f in (("median", statistics.median), ("min", min), ("max", max))}
 
 
 def first_token(
@@ -738,7 +738,7 @@ def test_cold_start_rounds(
         if target == "held":
             for key in ("apply_runtime", "zero_runtime"):
                 result["targets"][target][f"{key}_seconds"] = {
-                    what: _summary([r[key][what] for r in done if r[key][what] is not None])
+                    what: _summary([r[key][what] for r in done if r[key][what] is not None], digits=3)
                     for what in ("ready_to_request_arrived", "ready_to_first_token")
                 }
         print(f"\n{target}: apply -> first token {result['targets'][target]['apply_to_first_token_seconds']}, "

@@ -21,6 +21,11 @@ DEFAULT_PORT = 8000
 DEFAULT_METRICS_PORT = 9090
 HEALTH_PATH = "/health"
 READY_PATH = "/ready"
+# GET /ready?wait=SECONDS: while the model loads, the runtime answers once it is ready (or failed), or after
+# that many seconds (at most READY_MAX_WAIT_SECONDS): readiness pushed to the gateway, which holds requests
+# for a starting model, instead of polled by it. Without the parameter (the kubelet's probes) it answers at once.
+READY_WAIT_PARAM = "wait"
+READY_MAX_WAIT_SECONDS = 30.0
 METRICS_PATH = "/metrics"
 MODEL_CACHE_DIR = "/var/cache/servlane"
 PVC_MOUNT_DIR = "/mnt/models"

@@ -15,7 +15,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.types import Receive, Scope, Send
 
-from servlane_api.runtime_config import HEALTH_PATH, READY_PATH, RuntimeConfig
+from servlane_api.runtime_config import (
+    HEALTH_PATH,
+    READY_MAX_WAIT_SECONDS,
+    READY_PATH,
+    READY_WAIT_PARAM,
+    RuntimeConfig,
+)
 from servlane_core.protocol import openai as p
 from servlane_core.protocol.errors import OpenAIError
 from servlane_core.protocol.limits import RequestLimits
@@ -145,6 +151,16 @@ def _add_middleware(
     app.add_middleware(MetricsPort, port=config.metrics_port, metrics=metrics, startup=startup)
 
 
+def ready_wait(value: str | None) -> float:
+    """Seconds a GET /ready may wait for the model to settle: ?wait= clamped to [0, READY_MAX_WAIT_SECONDS];
+    absent or not a number: 0 (a probe is answered, never refused)."""
+    try:
+        seconds = float(value) if value is not None else 0.0
+    except ValueError:
+        return 0.0
+    return min(seconds, READY_MAX_WAIT_SECONDS) if seconds > 0 else 0.0  # NaN > 0 is False
+
+
 def _add_probes(app: FastAPI, host: ModelHost, serving: OpenAIServing) -> None:
     """Liveness, readiness and the model list: answered at once, never admitted."""
 
@@ -157,7 +173,9 @@ def _add_probes(app: FastAPI, host: ModelHost, serving: OpenAIServing) -> None:
         return JSONResponse({"status": "alive"})
 
     @app.get(READY_PATH)
-    async def ready() -> JSONResponse:
+    async def ready(request: Request) -> JSONResponse:
+        # ?wait=SECONDS: the gateway holding requests for this starting model hears of ready when it happens.
+        await host.until_settled(ready_wait(request.query_params.get(READY_WAIT_PARAM)))
         return JSONResponse(host.readiness(), status_code=200 if host.state == "ready" else 503)
 
     @app.get("/v1/models")

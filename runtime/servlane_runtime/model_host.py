@@ -13,6 +13,7 @@ keeping a pod that answers 500 forever, or waiting out the 30-minute startup pro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -67,6 +68,8 @@ class ModelHost:
         # Called (once) when the process should exit; the entrypoint stops the server with it.
         self.on_fatal: Callable[[], None] | None = None
         self._engine: InferenceEngine | None = None
+        # Set when the state leaves "loading" (ready or failed): what GET /ready?wait= waits for.
+        self._settled = asyncio.Event()
         self._watchdog: asyncio.Task[None] | None = None
         self._secrets = secret_values(os.environ)
         # LoRA adapters follow their file once the base model serves (servlane_runtime.adapters).
@@ -92,6 +95,12 @@ class ModelHost:
         if self.adapters is not None:
             body["adapters"] = self.adapters.states()
         return body
+
+    async def until_settled(self, seconds: float) -> None:
+        """Returns once the model is no longer loading (ready or failed), or after `seconds`."""
+        if self.state == "loading" and seconds > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._settled.wait(), seconds)
 
     async def load(self) -> None:
         """Load and warm up within load_timeout_seconds; never raises (the outcome is in `state`)."""
@@ -120,6 +129,7 @@ class ModelHost:
         self.state = "ready"
         self.startup.mark("ready")
         self.reason = ""
+        self._settled.set()
         log.info("model %s ready in %.1fs", self.config.served_model_name, self.load_seconds)
         self._watchdog = asyncio.create_task(self._watch(engine), name="engine-health")
 
@@ -163,6 +173,7 @@ class ModelHost:
         self.state = "failed"
         self.reason = redact(reason, self._secrets)
         self.exit_code = exit_code
+        self._settled.set()
         log.error(
             "model %s failed, exiting with code %d in %gs: %s",
             self.config.served_model_name, exit_code, EXIT_GRACE_SECONDS, self.reason,

@@ -38,8 +38,8 @@ def waking() -> Iterator[list[WakingUpstream]]:
         upstream.close()
 
 
-def upstream(started: list[WakingUpstream], name: str) -> WakingUpstream:
-    found = start_waking_upstream(name)
+def upstream(started: list[WakingUpstream], name: str, waits: bool = False) -> WakingUpstream:
+    found = start_waking_upstream(name, waits)
     started.append(found)
     return found
 
@@ -262,13 +262,15 @@ def _ready(backend: Backend) -> Backend:
     return Backend(**{**backend.__dict__, "ready": True})
 
 
+@pytest.mark.parametrize("waits", [True, False], ids=["ready-pushed", "ready-polled"])
 def test_held_requests_reach_the_upstream_within_100ms_of_its_ready(
-    start_gateway: StartGateway, waking: list[WakingUpstream]
+    start_gateway: StartGateway, waking: list[WakingUpstream], waits: bool
 ) -> None:
     """Measured: from `/ready` answering 200 to the held request arriving at the upstream, p50 under 100 ms
-    (five models, three held requests each)."""
+    (five models, three held requests each), from a runtime that answers /ready?wait= when it is ready and
+    from one that answers at once (asked again every 50 ms)."""
     names = [f"m{i}" for i in range(5)]
-    pods = {name: upstream(waking, name) for name in names}
+    pods = {name: upstream(waking, name, waits) for name in names}
     gw = start_gateway([waking_model(name, pods[name].url) for name in names])
     latencies: list[float] = []
     with ThreadPoolExecutor(3) as pool:
@@ -282,6 +284,23 @@ def test_held_requests_reach_the_upstream_within_100ms_of_its_ready(
     p50 = statistics.median(latencies)
     print(f"release latency p50 {p50 * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms")
     assert p50 < 0.1
+
+
+def test_a_starting_pod_tells_the_gateway_when_it_is_ready_instead_of_being_polled(
+    start_gateway: StartGateway, waking: list[WakingUpstream]
+) -> None:
+    """A runtime that takes /ready?wait= is asked once and answers when its model is ready: no probe every
+    50 ms for the whole start (on a CPU node those compete with the engine's load), and the held request
+    still goes out at once."""
+    cold = upstream(waking, "cold", waits=True)
+    gw = start_gateway([waking_model("cold", cold.url)])
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(chat, gw, "cold")
+        wait_until("the gateway waiting on the pod's /ready", lambda: cold.waiting == 1, 10)
+        ready_at = cold.become_ready()
+        assert answer.result(10).status_code == 200
+    assert cold.probes == 1, cold.probes  # the one wait, answered by the ready
+    print(f"ready -> arrival {(cold.arrivals[0] - ready_at) * 1000:.1f} ms")
 
 
 def test_held_requests_go_out_when_the_route_table_says_their_model_is_ready(

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import socket
+import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
-from servlane_api.runtime_config import RuntimeConfig
+from servlane_api.cold_start import STARTUP_PATH
+from servlane_api.runtime_config import READY_MAX_WAIT_SECONDS, RuntimeConfig
 from servlane_api.runtime_exit import MODEL_LOAD_FAILED
+from servlane_runtime.app import ready_wait
+from servlane_runtime.engines import create_engine
+from servlane_runtime.engines.base import InferenceEngine
 from servlane_runtime.model_source import ModelSourceError, resolve_model_source
-from tests.support.servers import SubprocessServer, tiny_config
+from tests.support.servers import InProcessServer, SubprocessServer, tiny_config
 
 
 @pytest.fixture
@@ -82,3 +89,37 @@ def test_bad_local_path_and_s3_fail_with_reason(tmp_path: Path) -> None:
         resolve_model_source(str(tmp_path / "nope"), str(tmp_path))
     with pytest.raises(ModelSourceError, match="s3://"):
         resolve_model_source("s3://bucket/model", str(tmp_path))
+
+
+def test_ready_with_wait_answers_when_the_model_is_ready_and_a_probe_at_once(tiny_llama_dir: Path) -> None:
+    """GET /ready?wait=S (what the gateway asks of a pod it holds requests for) answers the moment the model
+    is ready, not S seconds later; the kubelet's plain probe, and any wait that is not a number, at once."""
+    gate = threading.Event()
+
+    def gated(config: RuntimeConfig, path: str) -> InferenceEngine:
+        assert gate.wait(120)
+        return create_engine(config, path)
+
+    with InProcessServer(tiny_config(tiny_llama_dir), engine_factory=gated) as server:
+        for probe in ("/ready", "/ready?wait=abc", "/ready?wait=-1", "/ready?wait=nan", "/ready?wait=0"):
+            loading = server.get(probe)
+            assert (loading.status_code, loading.json()["status"]) == (503, "loading"), probe
+        started = time.monotonic()
+        assert server.get("/ready?wait=0.3").status_code == 503  # the load is held: the wait runs out
+        assert time.monotonic() - started >= 0.3
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(httpx.get, server.base_url + "/ready?wait=30", timeout=60)
+            gate.set()
+            answer = waiting.result(60)
+        answered = time.time()
+        assert (answer.status_code, answer.json()["status"]) == (200, "ready")
+        assert answer.elapsed.total_seconds() < 30  # answered by the ready, not by the end of its wait
+        ready_at = httpx.get(server.metrics_url.removesuffix("/metrics") + STARTUP_PATH).json()["phases"]["ready"]
+        assert ready_at <= answered
+
+
+def test_a_ready_wait_is_a_number_of_seconds_up_to_the_cap() -> None:
+    assert ready_wait(None) == 0.0
+    assert ready_wait("2.5") == 2.5
+    assert ready_wait("1e9") == ready_wait("inf") == READY_MAX_WAIT_SECONDS
+    assert ready_wait("nan") == ready_wait("-3") == ready_wait("") == ready_wait("soon") == 0.0

@@ -19,7 +19,9 @@ import uvicorn
 from servlane_api.runtime_config import RuntimeConfig
 from servlane_api.runtime_exit import TERMINATION_LOG_ENV
 from servlane_runtime.app import create_app
+from servlane_runtime.engines import create_engine
 from servlane_runtime.metrics_port import bind_listeners
+from servlane_runtime.model_host import EngineFactory
 from tests.support.polling import wait_until
 from tests.support.ports import free_port
 
@@ -63,13 +65,13 @@ class _Server:
 class InProcessServer(_Server):
     """A real uvicorn server for `config`, on a free loopback port, in a background thread."""
 
-    def __init__(self, config: RuntimeConfig) -> None:
+    def __init__(self, config: RuntimeConfig, engine_factory: EngineFactory = create_engine) -> None:
         self.port = free_port()
         update = {"host": "127.0.0.1", "port": self.port, "metrics_port": free_port()}
         self.config = config.model_copy(update=update)
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.metrics_url = f"http://127.0.0.1:{self.config.metrics_port}/metrics"
-        self.app = create_app(self.config)
+        self.app = create_app(self.config, engine_factory)
         # Both ports, as `python -m servlane_runtime` listens.
         sockets = bind_listeners(self.app, "127.0.0.1", self.port, self.config.metrics_port)
         self._server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))

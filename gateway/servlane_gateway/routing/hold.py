@@ -9,9 +9,12 @@ with the limiter): holding is being in flight, as far as the limits go.
 While requests are held for a model, one watcher task per model (on the event loop):
 - signals demand at once and then at most every `demand_renew` seconds (servlane_gateway.routing.demand_lease),
   so the operator scales the model up;
-- asks the runtime `/ready` of each pod its EndpointSlices list as not ready yet (without slices: the
-  model's URL) every `probe_interval` seconds, and marks one that answers 200 as taking requests
-  (PodRouter.mark_probed), without waiting for the kubelet's next readiness probe;
+- asks the runtime `/ready?wait=` of each pod its EndpointSlices list as not ready yet (without slices: the
+  model's URL): the runtime answers the moment its model is ready (readiness pushed, not polled: a start of
+  30 s costs one request per pod, not 600), and a pod that answers 200 takes requests at once
+  (PodRouter.mark_probed), without waiting for the kubelet's next readiness probe. A runtime that answers
+  at once anyway (one without the parameter, or another server behind a routes file) is asked again every
+  `probe_interval` seconds;
 - releases every request held for the model as soon as it has a pod to take them: a ready endpoint in a
   slice update (pushed: `poke`), a probe's 200, or the route table saying the model is ready.
 A model that is deleted, or stops waking (it failed) while requests wait, fails them at once (503).
@@ -30,6 +33,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from servlane_api.runtime_config import READY_PATH, READY_WAIT_PARAM
 from servlane_api.targets import parse_target
 from servlane_core.protocol.errors import OpenAIError, overloaded
 from servlane_core.routing.routes import Backend, RouteTable
@@ -47,7 +51,11 @@ from servlane_gateway.routing.pods import PodRouter
 log = logging.getLogger(__name__)
 
 ModelKey = tuple[str, str]  # (namespace, AIModel name)
-PROBE_TIMEOUT_SECONDS = 0.5  # a pod slower than this to answer /ready is asked again at the next probe
+PROBE_TIMEOUT_SECONDS = 0.5  # a pod slower than this to connect is asked again at the next probe
+# How long one /ready?wait= may wait at the runtime (it caps this at READY_MAX_WAIT_SECONDS); the demand
+# Lease's renewal ends a wait sooner, and a slice update or a request's deadline never waits for it.
+READY_WAIT_SECONDS = 10.0
+MAX_READY_WAITS = 512  # /ready waits open at once (one per starting pod of a held model)
 
 
 def model_key(backend: Backend) -> ModelKey:
@@ -231,10 +239,15 @@ class HoldQueue:
                     self.demand.signal(*key)
                     next_signal = now + self.limits.demand_renew
                 wake.clear()
-                if await self._probe(backend) and self._live(key, backend):
-                    continue  # released at the top
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), self.limits.probe_interval)
+                asked = self.clock()
+                answered = await self._probe_or_wake(backend, wake, max(0.0, next_signal - asked))
+                if answered is None or (answered and self._live(key, backend)):
+                    continue  # woken, a pod answered ready, or time to renew the demand: looked at again on top
+                # Every pod answered "not ready" at once (or there is none to ask yet): ask again shortly.
+                rest = self.limits.probe_interval - (self.clock() - asked)
+                if rest > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wake.wait(), rest)
         except Exception:  # a bug must not strand the requests: they fail now instead of at their deadline
             log.exception("the hold watcher of %s/%s failed", *key)
             self._fail(key, f"The gateway failed while waiting for AIModel '{key[1]}'.")
@@ -243,26 +256,53 @@ class HoldQueue:
             self._wake.pop(key, None)
             self._ready_in_table.discard(key)
 
+    async def _probe_or_wake(self, backend: Backend, wake: asyncio.Event, within: float) -> bool | None:
+        """The probe of `backend`'s starting pods raced against `wake` for `within` seconds: the probe's answer
+        (True: a pod answered ready), or None when woken or out of time first (the probe is cancelled)."""
+        probe = asyncio.ensure_future(self._probe(backend))
+        woken = asyncio.ensure_future(wake.wait())
+        try:
+            await asyncio.wait({probe, woken}, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (probe, woken):
+                task.cancel()
+            await asyncio.gather(probe, woken, return_exceptions=True)
+        if woken.cancelled() and not probe.cancelled():
+            return bool(probe.result())
+        return None
+
     async def _probe(self, backend: Backend) -> bool:
-        """Asks each not-yet-ready target of `backend` for /ready; True when one answered 200."""
+        """Asks each not-yet-ready target of `backend` for /ready?wait=; True as soon as one answers 200 (the
+        others are cancelled), False once all answered otherwise."""
         targets = self.router.probe_targets(backend)
-        if not targets:
+        asks = {asyncio.ensure_future(self._ready(url)): target for target, url in targets}
+        pending = set(asks)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                ready = [asks[task] for task in done if task.result()]
+                for target in ready:
+                    self.router.mark_probed(backend, target)
+                if ready:
+                    return True
             return False
-        answers = await asyncio.gather(*(self._ready(url) for _, url in targets))
-        found = False
-        for (target, _), ready in zip(targets, answers, strict=True):
-            if ready:
-                self.router.mark_probed(backend, target)
-                found = True
-        return found
+        finally:
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
 
     async def _ready(self, base_url: str) -> bool:
         if self._http is None:
             import httpx
 
-            self._http = httpx.AsyncClient(timeout=PROBE_TIMEOUT_SECONDS)
+            # A wait per starting pod of each held model: bounded, and a full pool is "not ready yet" at once.
+            timeout = httpx.Timeout(
+                READY_WAIT_SECONDS + PROBE_TIMEOUT_SECONDS, connect=PROBE_TIMEOUT_SECONDS, pool=PROBE_TIMEOUT_SECONDS
+            )
+            limits = httpx.Limits(max_connections=MAX_READY_WAITS, max_keepalive_connections=20)
+            self._http = httpx.AsyncClient(timeout=timeout, limits=limits)
         try:
-            response = await self._http.get(base_url + "/ready")
+            response = await self._http.get(f"{base_url}{READY_PATH}?{READY_WAIT_PARAM}={READY_WAIT_SECONDS:g}")
         except Exception:  # refused, reset, timed out: not ready yet
             return False
         return bool(response.status_code == 200)

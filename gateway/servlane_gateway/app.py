@@ -42,6 +42,7 @@ from servlane_gateway.routing.slices import EndpointSliceSource, Services
 from servlane_gateway.routing.sources import FileRouteSource, OnTable, RouteSource, file_signature
 from servlane_gateway.settings import GatewaySettings, plain_name_namespaces
 from servlane_gateway.state import GatewayState
+from servlane_web.bodies import drain_unread_body
 from servlane_web.errors import install_error_handlers
 from servlane_web.tracing import TracingMiddleware, start_tracing, stop_tracing
 
@@ -197,6 +198,9 @@ class GatewayApp(FastAPI):
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in BY_PATH:
             response = await handle(self.state.gateway, Request(scope, receive, send), BY_PATH[scope["path"]])
+            # Refused before its body was read to its end (a bad key, a body over the cap): the rest is dropped
+            # first, or closing on unread data resets the connection and the client may never see the answer.
+            await drain_unread_body(scope, receive)
             await response(scope, receive, send)
             return
         await super().__call__(scope, receive, send)

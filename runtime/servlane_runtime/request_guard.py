@@ -1,10 +1,10 @@
 """Every POST body passes the request limits before FastAPI and pydantic see it.
 
-Too large is a 413 (refused on Content-Length before reading, or as soon as a chunked body passes the
-cap); not a JSON object, nested too deep or with too long a list is a 400; all in the one error shape.
-A body that passes is handed on unchanged, and the client's later messages (its disconnect) still reach
-the app, which watches for them to stop generating.
-"""
+Too large is a 413 (refused on Content-Length before reading, or as soon as a chunked body passes the cap;
+the connection stays open, so the server drops the rest of the body after the answer instead of resetting
+the connection under it: servlane_web.bodies); not a JSON object, nested too deep or with too long a list is
+a 400; all in the one error shape. A body that passes is handed on unchanged, and the client's later messages
+(its disconnect) still reach the app, which watches for them to stop generating."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from servlane_core.protocol.errors import OpenAIError
 from servlane_core.protocol.limits import RequestLimits, body_too_large, parse_json_object
+from servlane_web.bodies import BODY_DONE, drain_unread_body
 
 
 class RequestGuard:
@@ -29,6 +30,7 @@ class RequestGuard:
             raw = await self._read(scope, receive)
             parse_json_object(raw, self.limits)
         except OpenAIError as error:
+            await drain_unread_body(scope, receive)
             await _send_error(send, error)
             return
         await self.app(scope, _replaying(raw, receive), send)
@@ -43,13 +45,16 @@ class RequestGuard:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
+                scope[BODY_DONE] = True
                 raise OpenAIError(499, "client closed the request", code="client_closed_request")
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > cap:
+                scope[BODY_DONE] = not message.get("more_body", False)
                 raise body_too_large(cap)
             parts.append(chunk)
             if not message.get("more_body", False):
+                scope[BODY_DONE] = True
                 return b"".join(parts)
 
 
@@ -70,7 +75,5 @@ async def _send_error(send: Send, error: OpenAIError) -> None:
     body = json.dumps(error.body()).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.lower().encode(), v.encode()) for k, v in error.headers().items()]
-    if error.status == 413:
-        headers.append((b"connection", b"close"))  # the rest of the body is never read
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

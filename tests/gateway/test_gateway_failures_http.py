@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from servlane_api import metric_names as m
 from tests.support.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
 from tests.support.polling import wait_until
+from tests.support.wire import post_all_then_read
 
 KEYS = "team-a: sk-alpha-00000000000000000000000\nteam-b: sk-bravo-00000000000000000000000 default/chat\n"
 
@@ -161,6 +163,24 @@ def test_body_cap_is_413(upstreams: dict[str, Upstream], start_gateway: StartGat
         yield b'"}'
 
     assert httpx.post(f"{gw.url}/v1/completions", content=chunked()).status_code == 413
+
+
+@pytest.mark.parametrize("close", [False, True], ids=["kept-alive", "connection-close"])
+def test_a_refusal_before_the_body_is_read_reaches_a_client_that_sends_it_whole_first(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, close: bool
+) -> None:
+    """A 413 (the body over the cap) and a 401 (a bad key, checked before the body is read) arrive whole to a
+    client that uploads its 4 MiB body before reading, and the connection ends cleanly or serves the next
+    request: closing on an unread body resets the connection, and the reset can take the answer with it."""
+    objects = [aimodel("chat-v1", upstreams["v1"].url), aifeature("chat", [("chat-v1", 100)])]
+    capped = start_gateway(objects, max_body_bytes=2000)
+    keyed = start_gateway(objects, keys="team-a: sk-alpha-0123456789abcdef0123456789\n")
+    body = b"x" * (4 << 20)
+    json_body = {"content-type": "application/json"}
+    for gw, headers, status in ((capped, json_body, 413), (keyed, {**json_body, "authorization": "Bearer sk-no"}, 401)):
+        answer = post_all_then_read(gw.url, "/v1/chat/completions", body, headers, close)
+        assert (answer.status, answer.after) == (status, "closed" if close else "reused"), (status, answer.after)
+        assert json.loads(answer.body)["error"]["message"]
 
 
 def test_token_limit_is_429_with_retry_after(upstreams: dict[str, Upstream], start_gateway: StartGateway) -> None:

@@ -17,6 +17,7 @@ from servlane_api.runtime_config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_LIST
 from servlane_core.protocol import openai as p
 from tests.support.openai_errors import error_of
 from tests.support.servers import InProcessServer, SubprocessServer, tiny_config
+from tests.support.wire import post_all_then_read
 
 HI = [{"role": "user", "content": "hi"}]
 HEALTH_BOUND_SECONDS = 1.0  # generous for a loaded 2-core machine; idle, /health answers in milliseconds
@@ -46,6 +47,17 @@ def test_a_body_over_the_cap_is_413(chat_server: InProcessServer) -> None:
     assert response.status_code == 413
     assert error_of(response)["code"] == "request_too_large"
     assert chat_server.metric("servlane_runtime_requests_total", 'code="413"') >= 2
+
+
+@pytest.mark.parametrize("close", [False, True], ids=["kept-alive", "connection-close"])
+def test_a_413_reaches_a_client_that_sends_its_whole_body_first(chat_server: InProcessServer, close: bool) -> None:
+    """The refusal arrives whole and the connection ends cleanly (or serves the next request): a server that
+    closes on a body it has not read resets the connection, and the reset can take the answer with it (a CI
+    run got the 413's head and lost its body)."""
+    body = b"x" * (DEFAULT_MAX_BODY_BYTES + (1 << 20))
+    answer = post_all_then_read(chat_server.base_url, "/v1/completions", body, {}, close)
+    assert (answer.status, answer.after) == (413, "closed" if close else "reused"), answer.after
+    assert json.loads(answer.body)["error"]["code"] == "request_too_large"
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from starlette.requests import ClientDisconnect
 
 from servlane_core.protocol.errors import OpenAIError
 from servlane_core.protocol.limits import RequestLimits, body_too_large, parse_json_object
+from servlane_web.bodies import BODY_DONE
 
 # The runtime's admission queue serves waiters by `X-Priority` (servlane_runtime.admission reads exactly
 # these values and answers others with a 400); checked here too so a bad value never reaches a backend.
@@ -35,6 +36,8 @@ def header(request: Request, name: bytes) -> str | None:
 
 
 async def read_capped(request: Request, cap: int) -> bytes:
+    """The body, or a 413 once it is over `cap`. A body read to its end is marked in the scope (BODY_DONE): what
+    is left of another is dropped (servlane_web.bodies.drain_unread_body), so the refusal reaches the client."""
     too_large = body_too_large(cap)
     length = header(request, b"content-length") or ""
     if length.isdigit() and int(length) > cap:
@@ -45,13 +48,16 @@ async def read_capped(request: Request, cap: int) -> bytes:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
+            request.scope[BODY_DONE] = True
             raise ClientDisconnect
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > cap:
+            request.scope[BODY_DONE] = not message.get("more_body", False)
             raise too_large
         parts.append(chunk)
         if not message.get("more_body", False):
+            request.scope[BODY_DONE] = True
             return b"".join(parts)
 
 

@@ -66,7 +66,7 @@ from bench.machine_load import cpu_times, shares
 from localcluster.cluster import LocalCluster, stop_process_groups
 from servlane_api.aimodel import AIModel
 from servlane_api.cold_start import STARTUP_PATH, RuntimeStartup
-from servlane_api.runtime_config import DEFAULT_METRICS_PORT, ENV_VAR, READY_PATH, RuntimeConfig
+from servlane_api.runtime_config import ENV_VAR, READY_PATH, RuntimeConfig
 from servlane_api.runtime_exit import TERMINATION_LOG_ENV
 from servlane_core.cold_start import breakdown, runtime_steps
 from servlane_core.routing.waking import demand_lease_name
@@ -84,7 +84,6 @@ from tests.support.cluster_harness import (
 )
 from tests.support.cluster_harness import RUNTIME_CPU_IMAGE as RUNTIME_IMAGE
 from tests.support.helm_install import gateway_node_port, helm_or_fail, install_chart, uninstall_chart
-from tests.support.pod_netns import get_in_pod, netns_of
 from tests.support.polling import wait_until
 from tests.support.ports import free_port
 from tests.support.real_node import real_cluster, real_node_images  # noqa: F401 (fixtures)
@@ -98,6 +97,7 @@ from tests.support.real_pods import (
     local_model_claim,
     model_on_the_real_node,
     pods,
+    runtime_startup,
 )
 
 RESULTS = Path(__file__).parent / "results" / "cold_start.json"
@@ -464,12 +464,8 @@ class HeldStack:
     gateway: str  # http://127.0.0.1:<nodePort>
 
     def startup(self, pod: dict[str, Any]) -> dict[str, float]:
-        """A model pod's /startup, asked from the operator pod's network namespace: the model's NetworkPolicy
-        admits the operator (and the scraper) to the metrics port, not this host."""
-        operator = pods(self.cluster, HELD_SYSTEM, "app.kubernetes.io/component=operator")[0]
-        url = f"http://{pod['status']['podIP']}:{DEFAULT_METRICS_PORT}{STARTUP_PATH}"
-        body = get_in_pod(netns_of(self.cluster, operator["status"]["podIP"]), url)
-        return {phase: at for phase, at in RuntimeStartup.model_validate_json(body).phases.items()}
+        """A model pod's own /startup phases, asked from the chart's operator pod (runtime_startup)."""
+        return runtime_startup(self.cluster, HELD_SYSTEM, pod)
 
 
 @pytest.fixture(scope="module")

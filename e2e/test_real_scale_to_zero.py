@@ -36,11 +36,9 @@ import openai
 import pytest
 
 from localcluster.cluster import LocalCluster
-from servlane_api.runtime_config import DEFAULT_METRICS_PORT
 from tests.support.cluster_harness import ARTIFACTS, GATEWAY_IMAGE, OPERATOR_IMAGE, RUNTIME_CPU_IMAGE, Kube
 from tests.support.helm_install import gateway_node_port, helm_or_fail, install_chart, uninstall_chart
 from tests.support.helmtool import Helm
-from tests.support.pod_netns import get_in_pod, netns_of
 from tests.support.polling import wait_until
 from tests.support.real_pods import (
     NODE_SELECTOR,
@@ -52,6 +50,7 @@ from tests.support.real_pods import (
     local_model_claim,
     model_on_the_real_node,
     pods,
+    runtime_startup,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
@@ -166,14 +165,8 @@ class Stz:
             return None
 
     def startup(self, pod: dict[str, Any]) -> dict[str, float]:
-        """The runtime's own /startup phases (Unix seconds), read from the operator pod's network namespace:
-        the model's NetworkPolicy admits the operator to the metrics port."""
-        operator = pods(self.cluster, SYSTEM, "app.kubernetes.io/component=operator")[0]
-        url = f"http://{pod['status']['podIP']}:{DEFAULT_METRICS_PORT}/startup"
-        phases: dict[str, float] = json.loads(get_in_pod(netns_of(self.cluster, operator["status"]["podIP"]), url))[
-            "phases"
-        ]
-        return phases
+        """The runtime's own /startup phases (Unix seconds), read as the operator would (runtime_startup)."""
+        return runtime_startup(self.cluster, SYSTEM, pod)
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,8 @@ import openai
 from openai.types.chat import ChatCompletion
 
 from localcluster.cluster import LocalCluster
+from servlane_api.cold_start import STARTUP_PATH, RuntimeStartup
+from servlane_api.runtime_config import DEFAULT_METRICS_PORT
 from tests.support.cluster_harness import (
     RUNTIME_CPU_IMAGE,
     Kube,
@@ -29,6 +31,7 @@ from tests.support.cluster_harness import (
     operator_rbac,
     service_account_kubeconfig,
 )
+from tests.support.pod_netns import get_in_pod, netns_of
 from tests.support.polling import wait_until
 
 NODE = "real-node-1"
@@ -325,3 +328,13 @@ def operator_process(c: LocalCluster, kube: Kube, name: str) -> Iterator[Operato
         yield process
     finally:
         process.stop()
+
+
+def runtime_startup(c: LocalCluster, operator_namespace: str, pod: dict[str, Any]) -> dict[str, float]:
+    """A model pod's own /startup phases (Unix seconds), asked from the operator pod's network namespace in
+    `operator_namespace`: the model's NetworkPolicy admits the operator (and the scraper) to the metrics port,
+    not this host. OSError or a ValueError when the runtime does not answer them (yet)."""
+    operator = pods(c, operator_namespace, "app.kubernetes.io/component=operator")[0]
+    url = f"http://{pod['status']['podIP']}:{DEFAULT_METRICS_PORT}{STARTUP_PATH}"
+    body = get_in_pod(netns_of(c, operator["status"]["podIP"]), url)
+    return {phase: at for phase, at in RuntimeStartup.model_validate_json(body).phases.items()}

@@ -4,11 +4,11 @@ usage charged to its admission, the answer kept by the response cache, the conso
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from functools import partial
 
+from pydantic_core import from_json
 from starlette.responses import Response
 
 from servlane_core.protocol.errors import OpenAIError
@@ -155,7 +155,7 @@ def respond(state: GatewayState, call: Call, upstream: UpstreamResponse, content
         call.caching.content_type = headers["content-type"]
     if content is None:  # a stream: relayed as it comes
         headers |= {"cache-control": "no-cache", "x-accel-buffering": "no"}
-        state.metrics.added_latency.observe(call.gateway_seconds + time.perf_counter() - after_upstream)
+        state.metrics.added.observe(call.gateway_seconds + time.perf_counter() - after_upstream)
         done = partial(stream_done, state, call, upstream.status_code)
         tap = state.cache.record(call.caching) if state.cache and call.caching else None
         return RelayResponse(upstream, state.timeouts, headers, done, strip_usage=call.strip_usage, tap=tap)
@@ -176,13 +176,13 @@ def respond(state: GatewayState, call: Call, upstream: UpstreamResponse, content
     )
     note(state, call, upstream.status_code, elapsed, ttft=elapsed if upstream.status_code < 400 else None)
     response = Response(content, status_code=upstream.status_code, headers=headers)
-    state.metrics.added_latency.observe(call.gateway_seconds + time.perf_counter() - after_upstream)
+    state.metrics.added.observe(call.gateway_seconds + time.perf_counter() - after_upstream)
     return response
 
 
 def _usage_of(content: bytes) -> object:
     try:
-        parsed = json.loads(content)
+        parsed = from_json(content)  # pydantic's parser (Rust): an answer can be long
     except ValueError:
         return None
     return parsed.get("usage") if isinstance(parsed, dict) else None

@@ -13,6 +13,7 @@ in-flight gauges add up over the live ones.
 from __future__ import annotations
 
 import os
+from bisect import bisect_left
 from collections.abc import Iterable
 from typing import Any
 
@@ -77,6 +78,43 @@ class _CurrentWeightsOnly:
             yield family
 
 
+class Observe:
+    """A histogram child's observe() for every request: the same values written as prometheus_client's (the sum,
+    then the first bucket whose bound holds the amount), without its per-call checks and its linear scan of the
+    buckets (a bisection here). An observation with an exemplar goes through the child's own observe().
+    tests/gateway/test_gateway_metrics_fast.py holds it to the library's results."""
+
+    __slots__ = ("_add_to_bucket", "_add_to_sum", "_bounds", "_child")
+
+    def __init__(self, child: Any) -> None:
+        self._child = child
+        self._add_to_sum = child._sum.inc
+        self._add_to_bucket = [bucket.inc for bucket in child._buckets]
+        self._bounds = child._upper_bounds
+
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        if exemplar:
+            self._child.observe(amount, exemplar)
+            return
+        self._add_to_sum(amount)
+        at = bisect_left(self._bounds, amount)  # the last bound is +Inf: always one, but NaN fits none
+        if amount <= self._bounds[at]:
+            self._add_to_bucket[at](1)
+
+
+class Increment:
+    """A counter child's inc() for every request, without prometheus_client's per-call checks (amounts here are
+    counts, never negative)."""
+
+    __slots__ = ("_add",)
+
+    def __init__(self, child: Any) -> None:
+        self._add = child._value.inc
+
+    def inc(self, amount: float = 1) -> None:
+        self._add(amount)
+
+
 def _base(name: str, suffix: str) -> str:
     """prometheus_client appends _total to counters itself, so pass it the name without it."""
     return name[: -len(suffix)] if name.endswith(suffix) else name
@@ -97,9 +135,9 @@ class GatewayMetrics:
 
         # Label children cached per label values: `.labels()` takes a lock and builds a key on every call,
         # and the values are bounded (route names, models, status codes), so the cache is too.
-        self._request_children: dict[tuple[str, str, str, int], Any] = {}
-        self._latency_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
-        self._token_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+        self._request_children: dict[tuple[str, str, str, int], Increment] = {}
+        self._latency_children: dict[tuple[str, str, str], tuple[Observe, Observe]] = {}
+        self._token_children: dict[tuple[str, str, str], tuple[Increment, Increment]] = {}
         self.weighted: set[tuple[str, str, str]] = set()  # (namespace, feature, model) with a weight now
         # What set_weights last wrote, so the next table rewrites only what changed.
         self._shares: dict[tuple[str, str, str], float] = {}
@@ -133,6 +171,7 @@ class GatewayMetrics:
             contract.ADDED_LATENCY, "Time the gateway itself spends on a request, upstream time excluded.",
             buckets=contract.LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
+        self.added = Observe(self.added_latency)  # observed for every request
         self.weight = Gauge(
             contract.WEIGHT, "Percent of a feature's traffic each model gets now (after readiness).",
             ["namespace", "feature", "model"], registry=r, multiprocess_mode="mostrecent",
@@ -228,19 +267,21 @@ class GatewayMetrics:
         registry.register(_CurrentWeightsOnly(MultiProcessCollector(None), self))  # type: ignore[no-untyped-call]
         return registry
 
-    def request_counter(self, namespace: str, feature: str, model: str, code: int) -> Any:
+    def request_counter(self, namespace: str, feature: str, model: str, code: int) -> Increment:
         key = (namespace, feature, model, code)
         child = self._request_children.get(key)
         if child is None:
-            child = self._request_children[key] = self.requests.labels(namespace, feature, model, str(code))
+            child = Increment(self.requests.labels(namespace, feature, model, str(code)))
+            self._request_children[key] = child
         return child
 
-    def latency_histograms(self, namespace: str, feature: str, model: str) -> tuple[Any, Any]:
+    def latency_histograms(self, namespace: str, feature: str, model: str) -> tuple[Observe, Observe]:
         """(request duration, time to first token) for these labels."""
         key = (namespace, feature, model)
         children = self._latency_children.get(key)
         if children is None:
-            children = self._latency_children[key] = (self.latency.labels(*key), self.ttft.labels(*key))
+            children = (Observe(self.latency.labels(*key)), Observe(self.ttft.labels(*key)))
+            self._latency_children[key] = children
         return children
 
     def record(
@@ -270,7 +311,10 @@ class GatewayMetrics:
         key = (namespace, feature, model)
         children = self._token_children.get(key)
         if children is None:
-            children = (self.tokens.labels(*key, "prompt"), self.tokens.labels(*key, "completion"))
+            children = (
+                Increment(self.tokens.labels(*key, "prompt")),
+                Increment(self.tokens.labels(*key, "completion")),
+            )
             self._token_children[key] = children
         total = 0
         for name, child in zip(("prompt_tokens", "completion_tokens"), children, strict=True):

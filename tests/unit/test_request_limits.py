@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from servlane_core.protocol import openai as p
 from servlane_core.protocol.errors import OpenAIError
-from servlane_core.protocol.limits import RequestLimits, parse_json_object
+from servlane_core.protocol.limits import RequestLimits, check_shape, parse_json_object, within_by_counting
 
 LIMITS = RequestLimits(max_body_bytes=10_000, max_json_depth=8, max_list_items=5)
 
@@ -113,3 +115,30 @@ def test_values_vllm_refuses_are_refused(fields: dict[str, object], param: str) 
     with pytest.raises(ValidationError) as caught:
         p.ChatCompletionRequest.model_validate(chat(**fields))
     assert caught.value.errors()[0]["loc"][0] == param
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='ab,[]{}"', max_size=4),
+    lambda children: st.lists(children, max_size=7) | st.dictionaries(st.text(max_size=3), children, max_size=4),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(body=st.dictionaries(st.text(max_size=3), _JSON, max_size=4), depth=st.integers(2, 6), items=st.integers(1, 6))
+def test_counting_never_passes_a_body_the_walk_refuses(body: dict[str, object], depth: int, items: int) -> None:
+    """The shortcut (within_by_counting) skips the walk only for bodies the walk passes."""
+    limits = RequestLimits(max_body_bytes=1 << 20, max_json_depth=depth, max_list_items=items)
+    raw = json.dumps(body).encode()
+    if within_by_counting(raw, limits):
+        check_shape(json.loads(raw), limits)  # raises if the shortcut let a bad body through
+
+
+def test_counting_takes_a_chat_turn_and_leaves_a_long_conversation_to_the_walk() -> None:
+    turn = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi, [you] {there}"}]}).encode()
+    assert within_by_counting(turn, RequestLimits())
+    messages = [{"role": "user", "content": str(i)} for i in range(100)]
+    assert not within_by_counting(json.dumps({"model": "m", "messages": messages}).encode(), RequestLimits())
+    too_many = json.dumps({"model": "m", "stop": ["x"] * 6}).encode()
+    assert not within_by_counting(too_many, LIMITS)
+    assert rejected(too_many).code == "too_many_items"

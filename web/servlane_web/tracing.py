@@ -58,6 +58,11 @@ class Phase:
     def __init__(self, span: Any = None) -> None:
         self._span = span
 
+    @property
+    def recording(self) -> bool:
+        """Whether attributes and events are kept: callers skip building them when not (tracing off)."""
+        return self._span is not None
+
     def event(self, name: str, **attributes: Any) -> None:
         if self._span is not None:
             self._span.add_event(name, attributes)
@@ -91,6 +96,8 @@ class Phase:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _tb: object) -> None:
+        if self._span is None:  # tracing off (or ended already): nothing to record
+            return
         if exc is not None and not isinstance(exc, GeneratorExit):
             self.fail(f"{type(exc).__name__}: {exc}")
         self.end()
@@ -109,7 +116,7 @@ class RequestSpans(Phase):
     def phase(self, name: str, attributes: dict[str, Any] | None = None, *, client: bool = False) -> Phase:
         """A child span, ended by `with` or by end(); `client`: a call to another process."""
         if self._tracer is None or self._span is None:
-            return Phase()
+            return NO_PHASE  # no object per phase per request when tracing is off
         from opentelemetry import trace
         from opentelemetry.trace import SpanKind
 
@@ -120,6 +127,7 @@ class RequestSpans(Phase):
 
 
 NO_SPANS = RequestSpans()
+NO_PHASE = Phase()  # holds no span, so ending or failing it does nothing: one is shared by every request
 SCOPE_KEY = "servlane.spans"
 
 

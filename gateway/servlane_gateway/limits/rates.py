@@ -74,6 +74,10 @@ class Limits:
     tokens_per_minute: float = 0
     max_in_flight: int = 0  # requests admitted and not yet ended; 0: unlimited
 
+    @property
+    def limits_anything(self) -> bool:
+        return self.requests_per_minute > 0 or self.tokens_per_minute > 0 or self.max_in_flight > 0
+
 
 Scope = Literal["key", "feature"]
 Kind = Literal["requests", "tokens", "in_flight"]
@@ -267,6 +271,8 @@ class RateLimiter:
         """Take one request from every applicable bucket, a place in flight and `reserve_tokens` from every
         token bucket, or none of it and raise 429 with Retry-After. `namespace`/`feature`: the resolved
         route's, never the name the client sent. The caller settles the returned Admission when it ends."""
+        if not (self.per_key.limits_anything or self.per_feature.limits_anything):
+            return Admission(self, [], [], reserve_tokens)  # nothing to take, count or settle
         waits: list[tuple[float, str]] = []
         scopes = self._scopes(key_name, namespace, feature)
         for check in plan_checks(self.per_key, self.per_feature, key_name, namespace, feature):

@@ -143,3 +143,50 @@ async def test_chunked_stream_arrives_piece_by_piece() -> None:
         assert b"".join(received) == b"".join(b"data: %d\n\n" % i for i in range(events))
         await response.aclose()
         await pool.aclose()
+
+
+def _stream_events(gaps: list[float]) -> Handler:
+    """A chunked stream: its head at once, then an event after each of `gaps` seconds, then a stall until the
+    client goes."""
+
+    async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        await writer.drain()
+        for i, gap in enumerate(gaps):
+            await asyncio.sleep(gap)
+            event = b"data: %d\n\n" % i
+            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+            await writer.drain()
+        await reader.read()  # stalls: nothing more is sent until the client closes
+
+    return stream
+
+
+async def test_a_stall_after_the_first_chunk_times_out_at_the_idle_limit_not_the_first_byte_one() -> None:
+    """The first wait is bounded by the long first-byte limit, the next ones by the short idle limit: the
+    shorter limit must take over the timer the first wait armed."""
+    async with serving(_stream_events([0.2])) as (url, _):  # the first event comes while the first wait waits
+        pool = UpstreamPool(connect_timeout=2)
+        response = await pool.post(url + "/v1/chat/completions", b"{}", {})
+        assert await response.next_chunk(300.0) == b"data: 0\n\n"
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(response.next_chunk(0.3), 30)  # 30 s: the first-byte timer's time, still far off
+        assert asyncio.get_running_loop().time() - started < 10
+        await response.aclose()
+        await pool.aclose()
+
+
+async def test_chunks_that_keep_coming_within_the_idle_limit_never_time_out() -> None:
+    """Seven gaps of 0.15 s: the whole answer takes longer than the 0.5 s limit, no gap does."""
+    gaps = [0.15] * 7
+    async with serving(_stream_events(gaps)) as (url, _):
+        pool = UpstreamPool(connect_timeout=2)
+        response = await pool.post(url + "/v1/chat/completions", b"{}", {})
+        received = [await response.next_chunk(0.5) for _ in gaps]
+        assert b"".join(c or b"" for c in received) == b"".join(b"data: %d\n\n" % i for i in range(len(gaps)))
+        with pytest.raises(TimeoutError):  # and the stall after them is caught
+            await asyncio.wait_for(response.next_chunk(0.5), 30)
+        await response.aclose()
+        await pool.aclose()

@@ -66,12 +66,22 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.opened_at = time.monotonic()
         self.idle_since = self.opened_at
+        self._loop = asyncio.get_running_loop()
+        # The wait for more of an answer is bounded by one timer per connection, armed when a wait begins and
+        # left armed while the answer flows (data_received only notes the time): a timer per chunk (asyncio.timeout
+        # around each wait) was a third of a relayed token's CPU. It fires at most once per `limit`, and then
+        # either ends the wait (TimeoutError) or re-arms for the time still left.
+        self.heard_at = self._loop.time()
+        self._limit: float | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._timer_due = 0.0
         # One parser for the connection's answers, one after another (it starts over after each complete
         # message); a connection whose answer did not end cleanly is closed, never reused.
         self.parser = httptools.HttpResponseParser(self)
         self._reset()
 
     def _reset(self) -> None:
+        self._disarm()
         self.status = 0
         self.raw_headers: list[tuple[bytes, bytes]] = []
         self.head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -90,6 +100,7 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
+        self.heard_at = self._loop.time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -145,11 +156,34 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        self._disarm()
         if self.transport is not None:
             self.transport.close()
 
-    async def next_chunk(self) -> bytes | None:
-        """The next body chunk as it arrives, None at the end of the answer."""
+    def _disarm(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    def _idle_check(self) -> None:
+        self._idle_timer = None
+        waiter, limit = self.waiter, self._limit
+        if waiter is None or waiter.done() or limit is None:
+            return  # nobody waits for the backend now: the next wait arms the timer again
+        due = self.heard_at + limit
+        if self._loop.time() >= due:
+            waiter.set_exception(TimeoutError())
+        else:
+            self._arm(due)
+
+    def _arm(self, due: float) -> None:
+        self._disarm()
+        self._timer_due = due
+        self._idle_timer = self._loop.call_at(due, self._idle_check)
+
+    async def next_chunk(self, limit: float | None = None) -> bytes | None:
+        """The next body chunk as it arrives, None at the end of the answer; TimeoutError when the backend has
+        sent nothing for `limit` seconds (from the last bytes it sent, or the request's answer head)."""
         while True:
             if self.chunks:
                 chunk = self.chunks.popleft()
@@ -161,9 +195,14 @@ class _Connection(asyncio.Protocol):
                 return None
             if self.error is not None:
                 raise self.error
-            self.waiter = asyncio.get_running_loop().create_future()
-            await self.waiter
-            self.waiter = None
+            self._limit = limit
+            if limit is not None and (self._idle_timer is None or self.heard_at + limit < self._timer_due):
+                self._arm(self.heard_at + limit)  # none armed, or for later than this wait allows
+            self.waiter = self._loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
 
 
 class UpstreamResponse:
@@ -177,8 +216,9 @@ class UpstreamResponse:
         self.headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in connection.raw_headers}
         self._released = False
 
-    async def next_chunk(self) -> bytes | None:
-        return await self._connection.next_chunk()
+    async def next_chunk(self, limit: float | None = None) -> bytes | None:
+        """The next chunk of the body, None at its end; TimeoutError after `limit` seconds without a byte."""
+        return await self._connection.next_chunk(limit)
 
     def whole_body(self) -> bytes | None:
         """The body when all of it has arrived already (a small answer comes with its headers), else None."""
@@ -196,6 +236,7 @@ class UpstreamResponse:
             return
         self._released = True
         conn = self._connection
+        conn._disarm()
         if conn.complete and not conn.closed and conn.error is None and conn.keep_alive:
             self._pool.release(self._key, conn)
         else:

@@ -9,8 +9,8 @@
 #            (scripts/install-ml.sh), then the package (operator, runtime, cli and dev extras) and devtools/, editable;
 #   cluster: the local Kubernetes control plane, helm and kubectl from Go modules (localcluster/build.sh, about
 #            15 minutes cold on 2 cores, then cached under ~/.cache/servlane), Jaeger for the tracing tests
-#            (localcluster/build-jaeger.sh), SeaweedFS for the s3:// tests (scripts/build-seaweedfs.sh), the real
-#            worker node
+#            (localcluster/build-jaeger.sh), SeaweedFS for the s3:// tests (scripts/build-seaweedfs.sh), Argo CD
+#            for the GitOps e2e (localcluster/build-argocd.sh, about 6 minutes cold), the real worker node
 #            (localcluster/build-node.sh) and its NetworkPolicy enforcer (localcluster/build-netpol.sh);
 #   images:  the container images (scripts/build-images.sh: docker, cached by a content key of their inputs).
 # They share nothing but the cores: run one after the other they took 85 minutes on a fresh 2-core machine,
@@ -105,6 +105,8 @@ cluster_chain() {
   echo "setup: Jaeger in $(localcluster/build-jaeger.sh)"
   # The S3-compatible store the s3:// model-source tests fetch from (SeaweedFS's weed, about 12 minutes cold).
   echo "setup: SeaweedFS in $(scripts/build-seaweedfs.sh)"
+  # Argo CD's application controller and repo-server for e2e/test_real_argocd.py (about 6 minutes cold).
+  echo "setup: Argo CD in $(localcluster/build-argocd.sh)"
   if [[ $real_node == 1 ]]; then
     # The real worker node (kubelet, kube-proxy, containerd, runc, CoreDNS from Go modules) where
     # e2e/test_real_*.py run pods for real, and its NetworkPolicy enforcer (kube-router, firewall only).

@@ -11,6 +11,8 @@ Every target fronts the same stub (bench/gateway_bench.py --serve-stub) and gets
   - gateway: `python -m servlane_gateway` with a keys file and a routes file, one worker (the CPU per request
     does not depend on the worker count; throughput does, so compare CPU here, and throughput in
     bench/gateway_bench.py at the default worker count);
+  - gateway-before: the gateway of another checkout (`--before DIR`, e.g. `git worktree add --detach DIR REV`),
+    with that checkout's layers, for an A/B in the same rounds;
   - vllm-router: the peer, when `--vllm-router BIN` is given (as in bench/gateway_bench.py).
 Rounds run every target in a rotated order. Writes bench/results/server_layer.json.
 """
@@ -70,9 +72,20 @@ def wait_answering(url: str, deadline_s: float = 60) -> None:
     raise SystemExit(f"{url} never answered")
 
 
-def start_targets(tmp: Path, stub: str, granian: str | None, router: str | None) -> dict[str, tuple[int, Any]]:
-    paths = os.pathsep.join(str(ROOT / layer) for layer in ("api", "core", "web", "gateway"))
-    env = os.environ | {"PYTHONPATH": f"{BENCH}{os.pathsep}{paths}", "MINIMAL_PROXY_UPSTREAM": stub}
+def layers(root: Path) -> str:
+    return os.pathsep.join(str(root / layer) for layer in ("api", "core", "web", "gateway"))
+
+
+def gateway_command(tmp: Path, port: int) -> list[str]:
+    return [sys.executable, "-m", "servlane_gateway", "--routes-file", str(tmp / "routes.json"), "--keys-file",
+            str(tmp / "keys"), "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(free_port()),
+            "--log-level", "warning", "--workers", "1"]  # fmt: skip
+
+
+def start_targets(
+    tmp: Path, stub: str, granian: str | None, router: str | None, before: Path | None = None
+) -> dict[str, tuple[int, Any]]:
+    env = os.environ | {"PYTHONPATH": f"{BENCH}{os.pathsep}{layers(ROOT)}", "MINIMAL_PROXY_UPSTREAM": stub}
     targets: dict[str, tuple[int, Any]] = {}
     port = free_port()
     command = [sys.executable, str(BENCH / "minimal_proxy.py"), "uvicorn", str(port)]
@@ -86,15 +99,18 @@ def start_targets(tmp: Path, stub: str, granian: str | None, router: str | None)
     (tmp / "routes.json").write_text(json.dumps(routes(stub)))
     (tmp / "keys").write_text(f"bench: {API_KEY}\n")
     port = free_port()
-    command = [sys.executable, "-m", "servlane_gateway", "--routes-file", str(tmp / "routes.json"), "--keys-file",
-               str(tmp / "keys"), "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(free_port()),
-               "--log-level", "warning", "--workers", "1"]  # fmt: skip
-    targets["gateway"] = (port, subprocess.Popen(command, env=env, stdout=NULL, stderr=NULL))
+    targets["gateway"] = (port, subprocess.Popen(gateway_command(tmp, port), env=env, stdout=NULL, stderr=NULL))
+    if before is not None:
+        port = free_port()
+        before_env = env | {"PYTHONPATH": layers(before)}
+        process = subprocess.Popen(gateway_command(tmp, port), env=before_env, stdout=NULL, stderr=NULL)
+        targets["gateway-before"] = (port, process)
     if router:
         port = free_port()
         targets["vllm-router"] = (port, start_vllm_router(router, stub, port, tmp / "vllm-router.log"))
     for name, (port, _) in targets.items():
-        wait_answering(f"http://127.0.0.1:{port}/health" if name == "gateway" else f"http://127.0.0.1:{port}/")
+        path = "/health" if name.startswith("gateway") else "/"
+        wait_answering(f"http://127.0.0.1:{port}{path}")
     return targets
 
 
@@ -145,6 +161,11 @@ def ratios(runs: dict[str, list[dict[str, Any]]], peer: str) -> dict[str, Any]:
     return out
 
 
+def before_commit(checkout: Path) -> str:
+    done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or str(checkout)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=5)
@@ -152,6 +173,7 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--granian", help="path of the `granian` CLI (a venv outside the project)")
     parser.add_argument("--vllm-router", help="path of the `vllm-router` CLI (a venv outside the project)")
+    parser.add_argument("--before", type=Path, help="another checkout whose gateway runs beside (gateway-before)")
     parser.add_argument("--label", default="")
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "server_layer.json")
     args = parser.parse_args()
@@ -163,7 +185,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             wait_answering(stub + "/")
-            targets = start_targets(Path(tmp), stub, args.granian, args.vllm_router)
+            targets = start_targets(Path(tmp), stub, args.granian, args.vllm_router, args.before)
             processes += [proc for _, proc in targets.values()]
             names = list(targets)
             for round_no in range(args.rounds):
@@ -185,6 +207,7 @@ def main() -> None:
         "what": "CPU per proxied chat request (user + system of each server's processes) and requests/s, same load",
         "label": args.label,
         "code": code_version(),
+        "before": before_commit(args.before) if args.before else None,
         "settings": {
             "connections": args.connections,
             "seconds": args.seconds,

@@ -114,6 +114,31 @@ FEATURE_CASES: list[tuple[dict[str, Any], str, str]] = [
     ({"phase": "Stable", "observedGeneration": 3, "stableModel": "a"}, "Healthy", "Serving a"),
     ({"phase": "Stable", "observedGeneration": 2, "stableModel": "a"}, "Progressing", "generation 3"),
     ({"phase": "Split", "observedGeneration": 3}, "Healthy", "split"),
+    # Healthy only once the models it routes to are Ready (the operator's Ready condition; none: as before).
+    (
+        {"phase": "Stable", "observedGeneration": 3, "stableModel": "a", "conditions": [cond("Ready", "True")]},
+        "Healthy",
+        "Serving a",
+    ),
+    (
+        {
+            "phase": "Stable",
+            "observedGeneration": 3,
+            "stableModel": "a",
+            "conditions": [cond("Ready", "False", "AIModel(s) a receive traffic but are not Ready.")],
+        },
+        "Progressing",
+        "a receive traffic but are not Ready",
+    ),
+    (
+        {
+            "phase": "Split",
+            "observedGeneration": 3,
+            "conditions": [cond("Ready", "False", "AIModel(s) b receive traffic but are not Ready.")],
+        },
+        "Progressing",
+        "b receive traffic but are not Ready",
+    ),
     (
         {"phase": "Progressing", "observedGeneration": 3, "canaryModel": "b", "canaryWeight": 25},
         "Progressing",

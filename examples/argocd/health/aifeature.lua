@@ -1,6 +1,7 @@
 -- Argo CD health of a servlane.dev AIFeature (gopher-lua, Lua 5.1).
--- Healthy: Stable or Split with the current generation observed. Progressing: not yet observed,
--- Pending, or a canary running. Suspended: the rollout is paused. Degraded: the canary was rolled back.
+-- Healthy: Stable or Split with the current generation observed and its models Ready. Progressing: not
+-- yet observed, Pending, a model that receives traffic not Ready (Ready=False), or a canary running.
+-- Suspended: the rollout is paused. Degraded: the canary was rolled back.
 local hs = {status = "Progressing", message = "Waiting for the operator to report status"}
 
 local function condition_message(status, kind)
@@ -12,6 +13,18 @@ local function condition_message(status, kind)
     end
   end
   return nil
+end
+
+-- The operator's Ready condition: False while a model that receives traffic is not Ready.
+local function not_ready(status)
+  if status.conditions ~= nil then
+    for _, c in ipairs(status.conditions) do
+      if c.type == "Ready" and c.status ~= "True" then
+        return true
+      end
+    end
+  end
+  return false
 end
 
 local status = obj.status
@@ -26,7 +39,9 @@ end
 
 local phase = status.phase
 local canary = "canary " .. tostring(status.canaryModel) .. " at " .. tostring(status.canaryWeight or 0) .. "%"
-if phase == "Stable" then
+if (phase == "Stable" or phase == "Split") and not_ready(status) then
+  hs.message = condition_message(status, "Ready") or "Waiting for its models to be Ready"
+elseif phase == "Stable" then
   hs.status = "Healthy"
   hs.message = "Serving " .. tostring(status.stableModel)
 elseif phase == "Split" then

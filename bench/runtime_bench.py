@@ -7,7 +7,12 @@ every target, rotating the target order per round, so background load on a share
 all of them alike. Our vllm engine's numbers are reported as ratios to `vllm serve` (the goal is
 parity or better). Writes bench/results/runtime.json.
 
-Run: .venv/bin/python bench/runtime_bench.py [--rounds N] [--label TEXT] [--out FILE]
+`--one-at-a-time` (writes bench/results/runtime_alone.json): one server alive at a time, as a
+user runs one: each round starts each target in turn (order alternating between rounds), warms it,
+runs every concurrency, and stops it, so no idle server's threads share the CPUs with the one measured.
+Every request's time to first token is kept per round, so a bimodal distribution shows.
+
+Run: .venv/bin/python bench/runtime_bench.py [--rounds N] [--one-at-a-time] [--label TEXT] [--out FILE]
 Table: .venv/bin/python bench/runtime_bench.py --table bench/results/runtime.json
 """
 
@@ -48,6 +53,7 @@ CONCURRENCIES = (1, 8, 32)
 REQUESTS_PER_BATCH = {1: 8, 8: 32, 32: 64}
 ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
 OURS_VLLM, VLLM_SERVE, OURS_TRANSFORMERS = "servlane-vllm", "vllm-serve", "servlane-transformers"
+COLD_STREAMS = 8  # one at a time: the first batch of a fresh server
 
 
 @dataclass
@@ -56,21 +62,28 @@ class Target:
     command: list[str]
     port: int
     ready_path: str
+    env: dict[str, str] = field(default_factory=lambda: ENV)
     proc: subprocess.Popen[bytes] | None = None
     ready_seconds: float = 0.0
     # Per concurrency: every request's (latency, ttft, completion tokens) and every batch's wall time.
     samples: dict[int, list[tuple[float, float, int]]] = field(default_factory=dict)
     walls: dict[int, list[float]] = field(default_factory=dict)
     batch_ttft_p50: dict[int, list[float]] = field(default_factory=dict)
+    batch_ttfts: dict[int, list[list[float]]] = field(default_factory=dict)  # every request's, per batch
+    cold: list[list[float]] = field(default_factory=list)  # one at a time: each fresh server's first batch's TTFTs
 
     @property
     def base(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
 
-def our_target(name: str, model_dir: Path, engine: str, workdir: Path) -> Target:
+def our_target(name: str, model_dir: Path, engine: str, workdir: Path, shipped: bool = False) -> Target:
+    """`shipped`: the runtime's defaults (dtype auto; on CPU eager, compile off and the KV cache sized from
+    memory by the runtime itself), else bfloat16 and --enforce-eager with the bench's 1 GiB KV cache."""
     port = free_port()
     extra: dict[str, Any] = {"dtype": "bfloat16", "extra_args": ["--enforce-eager"]} if engine == "vllm" else {}
+    if shipped:
+        extra = {}
     config = RuntimeConfig.model_validate(
         {
             "model_source": str(model_dir),
@@ -87,18 +100,23 @@ def our_target(name: str, model_dir: Path, engine: str, workdir: Path) -> Target
     path = workdir / f"{name}.json"
     path.write_text(config.to_env_value())
     command = [sys.executable, "-m", "servlane_runtime", "--config", str(path), "--log-level", "warning"]
-    return Target(name, command, port, "/ready")
+    env = {k: v for k, v in ENV.items() if k != "VLLM_CPU_KVCACHE_SPACE"} if shipped else ENV
+    return Target(name, command, port, "/ready", env)
 
 
-def vllm_serve_target(model_dir: Path) -> Target:
+def vllm_serve_target(model_dir: Path, shipped: bool = False) -> Target:
+    """`shipped`: what our runtime's defaults give vLLM on CPU (eager, torch.compile off, dtype auto, the 1 GiB
+    KV cache ours sizes for this model), else bfloat16 and --enforce-eager."""
     port = free_port()
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
         "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager", "--dtype", "bfloat16",
-        "--uvicorn-log-level", "warning",
+        "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager", "--uvicorn-log-level", "warning",
     ]  # fmt: skip
-    return Target(VLLM_SERVE, command, port, "/v1/models")
+    if not shipped:
+        command += ["--dtype", "bfloat16"]
+    env = ENV | {"TORCH_COMPILE_DISABLE": "1"} if shipped else ENV
+    return Target(VLLM_SERVE, command, port, "/v1/models", env)
 
 
 @contextlib.contextmanager
@@ -108,7 +126,7 @@ def running(targets: list[Target], workdir: Path) -> Iterator[None]:
         started = time.perf_counter()
         for t in targets:
             log = (workdir / f"{t.name}.log").open("wb")
-            t.proc = subprocess.Popen(t.command, stdout=log, stderr=subprocess.STDOUT, env=ENV)
+            t.proc = subprocess.Popen(t.command, stdout=log, stderr=subprocess.STDOUT, env=t.env)
         for t in targets:
             wait_until(f"{t.name} to be ready", partial(_ready, t, workdir), 900, interval=0.5)
             t.ready_seconds = round(time.perf_counter() - started, 1)
@@ -168,13 +186,16 @@ async def one_request(client: httpx.AsyncClient, url: str, i: int) -> tuple[floa
     return time.perf_counter() - start, ttft, tokens
 
 
-async def batch(target: Target, concurrency: int) -> None:
+async def batch(target: Target, concurrency: int, warm_connections: bool = True) -> None:
+    """REQUESTS_PER_BATCH[concurrency] streams, `concurrency` at a time; first (unless `warm_connections` is
+    off) one unmeasured request per connection, so connections are open when the measured batch starts."""
     url = target.base + "/v1/chat/completions"
     count = REQUESTS_PER_BATCH[concurrency]
     sem = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
-        await asyncio.gather(*(one_request(client, url, -i) for i in range(concurrency)))  # open connections
+        if warm_connections:
+            await asyncio.gather(*(one_request(client, url, -i) for i in range(concurrency)))
 
         async def bounded(i: int) -> tuple[float, float, int]:
             async with sem:
@@ -186,6 +207,7 @@ async def batch(target: Target, concurrency: int) -> None:
     target.samples.setdefault(concurrency, []).extend(results)
     target.walls.setdefault(concurrency, []).append(wall)
     target.batch_ttft_p50.setdefault(concurrency, []).append(statistics.median(r[1] for r in results))
+    target.batch_ttfts.setdefault(concurrency, []).append([round(r[1], 4) for r in results])
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -281,6 +303,8 @@ def markdown_table(report: dict[str, Any]) -> str:
     for concurrency, row in report["results_by_concurrency"].items():
         ratio = row[f"{OURS_VLLM}_vs_{VLLM_SERVE}"]
         for name in (OURS_VLLM, VLLM_SERVE, OURS_TRANSFORMERS):
+            if name not in row:  # one at a time: no transformers target
+                continue
             cells = [str(concurrency), name]
             for key, scale, decimals in _COLUMNS:
                 cell = f"{row[name][key] * scale:.{decimals}f}"
@@ -300,32 +324,83 @@ def markdown_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def measure_side_by_side(targets: list[Target], rounds: int, workdir: Path) -> None:
+    with running(targets, workdir):
+        for round_no in range(rounds):
+            for concurrency in CONCURRENCIES:
+                shift = round_no % len(targets)
+                for target in targets[shift:] + targets[:shift]:  # rotate who goes first
+                    asyncio.run(batch(target, concurrency))
+            print(f"bench: round {round_no + 1}/{rounds} done", flush=True)
+
+
+def measure_one_at_a_time(targets: list[Target], rounds: int, workdir: Path) -> None:
+    """Each round starts, measures and stops each target in turn; the order alternates between rounds. The
+    first batch a fresh server gets (COLD_STREAMS at once, as a pod just scaled up gets them) is kept apart
+    (`cold`); the concurrencies are measured after it."""
+    for round_no in range(rounds):
+        shift = round_no % len(targets)
+        for target in targets[shift:] + targets[:shift]:
+            with running([target], workdir):
+                asyncio.run(batch(target, COLD_STREAMS, warm_connections=False))
+                target.cold.append(_take_last_batch(target, COLD_STREAMS))
+                for concurrency in CONCURRENCIES:
+                    asyncio.run(batch(target, concurrency))
+        print(f"bench: round {round_no + 1}/{rounds} done", flush=True)
+
+
+def _take_last_batch(target: Target, concurrency: int) -> list[float]:
+    """Removes the last batch at `concurrency` from the target's samples; returns its TTFTs."""
+    count = REQUESTS_PER_BATCH[concurrency]
+    del target.samples[concurrency][-count:]
+    target.walls[concurrency].pop()
+    target.batch_ttft_p50[concurrency].pop()
+    return target.batch_ttfts[concurrency].pop()
+
+
+def ttft_shape(target: Target, concurrency: int) -> dict[str, Any]:
+    """Every request's TTFT in ms per round (quartiles of each round), to see a bimodal distribution."""
+    rounds = []
+    for ttfts in target.batch_ttfts.get(concurrency, []):
+        q = statistics.quantiles(ttfts, n=4, method="inclusive") if len(ttfts) > 1 else ttfts * 3
+        rounds.append([round(q[0] * 1000, 1), round(q[1] * 1000, 1), round(q[2] * 1000, 1)])
+    return {"per_round_q1_median_q3_ms": rounds, "per_request_s": target.batch_ttfts.get(concurrency, [])}
+
+
+def cold_summary(target: Target) -> dict[str, Any]:
+    """The first batch of each fresh server: its TTFT median per round and every request's."""
+    medians = [statistics.median(ttfts) for ttfts in target.cold]
+    return {"streams": COLD_STREAMS, "ttft_p50_s": spread(medians), "per_request_s": target.cold}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--label", default="", help="a note stored with the results (e.g. the change measured)")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "runtime.json")
+    parser.add_argument("--out", type=Path, help="default bench/results/runtime.json (runtime_alone.json alone)")
     parser.add_argument("--table", type=Path, metavar="RESULTS", help="only print RESULTS as a markdown table")
+    parser.add_argument(
+        "--one-at-a-time", action="store_true", help="one server alive at a time (our vLLM engine, vllm serve)"
+    )
     args = parser.parse_args()
     if args.table is not None:
         print(markdown_table(json.loads(args.table.read_text())))
         return
+    alone = args.one_at_a_time
+    out = args.out or REPO / "bench" / "results" / ("runtime_alone.json" if alone else "runtime.json")
     facts = machine()
     model_dir = build_tiny_llama()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         targets = [
-            our_target(OURS_VLLM, model_dir, "vllm", workdir),
-            vllm_serve_target(model_dir),
-            our_target(OURS_TRANSFORMERS, model_dir, "transformers", workdir),
+            our_target(OURS_VLLM, model_dir, "vllm", workdir, shipped=alone),
+            vllm_serve_target(model_dir, shipped=alone),
         ]
-        with running(targets, workdir):
-            for round_no in range(args.rounds):
-                for concurrency in CONCURRENCIES:
-                    shift = round_no % len(targets)
-                    for target in targets[shift:] + targets[:shift]:  # rotate who goes first
-                        asyncio.run(batch(target, concurrency))
-                print(f"bench: round {round_no + 1}/{args.rounds} done", flush=True)
+        if alone:
+            measure_one_at_a_time(targets, args.rounds, workdir)
+        else:
+            targets.append(our_target(OURS_TRANSFORMERS, model_dir, "transformers", workdir))
+            measure_side_by_side(targets, args.rounds, workdir)
     facts["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     results: dict[str, Any] = {}
     for concurrency in CONCURRENCIES:
@@ -333,9 +408,16 @@ def main() -> None:
         row["servlane-vllm_vs_vllm-serve"] = ratios(row[OURS_VLLM], row[VLLM_SERVE])
         row["servlane-vllm_vs_vllm-serve_paired"] = paired_ratios(targets[0], targets[1], concurrency)
         row["same_work"] = same_work(row, [t.name for t in targets])
+        row["ttft_shape"] = {t.name: ttft_shape(t, concurrency) for t in targets}
         results[str(concurrency)] = row
+    order = (
+        "one server alive at a time: each round starts, warms (one unmeasured batch), measures and stops each "
+        "target in turn, order alternating between rounds"
+        if alone
+        else "interleaved: each round runs every concurrency on every target, target order rotated"
+    )
     report = {
-        "benchmark": "runtime",
+        "benchmark": "runtime_alone" if alone else "runtime",
         "label": args.label,
         "model": "tiny-llama (hidden 128, 2 layers, 2 heads of 64, random weights; vLLM bf16, transformers fp32)",
         "load": {
@@ -346,16 +428,23 @@ def main() -> None:
             "concurrencies": list(CONCURRENCIES),
             "requests_per_batch": REQUESTS_PER_BATCH,
             "rounds": args.rounds,
-            "order": "interleaved: each round runs every concurrency on every target, target order rotated",
+            "order": order,
+            "settings": "shipped defaults (ours: dtype auto, eager and torch.compile off and the KV cache sized by "
+            "the runtime; vllm serve: the same, given as --enforce-eager, TORCH_COMPILE_DISABLE=1, "
+            "VLLM_CPU_KVCACHE_SPACE=1)"
+            if alone
+            else "both bfloat16, --enforce-eager, VLLM_CPU_KVCACHE_SPACE=1",
         },
         "machine": facts,
         "ready_seconds": {t.name: t.ready_seconds for t in targets},
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "results_by_concurrency": results,
     }
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(results, indent=1))
-    print(f"bench: wrote {args.out}")
+    if alone:
+        report["first_batch_of_a_fresh_server"] = {t.name: cold_summary(t) for t in targets}
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({c: {k: v for k, v in r.items() if k != "ttft_shape"} for c, r in results.items()}, indent=1))
+    print(f"bench: wrote {out}")
 
 
 if __name__ == "__main__":

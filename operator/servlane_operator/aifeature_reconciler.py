@@ -48,6 +48,12 @@ def model_ready(body: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
+def scaled_to_zero(body: Mapping[str, Any]) -> bool:
+    """The AIModel says it rests at zero replicas (condition ScaledToZero=True) until a request wakes it."""
+    conditions = (body.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "ScaledToZero" and c.get("status") == "True" for c in conditions)
+
+
 def target_ready(target: str, body: Mapping[str, Any]) -> bool:
     """An AIModel target: its Ready condition. An adapter target (`model:adapter`): also listed in the model's
     spec (the runtime answers 503 for the moments its pods still load it, which the gateway retries)."""
@@ -118,6 +124,7 @@ async def reconcile_feature(
         annotations,
         generation,
         model_replicas=own_replicas(models),
+        models_at_zero=frozenset(name for name, model in models.items() if scaled_to_zero(model)),
     )
     if outcome.metrics_outage is not None:
         # Not only a log line: plan() records it in status, and the deadline acts on a long outage.

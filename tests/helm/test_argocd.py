@@ -96,6 +96,28 @@ MODEL_CASES: list[tuple[dict[str, Any] | None, str, str]] = [
         "Insufficient nvidia.com/gpu",
     ),
     ({"phase": "Failed", "observedGeneration": 2}, "Degraded", "Failed"),
+    # Scaled to zero is at rest, as a Deployment at 0 replicas (the operator's conditions at zero).
+    (
+        {
+            "phase": "Pending",
+            "observedGeneration": 2,
+            "conditions": [
+                {"type": "Ready", "status": "False", "reason": "ScaledToZero", "message": "Scaled to zero"},
+                {"type": "ScaledToZero", "status": "True", "reason": "Idle", "message": "Scaled to zero after 15m"},
+            ],
+        },
+        "Healthy",
+        "Scaled to zero after 15m",
+    ),
+    (
+        {
+            "phase": "Pending",
+            "observedGeneration": 2,
+            "conditions": [{"type": "ScaledToZero", "status": "False", "reason": "Serving", "message": ""}],
+        },
+        "Progressing",
+        "Pending",
+    ),
 ]
 
 
@@ -138,6 +160,19 @@ FEATURE_CASES: list[tuple[dict[str, Any], str, str]] = [
         },
         "Progressing",
         "b receive traffic but are not Ready",
+    ),
+    # A model at rest at zero is not a model that fails: the feature is Healthy (its Ready reason says why).
+    (
+        {
+            "phase": "Stable",
+            "observedGeneration": 3,
+            "stableModel": "a",
+            "conditions": [
+                {"type": "Ready", "status": "False", "reason": "ScaledToZero", "message": "AIModel(s) a scaled to zero"}
+            ],
+        },
+        "Healthy",
+        "Serving a",
     ),
     (
         {"phase": "Progressing", "observedGeneration": 3, "canaryModel": "b", "canaryWeight": 25},

@@ -104,6 +104,10 @@ def test_alerts_fire_on_rollback_not_ready_error_spike_and_stalled_canaries_only
         ('servlane_aimodel_status_phase{namespace="t",name="stuck",phase="Ready"}', "0x30"),
         ('servlane_aimodel_status_phase{namespace="t",name="fine",phase="Ready"}', "1x30"),
         ('servlane_aimodel_status_phase{namespace="t",name="late",phase="Ready"}', "0x9 1x20"),
+        # idle: at rest at zero replicas the whole time (phase Pending, ScaledToZero=True): not an alert.
+        ('servlane_aimodel_status_phase{namespace="t",name="idle",phase="Ready"}', "0x30"),
+        ('servlane_aimodel_status_condition{namespace="t",name="idle",type="ScaledToZero"}', "1x30"),
+        ('servlane_aimodel_status_condition{namespace="t",name="stuck",type="ScaledToZero"}', "0x30"),
         ('servlane_operator_model_phase{namespace="t",name="broken",phase="Failed"}', "1x30"),
         ('servlane_operator_model_phase{namespace="t",name="broken",phase="Ready"}', "0x30"),
         ('servlane_operator_model_phase{namespace="t",name="fine",phase="Ready"}', "1x30"),

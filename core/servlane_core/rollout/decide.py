@@ -96,6 +96,7 @@ def plan(
     *,
     min_window_seconds: float = 0.0,
     model_replicas: Mapping[str, int] | None = None,
+    models_at_zero: frozenset[str] = frozenset(),
 ) -> RolloutPlan:
     """The next status and events. `metrics` is read only when an analysis is due (see analysis_due), over
     analysis_window_seconds(); MetricsOutage when the source failed. `min_window_seconds`: the shortest
@@ -120,7 +121,7 @@ def plan(
         if draft.canary is not None and draft.awaiting_since is None:
             draft.awaiting_since = now_text  # a new rollout (or one from before this field existed)
         _progress(draft, spec.rollout, models_ready, metrics, now, now_text, generation, window)
-    new_status = _finalize(draft, spec, status, models_ready, now_text, generation)
+    new_status = _finalize(draft, spec, status, models_ready, now_text, generation, models_at_zero)
     overrides = budget_replicas(spec, new_status, status, model_replicas or {})
     new_status.replica_overrides = [ModelReplicas(model=m, replicas=r) for m, r in overrides.items()]
     requeue = requeue_after(spec.rollout, new_status, now, window)
@@ -328,6 +329,7 @@ def _finalize(
     ready: Mapping[str, bool],
     now_text: str,
     generation: int,
+    models_at_zero: frozenset[str] = frozenset(),
 ) -> AIFeatureStatus:
     analyses = draft.analyses[-HISTORY_LIMIT:]
     in_flight = draft.canary is not None
@@ -356,6 +358,6 @@ def _finalize(
         # A pause at the progress deadline keeps saying so until the rollout is resumed or ends.
         progressing = next((c for c in old.conditions if c.reason == "ProgressDeadlineExceeded"), None)
     total_steps = len(spec.rollout.steps)
-    new_conditions = feature_conditions(status, total_steps, ready, degraded, generation, progressing)
+    new_conditions = feature_conditions(status, total_steps, ready, degraded, generation, progressing, models_at_zero)
     status.conditions = merge_conditions(old.conditions, new_conditions, now_text)
     return status

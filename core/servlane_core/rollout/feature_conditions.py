@@ -15,22 +15,29 @@ def feature_conditions(
     degraded: Condition | None,
     generation: int,
     progressing: Condition | None = None,
+    models_at_zero: frozenset[str] = frozenset(),
 ) -> list[Condition]:
     """Conditions for `status` (whose own conditions are ignored); `degraded` is the rollback's, if any;
-    `progressing` replaces the derived Progressing condition (a pause at the progress deadline)."""
+    `progressing` replaces the derived Progressing condition (a pause at the progress deadline);
+    `models_at_zero`: the AIModels scaled to zero (their ScaledToZero condition), woken by the next request."""
     conditions = [
-        _ready(status, models_ready),
+        _ready(status, models_ready, models_at_zero),
         progressing if progressing is not None else _progressing(status, total_steps),
         degraded if degraded is not None else Condition(type="Degraded", status="False", reason="AsExpected"),
     ]
     return [c.model_copy(update={"observed_generation": generation}) for c in conditions]
 
 
-def _ready(status: AIFeatureStatus, models_ready: Mapping[str, bool]) -> Condition:
+def _ready(status: AIFeatureStatus, models_ready: Mapping[str, bool], models_at_zero: frozenset[str]) -> Condition:
     serving = [w.model for w in status.weights if w.weight > 0]
     if not serving:
         return Condition(type="Ready", status="False", reason="NoModel", message="No model receives traffic.")
     not_ready = [m for m in serving if not models_ready.get(m, False)]
+    if not_ready and all(m in models_at_zero for m in not_ready):
+        # At rest, not broken: like the AIModel's own Ready (reason ScaledToZero), so GitOps health and people
+        # can tell an idle feature from one whose model fails (examples/argocd/health reads the reason).
+        message = f"AIModel(s) {', '.join(not_ready)} scaled to zero; the next request through the gateway wakes them."
+        return Condition(type="Ready", status="False", reason="ScaledToZero", message=message)
     if not_ready:
         message = f"AIModel(s) {', '.join(not_ready)} receive traffic but are not Ready."
         return Condition(type="Ready", status="False", reason="ModelNotReady", message=message)

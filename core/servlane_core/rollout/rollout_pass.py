@@ -38,6 +38,7 @@ async def rollout_pass(
     generation: int,
     *,
     model_replicas: Mapping[str, int] | None = None,
+    models_at_zero: frozenset[str] = frozenset(),
 ) -> PassOutcome:
     min_window = reader.min_window_seconds
     metrics: WindowMetrics | MetricsOutage | None = None
@@ -59,5 +60,6 @@ async def rollout_pass(
         generation,
         min_window_seconds=min_window,
         model_replicas=model_replicas,
+        models_at_zero=models_at_zero,
     )
     return PassOutcome(plan=result, analysed=metrics is not None, metrics_outage=outage)

@@ -1,6 +1,7 @@
 -- Argo CD health of a servlane.dev AIFeature (gopher-lua, Lua 5.1).
--- Healthy: Stable or Split with the current generation observed and its models Ready. Progressing: not
--- yet observed, Pending, a model that receives traffic not Ready (Ready=False), or a canary running.
+-- Healthy: Stable or Split with the current generation observed and its models Ready or scaled to zero.
+-- Progressing: not yet observed, Pending, a model that receives traffic not Ready (Ready=False for a reason
+-- other than ScaledToZero), or a canary running.
 -- Suspended: the rollout is paused. Degraded: the canary was rolled back.
 local hs = {status = "Progressing", message = "Waiting for the operator to report status"}
 
@@ -15,11 +16,13 @@ local function condition_message(status, kind)
   return nil
 end
 
--- The operator's Ready condition: False while a model that receives traffic is not Ready.
+-- The operator's Ready condition: False while a model that receives traffic is not Ready, except for models
+-- at rest at zero replicas (reason ScaledToZero: the next request wakes them), which are as healthy as a
+-- Deployment scaled to 0.
 local function not_ready(status)
   if status.conditions ~= nil then
     for _, c in ipairs(status.conditions) do
-      if c.type == "Ready" and c.status ~= "True" then
+      if c.type == "Ready" and c.status ~= "True" and c.reason ~= "ScaledToZero" then
         return true
       end
     end

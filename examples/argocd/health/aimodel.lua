@@ -1,6 +1,7 @@
 -- Argo CD health of a servlane.dev AIModel (gopher-lua, Lua 5.1).
--- Healthy: phase Ready, Ready=True and the current generation observed. Progressing: not yet observed,
--- Pending or Deploying. Degraded: Degraded or Failed (insufficient GPUs, crash loops, bad source).
+-- Healthy: phase Ready, Ready=True and the current generation observed; or scaled to zero (ScaledToZero=True),
+-- at rest until a request wakes it. Progressing: not yet observed, Pending or Deploying. Degraded: Degraded
+-- or Failed (insufficient GPUs, crash loops, bad source).
 local hs = {status = "Progressing", message = "Waiting for the operator to report status"}
 
 local function condition(status, kind)
@@ -33,7 +34,12 @@ if generation ~= nil and (status.observedGeneration == nil or status.observedGen
 end
 
 local phase = status.phase
-if phase == "Ready" then
+local at_zero = condition(status, "ScaledToZero")
+if at_zero ~= nil and at_zero.status == "True" then
+  -- At rest with no pod until a request wakes it (scale to zero): healthy, as a Deployment scaled to 0 is.
+  hs.status = "Healthy"
+  hs.message = message_of(status, "ScaledToZero", "Scaled to zero; the next request wakes it")
+elseif phase == "Ready" then
   local ready = condition(status, "Ready")
   if ready ~= nil and ready.status == "True" then
     hs.status = "Healthy"

@@ -58,6 +58,7 @@ class Feature:
     ready: dict[str, bool] = field(default_factory=lambda: {"a": True, "b": True, "c": True})
     # The AIModels' own replica counts (plan's model_replicas); None: no AIModels (standalone).
     replicas: dict[str, int] | None = None
+    at_zero: frozenset[str] = frozenset()  # AIModels whose ScaledToZero condition is True
     last: RolloutPlan | None = None
 
     def reconcile(
@@ -77,6 +78,7 @@ class Feature:
             self.generation,
             min_window_seconds=min_window_seconds,
             model_replicas=self.replicas,
+            models_at_zero=self.at_zero,
         )
         self.status = self.last.status
         return self.last

@@ -39,6 +39,20 @@ def test_first_model_not_ready_is_reported_not_ready() -> None:
     assert feature.condition("Ready")[:2] == ("False", "ModelNotReady")
 
 
+def test_a_model_at_rest_at_zero_is_told_from_a_failing_one() -> None:
+    """Scaled to zero is at rest (GitOps health shows it Healthy by this reason); one model at zero and another
+    not Ready for another reason is not at rest."""
+    resting = Feature(feature_spec("a"), ready={"a": False}, at_zero=frozenset({"a"}))
+    resting.reconcile(T0)
+    status, reason, message = resting.condition("Ready")[:3]
+    assert (status, reason) == ("False", "ScaledToZero")
+    assert "a scaled to zero" in message
+    halves = [{"model": "a", "weight": 50}, {"model": "b", "weight": 50}]
+    split = Feature(feature_spec(split=halves), ready={"a": False, "b": False}, at_zero=frozenset({"a"}))
+    split.reconcile(T0)
+    assert split.condition("Ready")[:2] == ("False", "ModelNotReady")
+
+
 def test_new_model_waits_for_canary_ready_without_traffic() -> None:
     feature = Feature(feature_spec("a", progressDeadlineSeconds=7200))  # the deadline is tested elsewhere
     feature.reconcile(T0)

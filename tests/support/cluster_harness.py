@@ -31,7 +31,11 @@ GATEWAY_IMAGE = "ghcr.io/servlane/gateway:0.1.0"
 ARTIFACTS = ROOT / ".artifacts"
 GROUP, VERSION = "servlane.dev", "v1alpha1"
 OPERATOR_NS = "servlane-system"
-OPERATOR_SA = "servlane-operator"
+# Not the chart's name for it ("<release>-operator" is "servlane-operator" for a release named servlane): an
+# operator process started by one e2e module must leave nothing a later `helm install` in the same cluster
+# finds owned by no release (Helm refuses to adopt it, and the install fails).
+OPERATOR_SA = "servlane-operator-e2e"
+OPERATOR_ROLE = "servlane-operator-e2e"  # its ClusterRole and ClusterRoleBinding
 PLURALS = {"AIModel": "aimodels", "AIFeature": "aifeatures", "CustomResourceDefinition": "customresourcedefinitions"}
 T = TypeVar("T")
 
@@ -188,15 +192,13 @@ def operator_rbac(kube: Kube) -> None:
     account = client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=OPERATOR_SA))
     _create_unless_exists(lambda: kube.core.create_namespaced_service_account(OPERATOR_NS, account))
     role = client.V1ClusterRole(
-        metadata=client.V1ObjectMeta(name="servlane-operator-e2e"),
+        metadata=client.V1ObjectMeta(name=OPERATOR_ROLE),
         rules=[client.V1PolicyRule.model_validate(rule) for rule in rules],
     )
     _create_unless_exists(lambda: kube.rbac.create_cluster_role(role))
     binding = client.V1ClusterRoleBinding(
-        metadata=client.V1ObjectMeta(name="servlane-operator-e2e"),
-        role_ref=client.V1RoleRef(
-            api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="servlane-operator-e2e"
-        ),
+        metadata=client.V1ObjectMeta(name=OPERATOR_ROLE),
+        role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=OPERATOR_ROLE),
         subjects=[client.RbacV1Subject(kind="ServiceAccount", name=OPERATOR_SA, namespace=OPERATOR_NS)],
     )
     _create_unless_exists(lambda: kube.rbac.create_cluster_role_binding(binding))

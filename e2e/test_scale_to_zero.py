@@ -77,6 +77,7 @@ def test_an_idle_model_goes_to_zero_and_a_demand_lease_wakes_it_at_once(
     kube: Kube, operator: OperatorProcess, namespace: str
 ) -> None:
     kube.create_model(namespace, "sleepy", TO_ZERO)
+    kube.create_feature(namespace, "sleepy-chat", {"model": "sleepy"})
     # It starts with one replica (seen to load), then goes to zero after 3 s without a request.
     wait_until("Deployment at 1", lambda: deployment_replicas(kube, namespace, "sleepy") == 1, timeout=60)
     wait_until("Deployment at 0", lambda: deployment_replicas(kube, namespace, "sleepy") == 0, timeout=60)
@@ -92,6 +93,16 @@ def test_an_idle_model_goes_to_zero_and_a_demand_lease_wakes_it_at_once(
     assert (ready["status"], ready["reason"]) == ("False", "ScaledToZero")
     autoscaler = kube.get_model(namespace, "sleepy")["status"]["autoscaler"]
     assert (autoscaler["desiredReplicas"], autoscaler["reason"]) == (0, "Idle")
+
+    def feature_at_rest() -> dict[str, Any] | None:
+        conditions = (kube.get_feature(namespace, "sleepy-chat").get("status") or {}).get("conditions") or []
+        ready = next((c for c in conditions if c["type"] == "Ready"), None)
+        return ready if ready is not None and ready["reason"] == "ScaledToZero" else None
+
+    # The feature tells a model at rest from a failing one (GitOps health shows it Healthy by this reason).
+    ready = wait_until("the feature's Ready says its model rests at zero", feature_at_rest, timeout=30)
+    assert ready["status"] == "False"
+    assert "sleepy scaled to zero" in ready["message"]
 
     # A Lease of another model's name, or a stale one, wakes nothing.
     create_lease(kube, namespace, "servlane-demand-other", "sleepy", datetime.now(UTC))

@@ -36,6 +36,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.gateway_bench import API_KEY, CHAT, code_version, package_version, routes, start_vllm_router
 from bench.machine_load import cpu_times, shares
+from tests.support.polling import wait_until
 from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,14 +63,13 @@ def tree_cpu(pid: int) -> tuple[float, float]:
 
 
 def wait_answering(url: str, deadline_s: float = 60) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise SystemExit(f"{url} never answered")
+    wait_until(
+        f"{url} to answer",
+        lambda: httpx.get(url, timeout=1).status_code,
+        timeout=deadline_s,
+        interval=0.1,
+        tolerate=lambda exc: isinstance(exc, httpx.HTTPError),
+    )
 
 
 def layers(root: Path) -> str:

@@ -235,12 +235,13 @@ async def _to_backend(
     while True:
         if backend is None:
             raise unavailable(state, f"No backend of '{route.name}' is ready; try again shortly.")
+        picking = NO_PHASE
         if spans.recording:
-            with spans.phase("pick", {"servlane.model": backend.model, "servlane.routing": route.routing}) as picking:
-                lease = state.pods.choose(backend, route.routing, prefix, exclude=tried_targets)
-                picking.set(**{"server.address": lease.base_url if lease is not None else None})
-        else:
+            picking = spans.phase("pick", {"servlane.model": backend.model, "servlane.routing": route.routing})
+        with picking:
             lease = state.pods.choose(backend, route.routing, prefix, exclude=tried_targets)
+            if picking.recording:
+                picking.set(**{"server.address": lease.base_url if lease is not None else None})
         if lease is None:  # a pod of this backend was tried, and no other pod is left to try
             backend = _another_backend(state, call, route, backend, sticky, tried)
             on_backend = 0

@@ -43,15 +43,18 @@ def referenced(body: Mapping[str, Any]) -> set[str]:
     return referenced_models(feature.spec, feature.status)
 
 
-def model_ready(body: Mapping[str, Any]) -> bool:
+def condition_true(body: Mapping[str, Any], kind: str) -> bool:
     conditions = (body.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    return any(c.get("type") == kind and c.get("status") == "True" for c in conditions)
+
+
+def model_ready(body: Mapping[str, Any]) -> bool:
+    return condition_true(body, "Ready")
 
 
 def scaled_to_zero(body: Mapping[str, Any]) -> bool:
     """The AIModel says it rests at zero replicas (condition ScaledToZero=True) until a request wakes it."""
-    conditions = (body.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "ScaledToZero" and c.get("status") == "True" for c in conditions)
+    return condition_true(body, "ScaledToZero")
 
 
 def target_ready(target: str, body: Mapping[str, Any]) -> bool:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +23,7 @@ from servlane_api import metric_names as contract
 from servlane_core.routing.routes import RouteTable, build_route_table
 from servlane_gateway.gateway_metrics import GatewayMetrics
 from servlane_gateway.routing.kube_watch import KubeRouteSource, RouteObjectStore, routing_view
-from servlane_gateway.routing.sources import flatten_documents, parse_objects
+from servlane_gateway.routing.sources import FileRouteSource, flatten_documents, parse_objects
 from tests.support.gateway_harness import aifeature, aimodel, route_in
 
 FEATURES = ("aifeatures", "")
@@ -270,6 +272,45 @@ async def test_a_thousand_of_each_rebuild_off_the_loop_and_no_op_events_rebuild_
     assert len(builds_seconds) == 5
     stalls = [stall for stall in lag.lags if stall >= min(builds_seconds) / 2]
     assert len(stalls) < len(builds_seconds), (stalls, builds_seconds)
+
+
+async def test_a_routes_file_of_a_thousand_of_each_reloads_off_the_loop(tmp_path: Path) -> None:
+    """The standalone gateway's source (a file): reading, validating and building run on a thread too."""
+    features, models = many(1000)
+    path = tmp_path / "routes.json"
+    path.write_text(json.dumps(features + models))
+    source = FileRouteSource(path, poll_seconds=0.05)
+    reads: list[float] = []
+    read = source._read
+
+    def timed_read() -> Any:
+        started = time.perf_counter()
+        try:
+            return read()
+        finally:
+            reads.append(time.perf_counter() - started)
+
+    source._read = timed_read  # type: ignore[method-assign]
+    published = Published()
+    await source.start(published)
+    try:
+        assert len(published.latest.routes) == 2000  # start() delivers the first table before it returns
+        target = models[7]
+        name = f"{target['metadata']['namespace']}/f7"
+        with LoopLag() as lag:
+            for round_, ready in enumerate((False, True, False), start=2):
+                changed = [ready_flipped(m, ready) if m is target else m for m in models]
+                (tmp_path / "next.json").write_text(json.dumps(features + changed))
+                (tmp_path / "next.json").replace(path)  # whole, as a ConfigMap's symlink swap is
+                await until("the reload", lambda: len(published.tables) == round_)  # noqa: B023 - awaited in the same turn
+                assert route_in(published.latest, name).backends[0].ready is ready
+    finally:
+        await source.stop()
+    assert published.threads == {threading.get_ident()}  # tables are handed to the loop
+    # On the loop, each reload would stall it for the whole reload; off it, the loop waits for its GIL turns.
+    assert len(reads) == 4, reads
+    stalls = [stall for stall in lag.lags if stall >= min(reads[1:]) / 2]
+    assert len(stalls) < 3, (stalls, reads)
 
 
 async def test_a_burst_of_changes_during_a_build_makes_one_more_build() -> None:

@@ -91,7 +91,9 @@ def file_signature(path: Path) -> tuple[int, int, int] | None:
 
 class FileRouteSource:
     """Reads the file, then polls its signature (a stat per interval: cheap) and reloads on change.
-    A file that fails to parse keeps the previous table."""
+    A file that fails to parse keeps the previous table. Reading, validating and building run on a thread,
+    not on the event loop: at 1,000 features and 1,000 AIModels they take a few hundred milliseconds, which
+    on the loop would stall every request (bench/route_rebuild_bench.py)."""
 
     def __init__(self, path: Path, poll_seconds: float = 0.2) -> None:
         self.path = path
@@ -103,14 +105,18 @@ class FileRouteSource:
     def latest_objects(self) -> tuple[list[AIFeature], list[AIModel]]:
         return self.latest
 
-    def _load(self, on_table: OnTable) -> None:
+    def _read(self) -> tuple[list[AIFeature], list[AIModel], RouteTable]:
         features, models = load_objects(self.path)
-        on_table(build_route_table(features, models))
+        return features, models, build_route_table(features, models)
+
+    async def _load(self, on_table: OnTable) -> None:
+        features, models, table = await asyncio.to_thread(self._read)
+        on_table(table)
         self.latest = (features, models)
 
     async def start(self, on_table: OnTable) -> None:
         signature = file_signature(self.path)
-        self._load(on_table)
+        await self._load(on_table)
         self._task = asyncio.create_task(self._watch(on_table, signature))
 
     async def _watch(self, on_table: OnTable, signature: tuple[int, int, int] | None) -> None:
@@ -121,7 +127,7 @@ class FileRouteSource:
                 continue
             signature = current
             try:
-                self._load(on_table)
+                await self._load(on_table)
                 log.info("reloaded routes from %s", self.path)
             except (OSError, ValueError, yaml.YAMLError) as exc:
                 log.error("keeping the previous routes: %s does not load: %s", self.path, exc)

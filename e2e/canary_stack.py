@@ -11,17 +11,19 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.canary_faults import PrometheusProcess
+from e2e.canary_faults import PrometheusProcess, get_ok
 from e2e.traffic import Load
 from localcluster.cluster import stop_process_groups
 from servlane_api.runtime_config import RuntimeConfig
-from tests.support.cluster_harness import ARTIFACTS, OperatorProcess, wait_until
+from tests.support.cluster_harness import ARTIFACTS, ROOT, Kube, OperatorProcess, wait_until
 from tests.support.ports import free_port
 
 CPU_MODEL: dict[str, Any] = {"source": {"uri": "/models/tiny"}, "engine": "transformers", "resources": {"cpu": "1"}}
@@ -94,6 +96,50 @@ class RuntimeProcess:
             stop_process_groups([self.proc.pid], timeout=15)
             self.proc.wait(timeout=5)
         self.proc = None
+
+
+@dataclass
+class Gateway:
+    """A gateway process watching one namespace, its models' in-cluster addresses overridden to processes."""
+
+    url: str
+    proc: subprocess.Popen[bytes]
+    metrics_url: str
+
+    def route_weights(self, feature: str = "chat") -> dict[str, float]:
+        text = httpx.get(self.metrics_url, timeout=5).text
+        return {
+            s.labels["model"]: s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "servlane_gateway_route_weight" and s.labels.get("feature") == feature
+        }
+
+
+def start_gateway(kube: Kube, ns: str, port: int, backends: dict[str, str], workdir: Path) -> Gateway:
+    """`python -m servlane_gateway --watch` on `port`, sending model `name` of `ns` to `backends[name]`."""
+    overrides = [
+        arg
+        for model, url in backends.items()
+        for arg in ("--endpoint-override", f"http://model-{model}.{ns}.svc.cluster.local:8000={url}")
+    ]
+    command = [sys.executable, "-m", "servlane_gateway", "--watch", "--namespaces", ns, "--host", "127.0.0.1",
+               "--port", str(port), "--metrics-port", str(metrics_port_of(port)), "--first-byte-timeout", "10",
+               *overrides]  # fmt: skip
+    with (workdir / "gateway.log").open("ab") as log:
+        proc = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
+            env={**os.environ, "KUBECONFIG": str(kube.kubeconfig)},
+        )  # fmt: skip
+    gateway = Gateway(f"http://127.0.0.1:{port}", proc, f"http://127.0.0.1:{metrics_port_of(port)}/metrics")
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"gateway exited with {proc.returncode}; see {workdir / 'gateway.log'}")
+        return get_ok(gateway.url + "/ready")
+
+    wait_until("gateway ready", ready, timeout=30)
+    return gateway
 
 
 def runtime_config(model_dir: Path, name: str) -> RuntimeConfig:

@@ -30,10 +30,10 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="session")
-def kube() -> Iterator[Kube]:
-    existing = os.environ.get("E2E_KUBECONFIG")
-    if existing:
-        yield Kube(Path(existing))
+def local_cluster() -> Iterator[LocalCluster | None]:
+    """The session's local control plane with KWOK nodes; None when the tests run against $E2E_KUBECONFIG."""
+    if os.environ.get("E2E_KUBECONFIG"):
+        yield None
         return
     if not os.environ.get("KUBEBUILDER_ASSETS") and shutil.which("go") is None:
         unavailable("no Go toolchain to build the local control plane (and no KUBEBUILDER_ASSETS, no E2E_KUBECONFIG)")
@@ -41,12 +41,19 @@ def kube() -> Iterator[Kube]:
     cluster = LocalCluster(workdir)
     cluster.up()
     try:
-        yield Kube(cluster.kubeconfig)
+        yield cluster
     finally:
         cluster.down()
         # Logs stay for a failed run; a passing session leaves nothing behind.
         if not getattr(kube, "failed", False):
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def kube(local_cluster: LocalCluster | None) -> Kube:
+    if local_cluster is None:
+        return Kube(Path(os.environ["E2E_KUBECONFIG"]))
+    return Kube(local_cluster.kubeconfig)
 
 
 @pytest.fixture(scope="session")

@@ -20,22 +20,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from e2e import canary_stack
-from e2e.canary_faults import PrometheusProcess, counter_value, feature_events, get_ok, without_chat_template
+from e2e.canary_faults import PrometheusProcess, counter_value, feature_events, without_chat_template
 from e2e.canary_stack import (
     ANALYSIS,
     ANALYSIS_INTERVAL_SECONDS,
@@ -44,16 +40,16 @@ from e2e.canary_stack import (
     SCRAPE_INTERVAL_SECONDS,
     STEPS,
     RuntimeProcess,
-    metrics_port_of,
     rollout,
     runtime_config,
+    start_gateway,
     wait_served,
 )
 from e2e.traffic import Load
 from localcluster.cluster import stop_process_groups
 from servlane_api.runtime_exit import MODEL_SOURCE_FAILED
 from servlane_core.rollout import ROLLOUT_ANNOTATION
-from tests.support.cluster_harness import ARTIFACTS, ROOT, Kube, OperatorProcess, wait_until
+from tests.support.cluster_harness import ARTIFACTS, Kube, OperatorProcess, wait_until
 
 # The canary stack's module fixtures (test_namespaces.py and test_hostile_tenants.py instantiate them too).
 model_dir = canary_stack.model_dir
@@ -62,25 +58,6 @@ prometheus = canary_stack.prometheus
 canary_operator = canary_stack.canary_operator
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-# --- processes ---
-
-
-@dataclass
-class Gateway:
-    url: str
-    proc: subprocess.Popen[bytes]
-    metrics_url: str
-
-    def route_weights(self, feature: str = "chat") -> dict[str, float]:
-        text = httpx.get(self.metrics_url, timeout=5).text
-        return {
-            s.labels["model"]: s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-            if s.name == "servlane_gateway_route_weight" and s.labels.get("feature") == feature
-        }
 
 
 # --- fixtures ---
@@ -104,31 +81,6 @@ def runtimes(model_dir: Path, workdir: Path) -> Iterator[dict[str, RuntimeProces
     finally:
         for runtime in started.values():
             runtime.stop()
-
-
-def start_gateway(kube: Kube, ns: str, port: int, backends: dict[str, str], workdir: Path) -> Gateway:
-    overrides = [
-        arg
-        for model, url in backends.items()
-        for arg in ("--endpoint-override", f"http://model-{model}.{ns}.svc.cluster.local:8000={url}")
-    ]
-    command = [sys.executable, "-m", "servlane_gateway", "--watch", "--namespaces", ns, "--host", "127.0.0.1",
-               "--port", str(port), "--metrics-port", str(metrics_port_of(port)), "--first-byte-timeout", "10",
-               *overrides]  # fmt: skip
-    with (workdir / "gateway.log").open("ab") as log:
-        proc = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
-            env={**os.environ, "KUBECONFIG": str(kube.kubeconfig)},
-        )  # fmt: skip
-    gateway = Gateway(f"http://127.0.0.1:{port}", proc, f"http://127.0.0.1:{metrics_port_of(port)}/metrics")
-
-    def ready() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"gateway exited with {proc.returncode}; see {workdir / 'gateway.log'}")
-        return get_ok(gateway.url + "/ready")
-
-    wait_until("gateway ready", ready, timeout=30)
-    return gateway
 
 
 @pytest.fixture

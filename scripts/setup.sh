@@ -10,7 +10,8 @@
 #   cluster: the local Kubernetes control plane, helm and kubectl from Go modules (localcluster/build.sh, about
 #            15 minutes cold on 2 cores, then cached under ~/.cache/servlane), Jaeger for the tracing tests
 #            (localcluster/build-jaeger.sh), SeaweedFS for the s3:// tests (scripts/build-seaweedfs.sh), Argo CD
-#            for the GitOps e2e (localcluster/build-argocd.sh, about 6 minutes cold), the real worker node
+#            for the GitOps e2e (localcluster/build-argocd.sh, about 6 minutes cold, with build-kustomize.sh and
+#            build-monitoring-crds.sh), the real worker node
 #            (localcluster/build-node.sh) and its NetworkPolicy enforcer (localcluster/build-netpol.sh);
 #   images:  the container images (scripts/build-images.sh: docker, cached by a content key of their inputs).
 # They share nothing but the cores: run one after the other they took 85 minutes on a fresh 2-core machine,
@@ -105,8 +106,12 @@ cluster_chain() {
   echo "setup: Jaeger in $(localcluster/build-jaeger.sh)"
   # The S3-compatible store the s3:// model-source tests fetch from (SeaweedFS's weed, about 12 minutes cold).
   echo "setup: SeaweedFS in $(scripts/build-seaweedfs.sh)"
-  # Argo CD's application controller and repo-server for e2e/test_real_argocd.py (about 6 minutes cold).
+  # Argo CD's application controller and repo-server for the GitOps e2e (about 6 minutes cold); kustomize, which
+  # its repo-server runs for a team's kustomization.yaml, and the Prometheus operator's CRDs, which the GitOps
+  # example's chart values need (ServiceMonitor, PrometheusRule), about a minute each cold.
   echo "setup: Argo CD in $(localcluster/build-argocd.sh)"
+  echo "setup: kustomize in $(localcluster/build-kustomize.sh)"
+  echo "setup: Prometheus operator CRDs in $(localcluster/build-monitoring-crds.sh)"
   if [[ $real_node == 1 ]]; then
     # The real worker node (kubelet, kube-proxy, containerd, runc, CoreDNS from Go modules) where
     # e2e/test_real_*.py run pods for real, and its NetworkPolicy enforcer (kube-router, firewall only).

@@ -58,15 +58,32 @@ exit "$ret"
 PART_OF = {"app.kubernetes.io/part-of": "argocd"}  # the settings informer lists only objects with this label
 
 
-def argocd_bin() -> Path:
-    """The folder of the argocd multi-call binary and its symlinks (build-argocd.sh --print-path)."""
-    found = subprocess.run(["bash", str(BUILD_SCRIPT), "--print-path"], capture_output=True, text=True)
+def built(script: Path, what: str) -> Path:
+    """The folder a localcluster build script prints with --print-path; missing, the test skips (fails in CI)."""
+    found = subprocess.run(["bash", str(script), "--print-path"], capture_output=True, text=True)
     if found.returncode == 0:
         return Path(found.stdout.strip())
-    message = "Argo CD is not built: run localcluster/build-argocd.sh (scripts/setup.sh does)"
+    message = f"{what} is not built: run {script.relative_to(ROOT)} (scripts/setup.sh does)"
     if os.environ.get("CI") == "true":
         pytest.fail(message)
     pytest.skip(message)
+
+
+def argocd_bin() -> Path:
+    """The folder of the argocd multi-call binary and its symlinks (build-argocd.sh --print-path)."""
+    return built(BUILD_SCRIPT, "Argo CD")
+
+
+def kustomize_bin() -> Path:
+    """The folder of the kustomize binary the repo-server runs for a kustomization.yaml."""
+    return built(ROOT / "localcluster" / "build-kustomize.sh", "kustomize")
+
+
+def monitoring_crds() -> list[dict[str, Any]]:
+    """The Prometheus operator's CRDs (ServiceMonitor, PodMonitor, PrometheusRule, ...), as a cluster with
+    kube-prometheus-stack has them (localcluster/build-monitoring-crds.sh generates them from its API module)."""
+    folder = built(ROOT / "localcluster" / "build-monitoring-crds.sh", "The Prometheus operator's CRDs")
+    return [yaml.safe_load(path.read_text()) for path in sorted(folder.glob("*.yaml"))]
 
 
 def needed_tools() -> None:
@@ -221,12 +238,13 @@ class ArgoCD:
         tools.mkdir(exist_ok=True)
         (tools / "git-verify-wrapper.sh").write_text(GIT_VERIFY_WRAPPER)
         (tools / "git-verify-wrapper.sh").chmod(0o755)
-        # git and helm (the control plane's) on PATH for the repo-server; its folders in the workdir, not /app
-        # or /tmp (its checkouts go to $TMPDIR/_argocd-repo).
+        # git, helm (the control plane's) and kustomize on PATH for the repo-server; its folders in the workdir,
+        # not /app or /tmp (its checkouts go to $TMPDIR/_argocd-repo).
         k8s_bin = str(self.cluster.bins["kube-apiserver"].parent) if self.cluster.bins else ""
         (self.workdir / "tmp").mkdir(exist_ok=True)
+        path = (str(tools), k8s_bin, str(kustomize_bin()), os.environ.get("PATH", ""))
         repo_env = {
-            "PATH": os.pathsep.join(p for p in (str(tools), k8s_bin, os.environ.get("PATH", "")) if p),
+            "PATH": os.pathsep.join(p for p in path if p),
             "TMPDIR": str(self.workdir / "tmp"),
             "ARGOCD_GPG_ENABLED": "false",
             "ARGOCD_TLS_DATA_PATH": str(self.workdir / "tls"),
@@ -324,6 +342,9 @@ def summary(app: dict[str, Any]) -> dict[str, Any]:
     return {
         "sync": (status.get("sync") or {}).get("status"),
         "revision": (status.get("sync") or {}).get("revision"),
+        # Each source's (an Application with `sources`, such as a chart with its values from another repository,
+        # reports these instead of `revision`).
+        "revisions": (status.get("sync") or {}).get("revisions") or [(status.get("sync") or {}).get("revision")],
         "health": (status.get("health") or {}).get("status"),
         "resources": {
             f"{r['kind']}/{r['name']}": (r.get("status"), (r.get("health") or {}).get("status"))

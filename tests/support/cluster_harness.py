@@ -217,10 +217,13 @@ def _create_unless_exists(create: Callable[[], object]) -> None:
             raise
 
 
-def service_account_kubeconfig(kube: Kube, path: Path) -> Path:
-    """A kubeconfig holding a bound ServiceAccount token (TokenRequest), not admin credentials."""
+def service_account_kubeconfig(
+    kube: Kube, path: Path, account: str = OPERATOR_SA, namespace: str = OPERATOR_NS
+) -> Path:
+    """A kubeconfig holding a bound ServiceAccount token (TokenRequest), not admin credentials: the harness's
+    operator account by default, or another (such as the one a chart release created)."""
     request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(expiration_seconds=6 * 3600))
-    answer = kube.core.create_namespaced_service_account_token(OPERATOR_SA, OPERATOR_NS, request)
+    answer = kube.core.create_namespaced_service_account_token(account, namespace, request)
     token = present(present(answer.status, "TokenRequest status").token, "TokenRequest token")
     server, ca = kube.server_and_ca()
     config_doc = {

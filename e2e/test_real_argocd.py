@@ -16,8 +16,8 @@ In order (the tests share the Application, each starts from where the last one l
    nothing waits for it.
 
 The whole module takes about 4.5 minutes here, 2.5 of them the real node's start and image import.
-Not covered here (see examples/argocd/README.md): a canary driven by a commit (needs the gateway and traffic on
-the real node), the chart itself as an Application.
+Canaries driven by commits: e2e/test_argocd_canary.py; the chart and the whole GitOps example as Applications:
+e2e/test_argocd_gitops_example.py.
 """
 
 from __future__ import annotations

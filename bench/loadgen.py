@@ -7,7 +7,8 @@ streams per second without an HTTP client library's per-request cost. Two modes:
 
 - `closed`: `--connections` connections, each sending the next request as soon as the previous answer has
   ended (like wrk), for `--seconds`; prints JSON with wrk's fields (p50/p99 ms, requests/s, non-2xx, socket
-  errors, requests) plus status counts, body bytes and SSE data events received.
+  errors, requests) plus status counts, body bytes and SSE data events received; with `--timeline`, every
+  request's send time and latency to a file (bench/route_rebuild_bench.py lines them up with its changes).
 - `streams`: `--streams` streaming requests at once (each on its own connection, started at random offsets
   within `--ramp-seconds`); every SSE event carrying the stub's send stamp (`t=<monotonic ns>` in its text)
   is timed on arrival. Writes the per-token gaps minus `--spacing-ms` and the stamp-to-arrival delays (ms,
@@ -79,7 +80,11 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def closed_loop(url: str, body: bytes, api_key: str, connections: int, seconds: float) -> dict[str, Any]:
+async def closed_loop(
+    url: str, body: bytes, api_key: str, connections: int, seconds: float, timeline: array.array[float] | None = None
+) -> dict[str, Any]:
+    """`timeline`, when given, gets each counted request's send time (CLOCK_MONOTONIC seconds, the clock every
+    process of the machine shares) and latency (ms), in pairs."""
     host, port, request = build_request(url, body, api_key)
     latencies: list[float] = []
     statuses: dict[str, int] = {}
@@ -111,6 +116,8 @@ async def closed_loop(url: str, body: bytes, api_key: str, connections: int, sec
             if done > deadline:  # like wrk: an answer that ends after the run is not counted
                 break
             latencies.append((done - sent) * 1000)
+            if timeline is not None:
+                timeline.extend((sent, (done - sent) * 1000))
             statuses[str(status)] = statuses.get(str(status), 0) + 1
             totals["body_bytes"] += len(answer)
             totals["events"] += answer.count(b"data: ")
@@ -208,13 +215,18 @@ def main() -> None:
     parser.add_argument("--spacing-ms", type=float, default=20)
     parser.add_argument("--ramp-seconds", type=float, default=1)
     parser.add_argument("--samples", type=Path, help="streams: where to write gaps and delays (float32)")
+    parser.add_argument("--timeline", type=Path, help="closed: where to write (send time, latency ms) pairs (float64)")
     args = parser.parse_args()
     import uvloop
 
     body = args.body.encode()
     if args.mode == "closed":
         cpu = time.process_time()
-        result = uvloop.run(closed_loop(args.url, body, args.api_key, args.connections, args.seconds))
+        timeline = array.array("d") if args.timeline else None
+        result = uvloop.run(closed_loop(args.url, body, args.api_key, args.connections, args.seconds, timeline))
+        if args.timeline and timeline is not None:
+            with args.timeline.open("wb") as out:
+                timeline.tofile(out)
         print(json.dumps(result | {"loadgen_cpu_s": time.process_time() - cpu}))
         return
     summary, gaps, delays = uvloop.run(

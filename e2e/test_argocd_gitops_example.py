@@ -157,8 +157,8 @@ def synced(example: Example) -> Iterator[dict[str, Any]]:
         def all_healthy() -> dict[str, dict[str, Any]] | None:
             apps = e.apps()
             wanted = ("Synced", "Healthy", {revision})
-            done = len(apps) == 3 and all((a["sync"], a["health"], set(a["revisions"])) == wanted for a in apps.values())
-            return apps if done else None
+            states = [(a["sync"], a["health"], set(a["revisions"])) for a in apps.values()]
+            return apps if len(apps) == 3 and all(state == wanted for state in states) else None
 
         apps: dict[str, dict[str, Any]] = e.wait("every Application Synced and Healthy", all_healthy)
         print(f"\nroot created -> all Healthy in {time.monotonic() - started:.1f}s")

@@ -1,14 +1,11 @@
-"""A gateway worker's metrics in memory, written to prometheus_client's multiprocess files in batches
-(servlane_gateway.worker_metrics): what a scrape sums must be what prometheus_client's own per-write files give,
-a sibling's values must arrive within the flush interval, and a dead worker's in-flight gauges must go.
-
-Each side runs in a process of its own: the value class is chosen per process, and the files are named by pid."""
+"""Gateway workers' metrics files (servlane_gateway.worker_metrics): a dead worker's in-flight gauges leave the
+sums, its counts stay, a running worker's files are kept. Each writer is a process of its own (files are named by
+pid)."""
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +14,6 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from servlane_gateway import worker_metrics
-from tests.support.polling import wait_until
 
 # One of every kind the gateway uses: counters, histograms, gauges summed over live workers, the most recent,
 # the max. Then the operations `ops` lists, on the children `ops` names, by the gateway's own writers.
@@ -25,11 +21,8 @@ WRITER = """
 import json, os, sys
 from prometheus_client import Counter, Gauge, Histogram
 from servlane_gateway.gateway_metrics import Increment, Observe
-from servlane_gateway import worker_metrics
 
-mode, ops = sys.argv[1], json.loads(sys.argv[2])
-if mode == "batched":
-    worker_metrics.FILES.start(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+ops = json.loads(sys.argv[1])
 counter = Counter("requests", "r", ["model"])
 histogram = Histogram("seconds", "s", ["model"], buckets=(0.1, 1.0, 10.0))
 live = Gauge("in_flight", "i", ["model"], multiprocess_mode="livesum")
@@ -46,23 +39,7 @@ for op, model, amount in ops:
         recent.labels(model).set(amount)
     else:
         top.set(amount)
-if mode == "batched":
-    worker_metrics.FILES.flush()
-if len(sys.argv) > 3:  # stay alive until told (the freshness test)
-    print("ready", flush=True)
-    sys.stdin.readline()
 """
-
-
-def random_ops(seed: int, count: int = 300) -> list[tuple[str, str, float]]:
-    rng = random.Random(seed)
-    ops = []
-    for _ in range(count):
-        op = rng.choice(["inc", "observe", "live", "set", "max"])
-        amount = {"inc": rng.choice([1, 1, 1, 2.5]), "observe": rng.choice([0.05, 0.1, 0.5, 3, 20]),
-                  "live": rng.choice([1, -1]), "set": rng.randint(0, 100), "max": rng.random()}[op]  # fmt: skip
-        ops.append((op, rng.choice(["a", "b", "c"]), float(amount)))
-    return ops
 
 
 def scrape(directory: Path) -> bytes:
@@ -72,53 +49,15 @@ def scrape(directory: Path) -> bytes:
     return b"\n".join(sorted(generate_latest(registry).splitlines()))
 
 
-def write(mode: str, directory: Path, ops: list[tuple[str, str, float]]) -> None:
+def write(directory: Path, ops: list[tuple[str, str, float]]) -> None:
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
-    done = subprocess.run([sys.executable, "-c", WRITER, mode, json.dumps(ops)], env=env, capture_output=True)
+    done = subprocess.run([sys.executable, "-c", WRITER, json.dumps(ops)], env=env, capture_output=True)
     assert done.returncode == 0, done.stderr.decode()
-
-
-def test_the_sums_are_those_of_prometheus_clients_own_files(tmp_path: Path) -> None:
-    for seed in range(3):
-        ops = random_ops(seed)
-        results = {}
-        for mode in ("library", "batched"):
-            directory = tmp_path / f"{mode}-{seed}"
-            directory.mkdir()
-            for half in (ops[: len(ops) // 2], ops[len(ops) // 2 :]):  # two workers, one after the other
-                write(mode, directory, half)
-            results[mode] = scrape(directory)
-        assert b"requests_total" in results["library"]
-        assert b"seconds_bucket" in results["library"]
-        assert results["batched"] == results["library"], seed
-
-
-def test_a_siblings_values_reach_the_files_within_the_flush_interval(tmp_path: Path) -> None:
-    ops = [("inc", "a", 1.0)] * 7
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
-    # The writer does not flush at the end here: it waits for its flush thread, as a worker that is never asked.
-    script = WRITER.replace('if mode == "batched":\n    worker_metrics.FILES.flush()\n', "")
-    sibling = subprocess.Popen(
-        [sys.executable, "-c", script, "batched", json.dumps(ops), "wait"],
-        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        assert sibling.stdout is not None
-        assert sibling.stdout.readline().strip() == b"ready"
-        wait_until(
-            "the sibling's 7 requests in the files",
-            lambda: b'requests_total{model="a"} 7.0' in scrape(tmp_path),
-            timeout=worker_metrics.FLUSH_SECONDS * 5,
-            interval=0.05,
-        )
-    finally:
-        sibling.kill()
-        sibling.wait(timeout=10)
 
 
 def test_a_dead_workers_in_flight_requests_leave_the_sums_and_its_counts_stay(tmp_path: Path) -> None:
     ops = [("inc", "a", 1.0), ("live", "a", 1.0), ("live", "a", 1.0)]  # killed with two requests in flight
-    write("batched", tmp_path, ops)
+    write(tmp_path, ops)
     before = scrape(tmp_path)
     assert b'in_flight{model="a"} 2.0' in before
     removed = worker_metrics.forget_dead_workers(tmp_path)

@@ -193,8 +193,10 @@ def gitops(
     backends = {name: runtime.base_url for name, runtime in runtimes.items()}
     gateway = start_gateway(kube, namespace, gateway_port, backends, workdir)
     try:
-        with running_argocd(local_cluster, workdir / "argocd") as argocd:
-            repo = GitRepo(workdir / f"gitops-{namespace}")
+        with (
+            running_argocd(local_cluster, workdir / "argocd") as argocd,
+            GitRepo(workdir / f"gitops-{namespace}").served() as repo,
+        ):
             gitops = CanaryGitOps(kube, namespace, argocd, repo, gateway)
             try:
                 yield gitops

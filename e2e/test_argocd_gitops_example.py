@@ -124,8 +124,8 @@ def example() -> Iterator[Example]:
         keys = {"keys": "platform: sha256:" + "0" * 64 + "\n"}  # sealed-secrets' job in a real cluster
         secret = {"metadata": {"name": "servlane-api-keys"}, "stringData": keys}
         create(cluster, f"/api/v1/namespaces/{RELEASE_NAMESPACE}/secrets", secret)
-        with running_argocd(cluster, workdir / "argocd") as argocd:
-            yield Example(cluster, Kube(cluster.kubeconfig), argocd, GitRepo(workdir / "gitops"))
+        with running_argocd(cluster, workdir / "argocd") as argocd, GitRepo(workdir / "gitops").served() as repo:
+            yield Example(cluster, Kube(cluster.kubeconfig), argocd, repo)
     finally:
         cluster.down()
 

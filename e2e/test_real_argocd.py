@@ -1,8 +1,8 @@
 """GitOps via Argo CD, for real (issue #34): Argo CD v3.6.2's application controller and repo-server
 (tests/support/argocd.py, built by localcluster/build-argocd.sh) sync a team's AIModels and AIFeatures from a git
-repository the test owns (file://) into the real-node cluster, where the operator (a host process with its chart
-RBAC) runs the model pods. argocd-cm carries what examples/argocd/argocd-cm.yaml ships (our health checks and
-settings); the Application is examples/argocd/apps/team-search.yaml pointed at that repository.
+repository the test owns (served by `git daemon`) into the real-node cluster, where the operator (a host process
+with its chart RBAC) runs the model pods. argocd-cm carries what examples/argocd/argocd-cm.yaml ships (our health
+checks and settings); the Application is examples/argocd/apps/team-search.yaml pointed at that repository.
 
 In order (the tests share the Application, each starts from where the last one left it):
 1. the Application syncs two models and two features, is Synced at once and Healthy only once the operator
@@ -161,8 +161,9 @@ def gitops(real_cluster: LocalCluster, real_node_images: list[str]) -> Iterator[
         with (
             operator_process(c, kube, "operator-argocd") as operator,
             running_argocd(c, workdir / "run") as argocd,
+            GitRepo(workdir / "gitops").served() as repo,
         ):
-            gitops = GitOps(c, kube, argocd, GitRepo(workdir / "gitops"), operator)
+            gitops = GitOps(c, kube, argocd, repo, operator)
             try:
                 yield gitops
             finally:

@@ -1,7 +1,7 @@
 """A real Argo CD in the local cluster (issue #34): the application controller and the repo-server as local
-processes with the Redis they need, as Argo CD's own Procfile runs them, against a `file://` git repository that
-the test owns and commits to. Everything they need is in localcluster/argocd-e2e-notes.md (flags, environment,
-objects, with references into Argo CD's source).
+processes with the Redis they need, as Argo CD's own Procfile runs them, against a git repository that the test
+owns, commits to and serves with `git daemon` (git://). Everything they need is in localcluster/argocd-e2e-notes.md
+(flags, environment, objects, with references into Argo CD's source).
 
 The binary is built from Go modules by localcluster/build-argocd.sh (scripts/setup.sh runs it). Missing, the
 tests skip; with CI=true they fail, as for every real component. The processes log to the cluster's
@@ -97,16 +97,47 @@ def needed_tools() -> None:
 
 
 class GitRepo:
-    """A local git repository served to the repo-server as file://<dir> (Argo CD's own e2e does the same)."""
+    """A local git repository the test commits to, served to the repo-server by `git daemon` (git://), a git
+    server of the test's own, while `served()` runs."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         path.mkdir(parents=True, exist_ok=True)
         self._git("init", "--quiet", "--initial-branch", "main")
+        self._daemon: subprocess.Popen[bytes] | None = None
+        self._port = 0
 
     @property
     def url(self) -> str:
-        return f"file://{self.path}"
+        assert self._daemon is not None, "the repository is served only inside served()"
+        return f"git://127.0.0.1:{self._port}/{self.path.name}"
+
+    @contextmanager
+    def served(self) -> Iterator[GitRepo]:
+        """`git daemon` (Debian's git) exporting this repository read-only on a free loopback port."""
+        self._port = free_port()
+        log = (self.path.parent / f"git-daemon-{self.path.name}.log").open("ab")
+        self._daemon = subprocess.Popen(
+            ["git", "daemon", "--reuseaddr", "--listen=127.0.0.1", f"--port={self._port}", "--export-all",
+             f"--base-path={self.path.parent}", "--informative-errors", str(self.path)],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        try:
+
+            def answers() -> bool:
+                assert self._daemon is not None
+                if self._daemon.poll() is not None:
+                    raise AssertionError(f"git daemon exited with {self._daemon.returncode}")
+                listed = subprocess.run(["git", "ls-remote", self.url], capture_output=True, timeout=10)
+                return listed.returncode == 0
+
+            wait_until("git daemon", answers, timeout=30, interval=0.1)
+            yield self
+        finally:
+            stop_process_groups([self._daemon.pid], timeout=5)
+            self._daemon.wait(timeout=5)
+            self._daemon = None
+            log.close()
 
     def _git(self, *args: str) -> str:
         env = {

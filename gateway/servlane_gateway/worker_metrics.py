@@ -4,7 +4,7 @@ A worker that died leaves its files in the multiprocess directory: its counters 
 never goes down), its "live" gauges (in-flight requests) must not, so the worker answering a scrape drops the live
 files of processes that no longer run (prometheus_client's mark_process_dead, which nothing called before).
 
-Tried and taken back (bench/README, docs/benchmarks.md): values kept in each worker's memory and written to the
+Tried and taken back (docs/benchmarks.md): values kept in each worker's memory and written to the
 files once a second cost 0.92x CPU per request, but a scrape right after a request served by another worker did
 not count it yet (e2e/test_namespaces.py): a scrape must count every request answered before it.
 """

@@ -7,7 +7,6 @@ and the metrics port serves /metrics and nothing else (admitting a scraper there
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import json
 import subprocess
@@ -29,6 +28,7 @@ from servlane_gateway.flags import parse_settings
 from servlane_gateway.http.metrics_listener import MetricsEndpoint
 from servlane_gateway.settings import GatewaySettings
 from tests.support.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
+from tests.support.loop_lag import LoopLag
 from tests.support.polling import wait_until
 from tests.support.ports import free_port
 
@@ -159,19 +159,9 @@ async def test_a_slow_scrape_does_not_stall_the_event_loop() -> None:
         sent.append(dict(message))
 
     scope = {"type": "http", "method": "GET", "path": "/metrics", "headers": [(b"accept-encoding", b"gzip")]}
-    lags: list[float] = []
-
-    async def tick() -> None:
-        while True:
-            started = time.perf_counter()
-            await asyncio.sleep(0.005)
-            lags.append(time.perf_counter() - started - 0.005)
-
-    ticker = asyncio.create_task(tick())
-    try:
+    with LoopLag(0.005) as lag:
         await endpoint(scope, receive, send)
-    finally:
-        ticker.cancel()
+    lags = lag.lags
     assert sent[0]["status"] == 200
     assert (b"content-encoding", b"gzip") in sent[0]["headers"]
     assert b"spins " in gzip.decompress(sent[1]["body"])

@@ -25,6 +25,7 @@ from servlane_gateway.gateway_metrics import GatewayMetrics
 from servlane_gateway.routing.kube_watch import KubeRouteSource, RouteObjectStore, routing_view
 from servlane_gateway.routing.sources import FileRouteSource, flatten_documents, parse_objects
 from tests.support.gateway_harness import aifeature, aimodel, route_in
+from tests.support.loop_lag import LoopLag
 
 FEATURES = ("aifeatures", "")
 MODELS = ("aimodels", "")
@@ -185,29 +186,6 @@ def many(count: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     models = [in_namespace(aimodel(f"m{i}", f"http://x/{i}/v1"), f"team-{i % 50}") for i in range(count)]
     features = [aifeature(f"f{i}", [(f"m{i}", 100)], namespace=f"team-{i % 50}") for i in range(count)]
     return features, models
-
-
-class LoopLag:
-    """How late the event loop runs a short timer, tick after tick: the loop's stalls while it runs."""
-
-    def __init__(self, tick: float = 0.002) -> None:
-        self.tick = tick
-        self.lags: list[float] = []
-        self._task: asyncio.Task[None] | None = None
-
-    async def _run(self) -> None:
-        while True:
-            started = time.perf_counter()
-            await asyncio.sleep(self.tick)
-            self.lags.append(time.perf_counter() - started - self.tick)
-
-    def __enter__(self) -> LoopLag:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
 
 
 class TimedBuild:

@@ -45,12 +45,28 @@ class FeatureController:
             annotations.pop(ROLLOUT_ANNOTATION, None)
         return annotations
 
-    async def step(self, models_ready: Mapping[str, bool], reader: MetricsReader, now: datetime) -> bool:
-        """One pass of the rollout; True when the status changed."""
+    async def step(
+        self,
+        models_ready: Mapping[str, bool],
+        reader: MetricsReader,
+        now: datetime,
+        models_failing: Mapping[str, str] | None = None,
+    ) -> bool:
+        """One pass of the rollout; True when the status changed. `models_failing`: why a model cannot serve,
+        for those that say (a runtime that keeps exiting), as an AIModel's Degraded condition in a cluster."""
         spec, status, name = self.feature.spec, self.status, self.feature.name
         annotations = self._annotations()
         outcome = await rollout_pass(
-            self.feature.namespace, name, spec, status, models_ready, reader, now, annotations, self.generation
+            self.feature.namespace,
+            name,
+            spec,
+            status,
+            models_ready,
+            reader,
+            now,
+            annotations,
+            self.generation,
+            models_failing=models_failing,
         )
         if outcome.metrics_outage is not None:
             log.warning("canary metrics for %s unavailable: %s", name, outcome.metrics_outage)

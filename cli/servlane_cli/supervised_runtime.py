@@ -59,6 +59,9 @@ class SupervisedRuntime:
         self._startup_read_at = 0.0
         self._creating: asyncio.Task[None] | None = None
         self.stopped = False  # by the supervisor (shutdown, removal, replacement): shown as Stopped
+        # Why it last failed (an exit, a failed start), kept while it restarts until it is ready again: what
+        # an AIModel's Degraded condition says in a cluster, so that a crash-looping canary is rolled back.
+        self.failure: str | None = None
         self._last_progress = 0.0
 
     @property
@@ -92,6 +95,7 @@ class SupervisedRuntime:
                 raise
         if code != 0:
             self.runtime_state, self.reason = "failed", f"creating the tiny model failed (see {self.process.log_path})"
+            self.failure = self.reason
             return
         self.process.start()
 
@@ -103,6 +107,7 @@ class SupervisedRuntime:
             wait = (self.process.restart_at or now) - now
             self.reason = f"exited with code {code}{self._termination_message()}; restart {self.process.restarts + 1} "
             self.reason += f"in {wait:.0f}s"
+            self.failure = f"RuntimeCrashLoop: the runtime {self.reason}"
             log.warning("model %s: runtime %s (log: %s)", self.name, self.reason, self.process.log_path)
         if self.process.due_for_restart(now):
             log.info("model %s: restarting the runtime (restart %d)", self.name, self.process.restarts + 1)
@@ -137,6 +142,7 @@ class SupervisedRuntime:
             self.load_seconds = float(body["load_seconds"])
         if self.ready and not was_ready:
             self.process.consecutive_failures = 0  # it loaded: a later crash is a new incident
+            self.failure = None
             elapsed = time.monotonic() - (self.process.started_at or time.monotonic())
             log.info("model %s: ready in %.1fs at %s", self.name, elapsed, self.endpoint)
             self.cold_start = None  # this process's start, not the last one's

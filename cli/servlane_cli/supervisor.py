@@ -181,9 +181,13 @@ class Supervisor:
         ready.update(
             {f"{name}:{a.name}": slot.ready for name, slot in self.slots.items() for a in slot.model.spec.adapters}
         )
+        failing = {name: slot.failure for name, slot in self.slots.items() if slot.failure is not None}
+        failing.update(
+            {f"{name}:{a.name}": why for name, why in failing.items() for a in self.slots[name].model.spec.adapters}
+        )
         wall = datetime.now(UTC)
         for controller in self.features.values():
-            await controller.step(ready, self.reader, wall)
+            await controller.step(ready, self.reader, wall, failing)
         for slot in self.slots.values():
             slot.report_progress(now)
         self.write_routes()

@@ -57,6 +57,16 @@ def scaled_to_zero(body: Mapping[str, Any]) -> bool:
     return condition_true(body, "ScaledToZero")
 
 
+def why_failing(body: Mapping[str, Any]) -> str | None:
+    """What an AIModel's Degraded condition says ("<reason>: <message>", e.g. a runtime that keeps crashing),
+    or None when it is not Degraded: a canary with traffic that is down for such a reason fails its check."""
+    conditions = (body.get("status") or {}).get("conditions") or []
+    degraded = next((c for c in conditions if c.get("type") == "Degraded" and c.get("status") == "True"), None)
+    if degraded is None:
+        return None
+    return f"{degraded.get('reason') or 'Degraded'}: {degraded.get('message') or 'no message'}"
+
+
 def target_ready(target: str, body: Mapping[str, Any]) -> bool:
     """An AIModel target: its Ready condition. An adapter target (`model:adapter`): also listed in the model's
     spec (the runtime answers 503 for the moments its pods still load it, which the gateway retries)."""
@@ -128,6 +138,7 @@ async def reconcile_feature(
         generation,
         model_replicas=own_replicas(models),
         models_at_zero=frozenset(name for name, model in models.items() if scaled_to_zero(model)),
+        models_failing={name: why for name, model in models.items() if (why := why_failing(model)) is not None},
     )
     if outcome.metrics_outage is not None:
         # Not only a log line: plan() records it in status, and the deadline acts on a long outage.

@@ -1,13 +1,16 @@
 """Canary rollouts in standalone mode: the operator's plan() fed by the local gateway's real metrics.
 
-Three runtimes: tiny-a (the stable), tiny-b (a good new version) and tiny-bad (a corrupted checkpoint
-that answers sampled requests with 500, see conftest.nan_llama_dir). Two features start on tiny-a;
-editing the manifest points them at a new model, which starts a canary as it would in a cluster.
+Four runtimes: tiny-a (the stable), tiny-b (a good new version), tiny-bad (a corrupted checkpoint
+that answers sampled requests with 500, see conftest.nan_llama_dir) and tiny-c (a good model whose runtime
+the test kills whenever it is back: a crash loop). Three features start on tiny-a; editing the manifest
+points them at a new model, which starts a canary as it would in a cluster.
 Every response names the AIModel that answered, so the tests see the split and the final owner.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +27,9 @@ pytestmark = pytest.mark.slow
 ROLLOUT = {"steps": [50, 100], "interval": "1s", "analysis": {"minRequests": 3, "maxErrorRate": 0.05}}
 
 
-def _features(good: str, bad: str) -> list[dict[str, object]]:
-    return [ai_feature("good", good, rollout=ROLLOUT), ai_feature("bad", bad, rollout=ROLLOUT)]
+def _features(good: str, bad: str, crashing: str = "tiny-a") -> list[dict[str, object]]:
+    names = {"good": good, "bad": bad, "crashing": crashing}
+    return [ai_feature(feature, model, rollout=ROLLOUT) for feature, model in names.items()]
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +39,12 @@ def served(tiny_llama_dir: Path, nan_llama_dir: Path, tmp_path_factory: pytest.T
     manifests.mkdir()
     models = [ai_model("tiny-a", str(tiny_llama_dir)), ai_model("tiny-b", str(tiny_llama_dir))]
     models.append(ai_model("tiny-bad", str(nan_llama_dir)))
+    models.append(ai_model("tiny-c", str(tiny_llama_dir)))
     write_manifests(manifests / "models.yaml", models)
     write_manifests(manifests / "features.yaml", _features("tiny-a", "tiny-a"))
     serve = Serve(manifests, root / "state")
     try:
-        serve.wait_ready(["tiny-a", "tiny-b", "tiny-bad"])
+        serve.wait_ready(["tiny-a", "tiny-b", "tiny-bad", "tiny-c"])
         yield serve
     finally:
         serve.kill_everything()
@@ -69,8 +74,8 @@ def _drive(served: Serve, feature: str, answered: Counter[str], until: str) -> A
     return wait_until(f"feature {feature} to reach {until}", one_request_then_check, 60)
 
 
-def _switch(served: Serve, good: str, bad: str) -> None:
-    write_manifests(Path(served.must_state().inputs[0]) / "features.yaml", _features(good, bad))
+def _switch(served: Serve, good: str, bad: str, crashing: str = "tiny-a") -> None:
+    write_manifests(Path(served.must_state().inputs[0]) / "features.yaml", _features(good, bad, crashing))
 
 
 def test_a_good_canary_is_promoted(served: Serve) -> None:
@@ -131,3 +136,32 @@ def test_a_failing_canary_is_rolled_back(served: Serve) -> None:
         )
         after[reply.model] += 1
     assert after == Counter({"tiny-a": 6})
+
+
+def test_a_canary_whose_runtime_keeps_crashing_is_rolled_back(served: Serve) -> None:
+    """A canary that is down sends the gateway elsewhere, so its window has too few requests for a verdict:
+    what rolls it back is its own word (the supervisor's, as an AIModel's Degraded condition in a cluster)."""
+    _switch(served, good="tiny-b", bad="tiny-bad", crashing="tiny-c")
+    wait_until("the canary to take traffic", lambda: _status(served, "crashing").canary_weight == 50, 30)
+    kills = 0
+
+    def kill_whenever_running() -> AIFeatureStatus | None:
+        nonlocal kills
+        model = served.must_state().model("tiny-c")
+        if model is not None and model.pid is not None:
+            try:
+                os.kill(model.pid, signal.SIGKILL)
+                kills += 1
+            except ProcessLookupError:
+                pass
+        status = _status(served, "crashing")
+        return status if status.phase == "RolledBack" else None
+
+    status = wait_until("the crashing canary to be rolled back", kill_whenever_running, 60, interval=0.2)
+    assert kills >= 1
+    assert status.rolled_back_model == "tiny-c"
+    assert [w.model_dump() for w in status.weights] == [{"model": "tiny-a", "weight": 100}]
+    last = status.last_analysis
+    assert last is not None
+    assert (last.outcome, last.verdict) == ("fail", "rollback")
+    assert "canary tiny-c is not Ready: RuntimeCrashLoop: the runtime exited with code -9" in last.message, last.message

@@ -7,8 +7,10 @@ Steps: once the canary AIModel is Ready it gets rollout.steps[0] percent. Every 
 window metrics are checked against the stable's (analysis.check_canary): no metrics or too few requests
 -> hold (inconclusive); a pass -> next step, or promotion after the last step passes (a last step of 100
 means one full interval at 100% with the stable still warm); a failure counts towards failureThreshold
-(consecutive), and reaching it rolls all traffic back to the stable at once. A rolled-back canary gets no
-traffic until the spec changes (tracked by rolledBackGeneration).
+(consecutive), and reaching it rolls all traffic back to the stable at once. A canary with traffic that is
+not Ready and says why (models_failing: an AIModel's Degraded condition) fails its check whatever its
+window shows (canary_health.py). A rolled-back canary gets no traffic until the spec changes (tracked by
+rolledBackGeneration).
 
 Progress deadline: a rollout that reaches no verdict (a step, a promotion, a failed check) for
 rollout.progressDeadlineSeconds (at least two analysis windows) while Progressing, because the canary is
@@ -35,6 +37,7 @@ from servlane_api.aifeature import AIFeatureSpec, AIFeatureStatus, ModelReplicas
 from servlane_api.conditions import Condition, merge_conditions
 from servlane_core.rollout.analysis import analysis_record, baseline_from_history, check_canary
 from servlane_core.rollout.budget import budget_replicas
+from servlane_core.rollout.canary_health import CanaryHealth, failed_if_down
 from servlane_core.rollout.draft import (
     Draft,
     RolloutEvent,
@@ -97,12 +100,16 @@ def plan(
     min_window_seconds: float = 0.0,
     model_replicas: Mapping[str, int] | None = None,
     models_at_zero: frozenset[str] = frozenset(),
+    models_failing: Mapping[str, str] | None = None,
 ) -> RolloutPlan:
     """The next status and events. `metrics` is read only when an analysis is due (see analysis_due), over
     analysis_window_seconds(); MetricsOutage when the source failed. `min_window_seconds`: the shortest
     window the metric source can measure (the reader's min_window_seconds). `model_replicas`: the existing
     AIModels of the namespace with the replicas each asks for itself, from which a fixedGpuBudget rollout
-    decides status.replicaOverrides (see budget.py); None: no AIModels to scale (standalone)."""
+    decides status.replicaOverrides (see budget.py); None: no AIModels to scale (standalone).
+    `models_failing`: models that report why they cannot serve (an AIModel's Degraded condition: a runtime
+    that keeps crashing, a model that cannot load), by name: a canary among them that is not Ready fails its
+    next check whatever its window metrics say."""
     draft = Draft.of(status)
     now_text = to_rfc3339(now)
     window = analysis_window_seconds(spec.rollout, min_window_seconds)
@@ -120,7 +127,8 @@ def plan(
             _command(draft, annotations[consumed].strip().lower(), spec.rollout, models_ready, now_text, generation)
         if draft.canary is not None and draft.awaiting_since is None:
             draft.awaiting_since = now_text  # a new rollout (or one from before this field existed)
-        _progress(draft, spec.rollout, models_ready, metrics, now, now_text, generation, window)
+        health = CanaryHealth(models_ready, models_failing or {})
+        _progress(draft, spec.rollout, health, metrics, now, now_text, generation, window)
     new_status = _finalize(draft, spec, status, models_ready, now_text, generation, models_at_zero)
     overrides = budget_replicas(spec, new_status, status, model_replicas or {})
     new_status.replica_overrides = [ModelReplicas(model=m, replicas=r) for m, r in overrides.items()]
@@ -211,7 +219,7 @@ def _command(
 def _progress(
     draft: Draft,
     rollout: Rollout,
-    ready: Mapping[str, bool],
+    health: CanaryHealth,
     metrics: WindowMetrics | MetricsOutage | None,
     now: datetime,
     now_text: str,
@@ -223,11 +231,14 @@ def _progress(
         return
     if draft.step_index is None:
         # Traffic moves only once the canary is Ready: until then the stable keeps everything.
-        if draft.phase == "Progressing" and ready.get(canary, False):
+        if draft.phase == "Progressing" and health.is_ready(canary):
             enter_step(draft, 0, rollout, now_text)
             draft.note("CanaryStep", f"Canary {canary} is Ready: {draft.canary_weight}% of traffic (step 1).")
         else:
-            _check_deadline(draft, rollout, now, window, f"canary {canary} is not Ready", generation)
+            # No traffic yet, so nothing to protect: a canary that fails to start gets the deadline to recover.
+            failure = health.failure(canary)
+            why = f"canary {canary} is not Ready" + (f" ({failure})" if failure else "")
+            _check_deadline(draft, rollout, now, window, why, generation)
         return
     due = next_analysis_at(window, anchor_view(draft))
     if due is None or now < due:
@@ -235,7 +246,7 @@ def _progress(
         return
     step = min(draft.step_index, len(rollout.steps) - 1)
     earlier = baseline_from_history(draft.analyses, canary, rollout.analysis.min_requests)
-    result = check_canary(rollout.analysis, metrics, canary, draft.stable, earlier)
+    result = failed_if_down(check_canary(rollout.analysis, metrics, canary, draft.stable, earlier), health, canary)
     verdict: Literal["advance", "hold", "promote", "rollback"] = "hold"
     message = result.message
     if result.outcome == "fail":
@@ -253,7 +264,7 @@ def _progress(
         draft.failed_checks = 0
         if draft.phase == "Paused":
             message = f"Paused: {result.message}."
-        elif not ready.get(canary, False):
+        elif not health.is_ready(canary):
             # Good numbers from earlier in the window are no reason to move more traffic onto a canary
             # that is not Ready now (a failing one still rolls back above).
             message = f"Canary {canary} is not Ready: holding at {draft.canary_weight}% ({result.message})."

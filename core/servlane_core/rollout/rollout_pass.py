@@ -39,6 +39,7 @@ async def rollout_pass(
     *,
     model_replicas: Mapping[str, int] | None = None,
     models_at_zero: frozenset[str] = frozenset(),
+    models_failing: Mapping[str, str] | None = None,
 ) -> PassOutcome:
     min_window = reader.min_window_seconds
     metrics: WindowMetrics | MetricsOutage | None = None
@@ -61,5 +62,6 @@ async def rollout_pass(
         min_window_seconds=min_window,
         model_replicas=model_replicas,
         models_at_zero=models_at_zero,
+        models_failing=models_failing,
     )
     return PassOutcome(plan=result, analysed=metrics is not None, metrics_outage=outage)

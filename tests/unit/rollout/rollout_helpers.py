@@ -59,6 +59,7 @@ class Feature:
     # The AIModels' own replica counts (plan's model_replicas); None: no AIModels (standalone).
     replicas: dict[str, int] | None = None
     at_zero: frozenset[str] = frozenset()  # AIModels whose ScaledToZero condition is True
+    failing: dict[str, str] = field(default_factory=dict)  # AIModels whose Degraded condition is True: why
     last: RolloutPlan | None = None
 
     def reconcile(
@@ -79,6 +80,7 @@ class Feature:
             min_window_seconds=min_window_seconds,
             model_replicas=self.replicas,
             models_at_zero=self.at_zero,
+            models_failing=self.failing,
         )
         self.status = self.last.status
         return self.last

@@ -415,3 +415,70 @@ def test_passing_metrics_do_not_move_traffic_onto_a_canary_that_is_not_ready(las
     feature.reconcile(T0 + 2 * MINUTE, metrics=GOOD)
     assert feature.weights() == ({"b": 100} if last_step else {"a": 75, "b": 25})
     assert feature.status.phase == ("Stable" if last_step else "Progressing")
+
+
+CRASHING = "RuntimeCrashLoop: pod b-1: the runtime exited with code 137 (2 restarts, back-off before the next): Killed"
+TOO_FEW = canary_metrics(window(requests=3))  # what a down canary's window shows: the gateway sends it nothing
+
+
+@pytest.mark.parametrize("metrics", [GOOD, TOO_FEW, None], ids=["numbers-from-before", "too-few-requests", "none"])
+def test_a_canary_with_traffic_that_is_down_and_says_why_is_rolled_back_at_its_next_check(
+    metrics: WindowMetrics | None,
+) -> None:
+    feature = at_first_step(steps=[50, 100])
+    feature.ready["b"], feature.failing["b"] = False, CRASHING
+    feature.reconcile(T0 + MINUTE - 1e-3 * MINUTE, metrics=metrics)  # no check before the interval is over
+    assert feature.phase() == "Progressing"
+    feature.reconcile(T0 + MINUTE, metrics=metrics)
+    assert feature.phase() == "RolledBack"
+    assert feature.weights() == {"a": 100}
+    assert feature.status.rolled_back_model == "b"
+    record = feature.status.analyses[-1]
+    assert (record.outcome, record.verdict) == ("fail", "rollback")
+    assert record.message == f"Canary b rolled back at 50%: canary b is not Ready: {CRASHING}."
+    assert feature.condition("Degraded")[0] == "True"
+    assert CRASHING in feature.condition("Degraded")[2]
+
+
+def test_a_down_canary_counts_towards_the_failure_threshold_like_any_failed_check() -> None:
+    feature = at_first_step(steps=[50, 100], analysis={"failureThreshold": 2})
+    feature.ready["b"], feature.failing["b"] = False, CRASHING
+    feature.reconcile(T0 + MINUTE, metrics=TOO_FEW)
+    assert (feature.phase(), feature.status.failed_checks) == ("Progressing", 1)
+    assert "AnalysisFailed" in feature.event_reasons()
+    feature.reconcile(T0 + 2 * MINUTE, metrics=TOO_FEW)
+    assert feature.phase() == "RolledBack"
+
+
+def test_a_canary_that_failed_metrics_keeps_the_metrics_reason_when_it_is_also_down() -> None:
+    feature = at_first_step(steps=[50, 100])
+    feature.ready["b"], feature.failing["b"] = False, CRASHING
+    feature.reconcile(T0 + MINUTE, metrics=canary_metrics(window(requests=100, errors=50)))
+    assert feature.phase() == "RolledBack"
+    assert "maxErrorRate 0.5 > 0.05" in feature.status.analyses[-1].message
+
+
+def test_down_without_a_reason_or_degraded_but_ready_is_left_to_the_metrics() -> None:
+    # Not Ready and no reason given (e.g. a pod being replaced): holds, as before.
+    feature = at_first_step(steps=[50, 100])
+    feature.ready["b"] = False
+    feature.reconcile(T0 + MINUTE, metrics=TOO_FEW)
+    assert (feature.phase(), feature.status.analyses[-1].verdict) == ("Progressing", "hold")
+    # Degraded but Ready (one replica of two crash-looping): the window's numbers decide.
+    feature = at_first_step(steps=[50, 100])
+    feature.failing["b"] = CRASHING
+    feature.reconcile(T0 + MINUTE, metrics=GOOD)
+    assert feature.weights() == {"b": 100}
+    assert feature.status.analyses[-1].verdict == "advance"
+
+
+def test_a_canary_that_fails_to_start_before_any_traffic_waits_for_the_deadline_which_says_why() -> None:
+    feature = Feature(feature_spec("a", progressDeadlineSeconds=600))
+    feature.reconcile(T0)
+    feature.change_model("b")
+    feature.ready["b"], feature.failing["b"] = False, CRASHING
+    feature.reconcile(T0 + MINUTE)
+    assert (feature.phase(), feature.weights()) == ("Progressing", {"a": 100})  # nothing at risk: it may recover
+    feature.reconcile(T0 + 11 * MINUTE)
+    assert feature.phase() == "RolledBack"
+    assert f"canary b is not Ready ({CRASHING})" in feature.condition("Degraded")[2]

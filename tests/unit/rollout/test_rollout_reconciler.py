@@ -4,6 +4,7 @@ and are written to status as decided; the models whose merged override moved are
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import pytest
@@ -83,3 +84,38 @@ async def test_the_pass_writes_the_pins_plan_decided_from_the_models_own_counts(
     assert kube.status_patches[-1]["replicaOverrides"] == [{"model": "a", "replicas": 3}, {"model": "b", "replicas": 1}]
     before = aifeature_reconciler.feature_status(feature("b", stored, 2))
     assert aifeature_reconciler.overrides_to_apply([], before, rollout) == {"a": 3, "b": 1}
+
+
+async def test_a_canary_whose_aimodel_says_its_runtime_keeps_crashing_is_rolled_back_at_the_next_check() -> None:
+    kube, start = FakeKube(), datetime(2026, 1, 1, tzinfo=UTC)
+    models = {"a": model("a", 1), "b": model("b", 1)}
+    kubed = cast(Kube, kube)
+    await aifeature_reconciler.reconcile_feature(feature("a", {}, 1), kubed, models, NoMetrics(), now=start)
+    status = kube.status_patches[-1]
+    await aifeature_reconciler.reconcile_feature(feature("b", status, 2), kubed, models, NoMetrics(), now=start)
+    status = kube.status_patches[-1]
+    assert status["weights"] == [{"model": "a", "weight": 75}, {"model": "b", "weight": 25}]
+    why = "pod b-1: the runtime exited with code 137 (3 restarts, back-off before the next): Killed"
+    models["b"]["status"] = {
+        "conditions": [
+            {"type": "Ready", "status": "False", "reason": "RuntimeCrashLoop", "message": why},
+            {"type": "Degraded", "status": "True", "reason": "RuntimeCrashLoop", "message": why},
+        ]
+    }
+    # No metrics at all (the gateway sends a down canary nothing): the AIModel's own word decides.
+    later = start + timedelta(seconds=61)
+    final = await aifeature_reconciler.reconcile_feature(feature("b", status, 2), kubed, models, NoMetrics(), now=later)
+    assert (final.phase, final.rolled_back_model) == ("RolledBack", "b")
+    assert [(w.model, w.weight) for w in final.weights] == [("a", 100)]
+    assert final.analyses[-1].message == f"Canary b rolled back at 25%: canary b is not Ready: RuntimeCrashLoop: {why}."
+
+
+def test_only_a_degraded_condition_that_is_true_says_why_a_model_fails() -> None:
+    def body(*conditions: dict[str, str]) -> dict[str, Any]:
+        return {"status": {"conditions": list(conditions)}}
+
+    degraded = {"type": "Degraded", "status": "True", "reason": "ModelLoadFailed", "message": "no config.json"}
+    assert aifeature_reconciler.why_failing(body(degraded)) == "ModelLoadFailed: no config.json"
+    assert aifeature_reconciler.why_failing(body({**degraded, "status": "False"})) is None
+    assert aifeature_reconciler.why_failing(body({**degraded, "type": "Ready"})) is None
+    assert aifeature_reconciler.why_failing({}) is None

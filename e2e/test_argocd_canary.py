@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from e2e import canary_stack
 from e2e.canary_faults import PrometheusProcess, without_chat_template
@@ -43,7 +42,7 @@ from e2e.canary_stack import (
 )
 from e2e.traffic import Load
 from localcluster.cluster import LocalCluster, stop_process_groups
-from tests.support.argocd import EXAMPLES, REFRESH, ArgoCD, GitRepo, running_argocd, summary
+from tests.support.argocd import ArgoCD, GitRepo, running_argocd, summary, team_application
 from tests.support.cluster_harness import ARTIFACTS, Kube, OperatorProcess, namespace_body, wait_until
 
 model_dir = canary_stack.model_dir
@@ -91,16 +90,6 @@ def model_doc(name: str) -> dict[str, Any]:
 def feature_doc(model: str) -> dict[str, Any]:
     spec = {"model": model, "rollout": rollout("3s")}
     return {"apiVersion": GROUP, "kind": "AIFeature", "metadata": {"name": FEATURE}, "spec": spec}
-
-
-def application(repo: GitRepo, namespace: str) -> dict[str, Any]:
-    """examples/argocd/apps/team-search.yaml (sync policy and options as shipped) at the test's repo and namespace."""
-    app: dict[str, Any] = yaml.safe_load((EXAMPLES / "apps" / "team-search.yaml").read_text())
-    app["metadata"]["name"] = APP
-    app["spec"]["source"] = {"repoURL": repo.url, "targetRevision": "main", "path": "team"}
-    app["spec"]["destination"]["namespace"] = namespace
-    assert app["spec"]["syncPolicy"]["automated"] == {"prune": True, "selfHeal": True}, app["spec"]
-    return app
 
 
 @dataclass
@@ -214,7 +203,7 @@ def test_the_first_commit_syncs_and_is_healthy_on_v1(gitops: CanaryGitOps) -> No
         g.repo.write(f"team/model-{name}.yaml", model_doc(name))
     g.repo.write(f"team/feature-{FEATURE}.yaml", feature_doc("v1"))
     revision = g.repo.commit("three models, chat on v1")
-    g.argocd.create_app(application(g.repo, g.namespace))
+    g.argocd.create_app(team_application(g.repo, APP, g.namespace))
 
     def healthy(seen: Seen) -> bool:
         app = seen.app
@@ -302,12 +291,7 @@ def test_a_commit_pointing_at_a_broken_model_is_rolled_back_and_degraded(gitops:
     assert final.app["history"] == before["history"] + 1, final.app
     # ... also when everything is compared again, past the caches.
     g.argocd.refresh(APP)
-
-    def compared() -> dict[str, Any] | None:
-        app = g.argocd.app(APP)
-        return summary(app) if REFRESH not in (app["metadata"].get("annotations") or {}) else None
-
-    after: dict[str, Any] = g.wait("the hard refresh's comparison", compared)
+    after: dict[str, Any] = g.wait("the hard refresh's comparison", lambda: g.argocd.compared(APP))
     assert (after["sync"], after["health"], after["history"]) == ("Synced", "Degraded", final.app["history"]), after
     # The operator rolled back by status alone: only Argo CD ever owned the feature's spec.
     assert spec_managers(g.kube.get_feature(g.namespace, FEATURE)) == {"argocd-controller"}

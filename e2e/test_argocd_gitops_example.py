@@ -33,7 +33,7 @@ import pytest
 import yaml
 
 from localcluster.cluster import LocalCluster
-from tests.support.argocd import REFRESH, ArgoCD, GitRepo, monitoring_crds, running_argocd, summary
+from tests.support.argocd import ArgoCD, GitRepo, monitoring_crds, running_argocd, summary
 from tests.support.cluster_harness import (
     ARTIFACTS,
     ROOT,
@@ -209,12 +209,7 @@ def test_a_hard_refresh_of_every_application_finds_no_drift(example: Example, sy
     for name in (CHART_APP, TEAM_APP, ROOT_APP):
         before = summary(e.argocd.app(name))
         e.argocd.refresh(name)
-
-        def compared(name: str = name) -> dict[str, Any] | None:
-            app = e.argocd.app(name)
-            return summary(app) if REFRESH not in (app["metadata"].get("annotations") or {}) else None
-
-        after: dict[str, Any] = e.wait(f"{name}'s hard refresh", compared, timeout=120)
+        after: dict[str, Any] = e.wait(f"{name}'s hard refresh", lambda n=name: e.argocd.compared(n), timeout=120)
         assert (after["sync"], after["health"]) == ("Synced", "Healthy"), after
         assert (after["history"], after["revisions"]) == (before["history"], before["revisions"]), after
         out_of_sync = {k: v for k, v in after["resources"].items() if v[0] != "Synced"}

@@ -29,10 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import yaml
 
 from localcluster.cluster import LocalCluster
-from tests.support.argocd import EXAMPLES, IN_CLUSTER, REFRESH, ArgoCD, GitRepo, running_argocd, summary
+from tests.support.argocd import ArgoCD, GitRepo, running_argocd, summary, team_application
 from tests.support.cluster_harness import RUNTIME_CPU_IMAGE, Kube, OperatorProcess
 from tests.support.polling import wait_until
 from tests.support.real_pods import (
@@ -74,17 +73,6 @@ def split(weights: dict[str, int]) -> list[dict[str, Any]]:
 def weights(status: dict[str, Any]) -> dict[str, int]:
     """The traffic split the operator reports (status.weights), by model."""
     return {w["model"]: w["weight"] for w in status.get("weights") or []}
-
-
-def application(repo: GitRepo) -> dict[str, Any]:
-    """examples/argocd/apps/team-search.yaml (its sync policy and options as shipped) at the test's repo."""
-    app: dict[str, Any] = yaml.safe_load((EXAMPLES / "apps" / "team-search.yaml").read_text())
-    app["metadata"]["name"] = APP
-    app["spec"]["source"] = {"repoURL": repo.url, "targetRevision": "main", "path": "team"}
-    assert app["spec"]["destination"]["server"] == IN_CLUSTER, app["spec"]
-    app["spec"]["destination"]["namespace"] = TEAM
-    assert app["spec"]["syncPolicy"]["automated"] == {"prune": True, "selfHeal": True}, app["spec"]
-    return app
 
 
 @dataclass
@@ -186,7 +174,7 @@ def test_application_is_synced_then_healthy_once_the_models_are_ready(gitops: Gi
     revision = g.repo.commit("two models, a feature on one, a split over both")
     started = time.monotonic()
     rollouts = [ModelRollout(g.cluster, g.kube, TEAM, name) for name in MODELS]
-    g.argocd.create_app(application(g.repo))
+    g.argocd.create_app(team_application(g.repo, APP, TEAM))
     first_synced = g.synced_at(revision)
     print(f"\ncreate -> Synced {time.monotonic() - started:.1f}s: {first_synced}")
     mark = len(g.seen) - 1
@@ -243,13 +231,7 @@ def test_a_hard_refresh_with_the_operators_status_on_every_object_stays_synced(g
     assert weights(g.feature(SPLIT)["status"]) == GIT_WEIGHTS
     for _ in range(2):
         g.argocd.refresh(APP)
-
-        def compared() -> dict[str, Any] | None:
-            # The controller takes the annotation away with the status of the comparison it asked for.
-            app = g.argocd.app(APP)
-            return summary(app) if REFRESH not in (app["metadata"].get("annotations") or {}) else None
-
-        after: dict[str, Any] = g.wait("the hard refresh's comparison", compared)
+        after: dict[str, Any] = g.wait("the hard refresh's comparison", lambda: g.argocd.compared(APP))
         assert after["sync"] == "Synced", after
         assert after["health"] == "Healthy", after
         assert after["history"] == before["history"], after

@@ -357,12 +357,30 @@ class ArgoCD:
         patch = {"metadata": {"annotations": {REFRESH: kind}}}
         self.cluster.api("PATCH", self.apps_path(name), patch, content_type="application/merge-patch+json")
 
+    def compared(self, name: str) -> dict[str, Any] | None:
+        """The app's summary once the controller has done the refresh asked for (it takes the annotation away
+        with the status of that comparison); None before. Poll it after refresh()."""
+        app = self.app(name)
+        return summary(app) if REFRESH not in (app["metadata"].get("annotations") or {}) else None
+
     def delete_app(self, name: str) -> None:
         try:
             self.cluster.api("DELETE", self.apps_path(name))
         except urllib.error.HTTPError as exc:
             if exc.code != 404:
                 raise
+
+
+def team_application(repo: GitRepo, name: str, namespace: str) -> dict[str, Any]:
+    """examples/argocd/apps/team-search.yaml (its sync policy and options as shipped) named `name`, syncing the
+    `team` folder of the test's repository into `namespace` of the cluster Argo CD runs in."""
+    app: dict[str, Any] = yaml.safe_load((EXAMPLES / "apps" / "team-search.yaml").read_text())
+    app["metadata"]["name"] = name
+    app["spec"]["source"] = {"repoURL": repo.url, "targetRevision": "main", "path": "team"}
+    assert app["spec"]["destination"]["server"] == IN_CLUSTER, app["spec"]
+    app["spec"]["destination"]["namespace"] = namespace
+    assert app["spec"]["syncPolicy"]["automated"] == {"prune": True, "selfHeal": True}, app["spec"]
+    return app
 
 
 def summary(app: dict[str, Any]) -> dict[str, Any]:

@@ -347,6 +347,8 @@ def test_a_canary_whose_runtime_keeps_crashing_is_rolled_back(served: Installed)
         "crashing canary: s to RolledBack, s to clients on stable, requests, failed, kills",
         [round(rolled_back_at - crashed_at, 1), round(stable_at - crashed_at, 1), len(after_crash), len(failed), kills],
     )
+    # Which check rolled it back: the canary's own word (not Ready, RuntimeCrashLoop) or its window's errors.
+    served.record("crashing canary: the rollback's reason", final["analyses"][-1]["message"])
     assert kills >= 1
     assert final["weights"] == [{"model": stable, "weight": 100}], final
     assert final["rolledBackModel"] == "tiny-c"

@@ -41,6 +41,23 @@ DEFAULT_MAX_JSON_DEPTH = 64
 DEFAULT_MAX_LIST_ITEMS = 2048
 
 
+class LlamaCppSettings(BaseModel):
+    """The llama.cpp engine's CPU settings (engineOptions of an AIModel with engine llamacpp)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # The .gguf file in the source's folder; None: its only .gguf file (or the source itself, when it is one).
+    gguf_file: str | None = Field(default=None, pattern=r"^[^/]+\.gguf$")
+    # Threads for decoding; None: every CPU the process may use.
+    threads: int | None = Field(default=None, ge=1, le=512)
+    # Requests decoded together (KV cache sequences, llama-server's slots); more wait in the engine's queue.
+    parallel: int = Field(default=4, ge=1, le=256)
+    # Most tokens in one decode (llama.cpp's n_batch): prompt chunks share it with the running requests.
+    batch_size: int = Field(default=512, ge=1, le=65536)
+    mmap: bool = True  # map the file instead of reading it into memory (pages shared, loaded on use)
+    mlock: bool = False  # keep the weights in RAM (needs the memlock limit)
+
+
 class RuntimeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -48,7 +65,7 @@ class RuntimeConfig(BaseModel):
     # For s3:// sources: the store's endpoint, region, addressing style and stall timeout (credentials: env).
     s3: S3Settings = Field(default_factory=S3Settings)
     served_model_name: str
-    engine: Literal["vllm", "transformers"]
+    engine: Literal["vllm", "transformers", "llamacpp"]
     task: Literal["generate", "embed"] = "generate"
     dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
     max_model_len: int | None = None
@@ -61,6 +78,7 @@ class RuntimeConfig(BaseModel):
     # vLLM's `--tool-call-parser` name (None: hermes). The vLLM engine refuses a name it does not know at
     # startup; the transformers engine reads hermes only, so the config refuses anything else for it.
     tool_call_parser: str | None = None
+    llamacpp: LlamaCppSettings = Field(default_factory=LlamaCppSettings)
     extra_args: list[str] = Field(default_factory=list)
     # LoRA adapters: the engine reserves room for them at start (vLLM --enable-lora), and the runtime keeps
     # the adapters it serves equal to the JSON list in adapters_file ([{"name", "source"}], a mounted
@@ -86,13 +104,13 @@ class RuntimeConfig(BaseModel):
 
     @model_validator(mode="after")
     def _parser_fits_the_engine(self) -> RuntimeConfig:
-        if self.engine == "transformers" and self.tool_call_parser not in (None, "hermes"):
+        if self.engine in ("transformers", "llamacpp") and self.tool_call_parser not in (None, "hermes"):
             raise ValueError(
-                f"tool_call_parser {self.tool_call_parser!r}: the transformers engine reads only hermes tool calls"
+                f"tool_call_parser {self.tool_call_parser!r}: the {self.engine} engine reads only hermes tool calls"
             )
         if self.metrics_port == self.port:
             raise ValueError(f"metrics_port {self.metrics_port} is the API port: /metrics needs a port of its own")
-        if self.engine == "transformers" and self.cpu_kv_cache_gib is not None:
+        if self.engine != "vllm" and self.cpu_kv_cache_gib is not None:
             raise ValueError("cpu_kv_cache_gib applies to the vllm engine only")
         return self
 

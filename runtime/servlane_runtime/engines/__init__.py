@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Each engine's module (what create_engine imports): torch and transformers, or vLLM, seconds of every start.
-ENGINE_MODULES = {"transformers": ".transformers_engine", "vllm": ".vllm_engine"}
+ENGINE_MODULES = {"transformers": ".transformers_engine", "vllm": ".vllm_engine", "llamacpp": ".llamacpp_engine"}
 # Packages the engines' dependencies import for nothing the runtime uses: transformers imports scikit-learn (and
 # with it much of SciPy) whenever it is installed, for assisted generation's candidate tuning, which the runtime
 # never runs. sentence-transformers brings it into the CPU image; on a pod's 1.5 CPUs it was about a sixth of the
@@ -53,4 +53,8 @@ def create_engine(config: RuntimeConfig, model_path: str) -> InferenceEngine:
         from .vllm_engine import VllmEngine
 
         return VllmEngine(config, model_path)
+    if config.engine == "llamacpp":
+        from .llamacpp_engine import LlamaCppEngine
+
+        return LlamaCppEngine(config, model_path)
     raise ValueError(f"unknown engine {config.engine!r}")

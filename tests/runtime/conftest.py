@@ -11,6 +11,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads weights at test time
 
 from servlane_api.runtime_config import RuntimeConfig
+from servlane_devtools.tiny_model import gguf_of
 from tests.support import models as shared_models
 from tests.support.servers import InProcessServer, tiny_config
 
@@ -23,6 +24,24 @@ tiny_adapter_dirs = shared_models.tiny_adapter_dirs
 @pytest.fixture(scope="session")
 def chat_server(tiny_llama_dir: Path) -> Iterator[InProcessServer]:
     with InProcessServer(tiny_config(tiny_llama_dir)) as server:
+        server.wait_ready()
+        yield server
+
+
+@pytest.fixture(scope="session")
+def llamacpp_chat_server(tiny_llama_dir: Path) -> Iterator[InProcessServer]:
+    """The tiny Llama on the llama.cpp engine, from its GGUF (llama.cpp's converter)."""
+    gguf = gguf_of(tiny_llama_dir)
+    with InProcessServer(tiny_config(gguf.parent, engine="llamacpp")) as server:
+        server.wait_ready()
+        yield server
+
+
+@pytest.fixture(scope="session")
+def llamacpp_embed_server(minilm_model_dir: Path) -> Iterator[InProcessServer]:
+    gguf = gguf_of(minilm_model_dir)
+    config = RuntimeConfig(model_source=str(gguf.parent), served_model_name="minilm", engine="llamacpp", task="embed")
+    with InProcessServer(config) as server:
         server.wait_ready()
         yield server
 

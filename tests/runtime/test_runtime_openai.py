@@ -1,4 +1,5 @@
-"""The OpenAI surface on the transformers engine, through the official `openai` client."""
+"""The OpenAI surface on the transformers and llama.cpp engines, through the official `openai` client: every test
+runs on each (the llama.cpp one serves the same models converted to GGUF)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,17 @@ from tests.support.polling import wait_until
 from tests.support.servers import InProcessServer
 
 MODEL = "tiny-llama"
+ENGINES = ["transformers", "llamacpp"]
+
+
+@pytest.fixture(params=ENGINES)
+def chat_server(request: pytest.FixtureRequest, chat_server: InProcessServer) -> InProcessServer:
+    return chat_server if request.param == "transformers" else request.getfixturevalue("llamacpp_chat_server")
+
+
+@pytest.fixture(params=ENGINES)
+def embed_server(request: pytest.FixtureRequest, embed_server: InProcessServer) -> InProcessServer:
+    return embed_server if request.param == "transformers" else request.getfixturevalue("llamacpp_embed_server")
 
 
 @pytest.fixture

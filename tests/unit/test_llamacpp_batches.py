@@ -1,0 +1,45 @@
+"""Which tokens the llama.cpp engine decodes next (llamacpp_batches.plan_batch): generating requests first, one
+token each, then prompt chunks, oldest first, within the batch budget; logits only where a token is sampled."""
+
+from __future__ import annotations
+
+from servlane_runtime.engines.llamacpp_batches import Entry, SequenceView, plan_batch
+
+
+def generating(sequence: int, token: int, position: int) -> SequenceView:
+    return SequenceView(sequence, prompt=[9, 9], read=2, last_token=token, position=position)
+
+
+def reading(sequence: int, prompt: list[int], read: int = 0) -> SequenceView:
+    return SequenceView(sequence, prompt=prompt, read=read, last_token=None, position=read)
+
+
+def test_every_generating_request_gets_its_newest_token_decoded_with_logits() -> None:
+    assert plan_batch([generating(0, 7, 12), generating(3, 8, 5)], budget=4) == [
+        Entry(7, 12, 0, True),
+        Entry(8, 5, 3, True),
+    ]
+
+
+def test_a_prompt_takes_what_the_generating_requests_leave_and_wants_logits_only_at_its_end() -> None:
+    entries = plan_batch([generating(0, 7, 12), reading(1, [1, 2, 3, 4, 5, 6])], budget=4)
+    assert entries == [Entry(7, 12, 0, True), Entry(1, 0, 1, False), Entry(2, 1, 1, False), Entry(3, 2, 1, False)]
+    # The next step goes on where it stopped, and its last token asks for logits (the first completion token).
+    entries = plan_batch([generating(0, 9, 13), reading(1, [1, 2, 3, 4, 5, 6], read=3)], budget=8)
+    assert entries[1:] == [Entry(4, 3, 1, False), Entry(5, 4, 1, False), Entry(6, 5, 1, True)]
+
+
+def test_prompts_are_read_oldest_first_and_the_budget_is_never_exceeded() -> None:
+    entries = plan_batch([reading(2, [1, 1, 1]), reading(0, [2, 2, 2, 2])], budget=5)
+    assert [(e.sequence, e.position, e.wants_logits) for e in entries] == [
+        (2, 0, False),
+        (2, 1, False),
+        (2, 2, True),
+        (0, 0, False),
+        (0, 1, False),
+    ]
+
+
+def test_nothing_to_read_and_nothing_generated_is_nothing_to_decode() -> None:
+    assert plan_batch([reading(0, [1, 2], read=2)], budget=8) == []
+    assert plan_batch([], budget=8) == []

@@ -51,11 +51,44 @@ RESERVED_ENV_MESSAGE = (
 class Engine(StrEnum):
     VLLM = "vllm"
     TRANSFORMERS = "transformers"
+    LLAMACPP = "llamacpp"
 
 
 class Task(StrEnum):
     GENERATE = "generate"
     EMBED = "embed"
+
+
+class LlamaCppOptions(ApiModel):
+    gguf_file: str | None = Field(
+        default=None,
+        pattern=r"^[^/]+\.gguf$",
+        max_length=255,
+        description="The .gguf file in the source's folder (e.g. model-Q4_K_M.gguf); default: its only .gguf file. "
+        "From an hf:// source only this file is fetched.",
+    )
+    threads: int | None = Field(
+        default=None,
+        ge=1,
+        le=512,
+        description="Threads that decode; default: resources.cpu rounded down (at least 1), else every CPU the "
+        "pod may use.",
+    )
+    parallel_requests: int = Field(
+        default=4,
+        ge=1,
+        le=256,
+        description="Requests decoded together, each with its own maxModelLen of KV cache (llama-server's "
+        "--parallel); more wait in the runtime's queue.",
+    )
+    batch_size: int = Field(
+        default=512,
+        ge=1,
+        le=65536,
+        description="Most tokens in one decode step (llama.cpp's n_batch): prompts are read in chunks of it.",
+    )
+    mmap: bool = Field(default=True, description="Map the file instead of reading it into memory.")
+    mlock: bool = Field(default=False, description="Keep the weights in RAM (needs a memlock limit that allows it).")
 
 
 class EngineOptions(ApiModel):
@@ -110,6 +143,9 @@ class EngineOptions(ApiModel):
         default_factory=list,
         max_length=64,
         description="Free-form engine arguments, e.g. ['--enable-prefix-caching'], passed as given.",
+    )
+    llamacpp: LlamaCppOptions | None = Field(
+        default=None, description="The llamacpp engine's CPU settings (engine llamacpp only)."
     )
 
 
@@ -197,17 +233,51 @@ class AIModelSpec(CelValidated):
             lambda spec: spec.engine == Engine.VLLM or spec.engine_options.cpu_kv_cache_gib is None,
         ),
         CelRule(
-            "self.engine == 'vllm' || !has(self.engineOptions) || !has(self.engineOptions.quantization) "
+            "self.engine != 'transformers' || !has(self.engineOptions) || !has(self.engineOptions.quantization) "
             "|| self.engineOptions.quantization == 'bitsandbytes'",
             "the transformers engine supports only bitsandbytes quantization",
-            lambda spec: spec.engine == Engine.VLLM or spec.engine_options.quantization in (None, "bitsandbytes"),
+            lambda spec: (
+                spec.engine != Engine.TRANSFORMERS or spec.engine_options.quantization in (None, "bitsandbytes")
+            ),
+        ),
+        # llama.cpp: the GGUF file carries its quantization and dtypes; the engine is built for CPUs, and serves
+        # no adapters; nothing would read extra arguments.
+        CelRule(
+            "self.engine == 'llamacpp' || !has(self.engineOptions) || !has(self.engineOptions.llamacpp)",
+            "engineOptions.llamacpp applies to the llamacpp engine only",
+            lambda spec: spec.engine == Engine.LLAMACPP or spec.engine_options.llamacpp is None,
+        ),
+        CelRule(
+            "self.engine != 'llamacpp' || !has(self.engineOptions) || !has(self.engineOptions.quantization)",
+            "engine llamacpp takes no engineOptions.quantization: the GGUF file's quantization is what it runs",
+            lambda spec: spec.engine != Engine.LLAMACPP or spec.engine_options.quantization is None,
+        ),
+        CelRule(
+            "self.engine != 'llamacpp' || !has(self.engineOptions) || self.engineOptions.dtype == 'auto'",
+            "engine llamacpp takes no engineOptions.dtype: the GGUF file's tensor types are what it runs",
+            lambda spec: spec.engine != Engine.LLAMACPP or spec.engine_options.dtype == "auto",
+        ),
+        CelRule(
+            "self.engine != 'llamacpp' || self.resources.gpus == 0",
+            "engine llamacpp runs on CPUs (its build in the runtime image has no GPU code): set resources.gpus to 0",
+            lambda spec: spec.engine != Engine.LLAMACPP or spec.resources.gpus == 0,
+        ),
+        CelRule(
+            "self.engine != 'llamacpp' || (self.adapters.size() == 0 && !self.engineOptions.enableAdapters)",
+            "engine llamacpp serves no LoRA adapters",
+            lambda spec: spec.engine != Engine.LLAMACPP or not (spec.adapters or spec.engine_options.enable_adapters),
+        ),
+        CelRule(
+            "self.engine != 'llamacpp' || self.engineOptions.extraArgs.size() == 0",
+            "engine llamacpp takes no engineOptions.extraArgs: its settings are engineOptions.llamacpp",
+            lambda spec: spec.engine != Engine.LLAMACPP or not spec.engine_options.extra_args,
         ),
         # The transformers engine parses the hermes format only: another parser would be silently ignored.
         CelRule(
             "self.engine == 'vllm' || !has(self.engineOptions) || !has(self.engineOptions.toolCallParser) "
             "|| self.engineOptions.toolCallParser == 'hermes'",
-            "the transformers engine reads only hermes tool calls: another engineOptions.toolCallParser needs engine "
-            "vllm",
+            "the transformers and llamacpp engines read only hermes tool calls: another engineOptions.toolCallParser "
+            "needs engine vllm",
             lambda spec: spec.engine == Engine.VLLM or spec.engine_options.tool_call_parser in (None, "hermes"),
         ),
         CelRule(
@@ -255,7 +325,10 @@ class AIModelSpec(CelValidated):
         description="The model name clients send (no '/': '<namespace>/<name>' calls another namespace's model); "
         "defaults to the AIModel's name.",
     )
-    engine: Engine = Field(default=Engine.VLLM, description="vllm, or transformers for CPU and small GPUs.")
+    engine: Engine = Field(
+        default=Engine.VLLM,
+        description="vllm; transformers for CPU and small GPUs; llamacpp for GGUF files (quantized models) on CPUs.",
+    )
     task: Task = Field(default=Task.GENERATE, description="generate (chat/completions) or embed (embeddings).")
     engine_options: EngineOptions = Field(default_factory=EngineOptions)
     resources: Resources = Field(default_factory=Resources)

@@ -6,7 +6,9 @@ its local runtime processes from it, so a manifest means the same engine, task a
 
 from __future__ import annotations
 
-from servlane_api.aimodel import AIModel, SourceKind
+import math
+
+from servlane_api.aimodel import AIModel, AIModelSpec, SourceKind
 from servlane_api.runtime_config import (
     ADAPTERS_FILE,
     DEFAULT_METRICS_PORT,
@@ -14,6 +16,7 @@ from servlane_api.runtime_config import (
     MODEL_CACHE_DIR,
     MODEL_IMAGE_DIR,
     PVC_MOUNT_DIR,
+    LlamaCppSettings,
     RuntimeConfig,
 )
 from servlane_api.s3_source import S3Settings
@@ -22,6 +25,30 @@ from servlane_api.s3_source import S3Settings
 def serves_adapters(model: AIModel) -> bool:
     """Whether the model's runtime loads LoRA adapters (generation models with adapters enabled)."""
     return model.spec.adapters_enabled and model.spec.task.value == "generate"
+
+
+def whole_cpus(quantity: str) -> int:
+    """A CPU quantity ("500m", "2", "2.5") as whole CPUs, rounded down and at least 1: threads beyond the limit
+    would only be throttled."""
+    cpus = float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+    return max(1, math.floor(cpus))
+
+
+def llamacpp_settings(spec: AIModelSpec) -> LlamaCppSettings:
+    """engineOptions.llamacpp as the runtime reads it; threads default to the pod's whole CPUs (resources.cpu)."""
+    options = spec.engine_options.llamacpp
+    if options is None:
+        threads = whole_cpus(spec.resources.cpu) if spec.resources.cpu else None
+        return LlamaCppSettings(threads=threads)
+    threads = options.threads or (whole_cpus(spec.resources.cpu) if spec.resources.cpu else None)
+    return LlamaCppSettings(
+        gguf_file=options.gguf_file,
+        threads=threads,
+        parallel=options.parallel_requests,
+        batch_size=options.batch_size,
+        mmap=options.mmap,
+        mlock=options.mlock,
+    )
 
 
 def build_runtime_config(model: AIModel) -> RuntimeConfig:
@@ -48,6 +75,7 @@ def build_runtime_config(model: AIModel) -> RuntimeConfig:
         cpu_kv_cache_gib=options.cpu_kv_cache_gib,
         quantization=options.quantization,
         tool_call_parser=options.tool_call_parser,
+        llamacpp=llamacpp_settings(spec) if spec.engine.value == "llamacpp" else LlamaCppSettings(),
         tensor_parallel_size=max(1, spec.resources.gpus),
         extra_args=list(options.extra_args),
         adapters_enabled=serves_adapters(model),

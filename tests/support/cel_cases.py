@@ -347,9 +347,11 @@ CEL_CASES: tuple[RuleCases, ...] = (
     ),
     RuleCases(
         "transformers-tool-call-parser",
-        "the transformers engine reads only hermes tool calls: another engineOptions.toolCallParser needs engine vllm",
+        "the transformers and llamacpp engines read only hermes tool calls: another engineOptions.toolCallParser "
+        "needs engine vllm",
         good=(
             ai_model(model_spec(engine="transformers", engineOptions={"toolCallParser": "hermes"})),
+            ai_model(model_spec(engine="llamacpp", engineOptions={"toolCallParser": "hermes"})),
             ai_model(model_spec(engine="vllm", engineOptions={"toolCallParser": "llama3_json"})),
             ai_model(model_spec(engineOptions={"toolCallParser": "mistral"})),  # vllm is the default
             ai_model(model_spec(engine="transformers")),
@@ -358,7 +360,56 @@ CEL_CASES: tuple[RuleCases, ...] = (
             ai_model(model_spec(engine="transformers", engineOptions={"toolCallParser": "pythonic"})),
             # Names are compared whole and case-sensitively, as vLLM looks them up.
             ai_model(model_spec(engine="transformers", engineOptions={"toolCallParser": "hermes2"})),
+            ai_model(model_spec(engine="llamacpp", engineOptions={"toolCallParser": "llama3_json"})),
         ),
+    ),
+    RuleCases(
+        "llamacpp-options-llamacpp-only",
+        "engineOptions.llamacpp applies to the llamacpp engine only",
+        good=(
+            ai_model(model_spec(engine="llamacpp", engineOptions={"llamacpp": {"threads": 4, "ggufFile": "m.gguf"}})),
+            ai_model(model_spec(engine="llamacpp")),
+        ),
+        bad=(
+            ai_model(model_spec(engine="transformers", engineOptions={"llamacpp": {"threads": 4}})),
+            ai_model(model_spec(engineOptions={"llamacpp": {}})),  # vllm is the default
+        ),
+    ),
+    RuleCases(
+        "llamacpp-no-quantization",
+        "engine llamacpp takes no engineOptions.quantization: the GGUF file's quantization is what it runs",
+        good=(ai_model(model_spec(engine="llamacpp", engineOptions={"maxModelLen": 4096})),),
+        bad=(ai_model(model_spec(engine="llamacpp", engineOptions={"quantization": "awq"})),),
+    ),
+    RuleCases(
+        "llamacpp-no-dtype",
+        "engine llamacpp takes no engineOptions.dtype: the GGUF file's tensor types are what it runs",
+        good=(ai_model(model_spec(engine="llamacpp", engineOptions={"dtype": "auto"})),),
+        bad=(ai_model(model_spec(engine="llamacpp", engineOptions={"dtype": "float16"})),),
+    ),
+    RuleCases(
+        "llamacpp-cpu-only",
+        "engine llamacpp runs on CPUs (its build in the runtime image has no GPU code): set resources.gpus to 0",
+        good=(
+            ai_model(model_spec(engine="llamacpp", resources={"cpu": "4", "memory": "8Gi"})),
+            ai_model(model_spec(engine="transformers", resources={"gpus": 1})),
+        ),
+        bad=(ai_model(model_spec(engine="llamacpp", resources={"gpus": 1})),),
+    ),
+    RuleCases(
+        "llamacpp-no-adapters",
+        "engine llamacpp serves no LoRA adapters",
+        good=(ai_model(model_spec(engine="transformers", engineOptions={"enableAdapters": True})),),
+        bad=(
+            ai_model(model_spec(engine="llamacpp", engineOptions={"enableAdapters": True})),
+            ai_model(model_spec(engine="llamacpp", adapters=[{"name": "sql", "source": "/models/sql"}])),
+        ),
+    ),
+    RuleCases(
+        "llamacpp-no-extra-args",
+        "engine llamacpp takes no engineOptions.extraArgs: its settings are engineOptions.llamacpp",
+        good=(ai_model(model_spec(engine="vllm", engineOptions={"extraArgs": ["--enable-prefix-caching"]})),),
+        bad=(ai_model(model_spec(engine="llamacpp", engineOptions={"extraArgs": ["--threads", "4"]})),),
     ),
     RuleCases(
         "adapter-source",

@@ -33,6 +33,7 @@ from .base import (
     EmbeddingResult,
     EngineDeadError,
     EngineError,
+    FinishReason,
     GenerationDelta,
     InferenceEngine,
     RequestNotSupported,
@@ -81,7 +82,8 @@ class _GgufTokenizerView:
     def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
         from transformers.utils.chat_template_utils import render_jinja_template
 
-        rendered, _ = render_jinja_template(
+        render: Any = render_jinja_template  # annotated `-> str`, it returns (texts, generation indices)
+        rendered, _ = render(
             [messages],
             tools=kwargs.get("tools"),
             chat_template=self.chat_template,
@@ -225,10 +227,14 @@ class LlamaCppEngine(InferenceEngine):
         generator = torch.Generator()
         generator.manual_seed(options.seed if options.seed is not None else torch.seed())
         guide = Guide(self._compile(options.json_schema)) if options.json_schema is not None else None
+
+        def emit(item: GenerationDelta | BaseException) -> None:
+            loop.call_soon_threadsafe(deltas.put_nowait, item)
+
         job = _Generation(
             prompt=await asyncio.to_thread(self._tokens, prompt),
             options=options,
-            emit=lambda item: loop.call_soon_threadsafe(deltas.put_nowait, item),
+            emit=emit,
             cancelled=threading.Event(),
             generator=generator,
             guide=guide,
@@ -364,7 +370,7 @@ class LlamaCppEngine(InferenceEngine):
         out_of_room = len(job.generated) >= options.max_tokens or job.position >= self._max_len
         step = job.stream.step(self._text(job), final=out_of_room)
         if step.stopped or out_of_room:
-            reason = "stop" if step.stopped else "length"
+            reason: FinishReason = "stop" if step.stopped else "length"
             job.emit(GenerationDelta(step.text, n_prompt, len(job.generated), job.pending_logprobs, reason))
             job.last_token = None
             return

@@ -46,7 +46,6 @@ def is_gguf(path: str) -> bool:
         return f.read(4) == GGUF_MAGIC
 
 
-@llama_cpp.llama_log_callback
 def _log_line(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     # Level 5 (CONT) continues the previous line at its level.
     global _last_level
@@ -58,11 +57,15 @@ def _log_line(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
             log.log(_last_level, "%s", line)
 
 
+# Kept referenced: llama.cpp holds only the C pointer to it.
+_LOG_CALLBACK = llama_cpp.llama_log_callback(_log_line)
+
+
 def _init_backend() -> None:
     global _backend_initialised
     with _BACKEND_READY:
         if not _backend_initialised:
-            llama_cpp.llama_log_set(_log_line, ctypes.c_void_p(0))
+            llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
             llama_cpp.llama_backend_init()
             _backend_initialised = True
 

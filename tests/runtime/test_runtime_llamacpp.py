@@ -10,9 +10,10 @@ from pathlib import Path
 import openai
 import pytest
 
+from servlane_api.runtime_exit import MODEL_LOAD_FAILED
 from servlane_devtools.tiny_model import convert_to_gguf
 from tests.support import request_options, tool_model
-from tests.support.servers import InProcessServer, tiny_config
+from tests.support.servers import InProcessServer, SubprocessServer, tiny_config
 
 tools_model_dir = tool_model.tools_model_dir
 # The tool-capable template lists the tools in the prompt: about 750 tokens of this tiny tokenizer.
@@ -37,3 +38,37 @@ def llamacpp_server(gguf_dir: Path) -> Iterator[InProcessServer]:
 def test_every_request_option_behaves_as_on_the_other_engines(llamacpp_server: InProcessServer) -> None:
     client = openai.OpenAI(base_url=llamacpp_server.v1, api_key="unused", max_retries=0, timeout=120)
     request_options.check_every_option(client, llamacpp_server.v1)
+
+
+def test_a_file_that_is_not_gguf_ends_the_process_with_the_reason(tmp_path: Path) -> None:
+    (tmp_path / "model.gguf").write_bytes(b"PK\x03\x04 a zip, not a GGUF file")
+    with SubprocessServer(tiny_config(tmp_path, engine="llamacpp"), wait_for_health=False) as server:
+        code = server.exit_code_within(60)
+        log, message = server.log(), server.termination_log.read_text()
+    assert code == MODEL_LOAD_FAILED, log
+    assert "is not a GGUF file" in message, message
+
+
+def test_a_folder_with_two_gguf_files_and_no_choice_names_them(tmp_path: Path, gguf_dir: Path) -> None:
+    for name in ("a-Q4_K_M.gguf", "a-Q8_0.gguf"):
+        (tmp_path / name).write_bytes((gguf_dir / "model.gguf").read_bytes())
+    with SubprocessServer(tiny_config(tmp_path, engine="llamacpp"), wait_for_health=False) as server:
+        code = server.exit_code_within(60)
+        message = server.termination_log.read_text()
+    assert code == MODEL_LOAD_FAILED
+    assert "needs one .gguf file here (found: a-Q4_K_M.gguf, a-Q8_0.gguf)" in message, message
+    # engineOptions.llamacpp.ggufFile picks one.
+    config = tiny_config(tmp_path, engine="llamacpp", llamacpp={"gguf_file": "a-Q8_0.gguf"})
+    with InProcessServer(config) as server:
+        server.wait_ready()
+
+
+def test_a_kv_cache_beyond_the_memory_allowed_is_refused_with_what_to_change(gguf_dir: Path) -> None:
+    # 4 sequences of 10 million tokens: ~40 GB of KV cache for this model, more than any test machine allows.
+    config = tiny_config(gguf_dir, engine="llamacpp", max_model_len=10_000_000)
+    with SubprocessServer(config, wait_for_health=False) as server:
+        code = server.exit_code_within(60)
+        message = server.termination_log.read_text()
+    assert code == MODEL_LOAD_FAILED
+    assert "the model does not fit in memory" in message, message
+    assert "raise resources.memory, or lower engineOptions.maxModelLen" in message

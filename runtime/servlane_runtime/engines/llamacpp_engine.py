@@ -42,7 +42,8 @@ from .base import (
 )
 from .chat_template import ChatTemplate
 from .llamacpp_batches import SequenceView, plan_batch
-from .llamacpp_native import NativeModel, NativeSettings, is_gguf
+from .cpu_memory import memory_budget_bytes
+from .llamacpp_native import NativeModel, NativeSettings, is_gguf, kv_cache_bytes
 from .text_stream import StopTextStream
 from .transformers_sampling import Guide, penalised, sample
 
@@ -50,6 +51,21 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CONTEXT_CAP = 4096  # per request, when neither maxModelLen nor contextSize says: the KV cache is per slot
 _GRAMMAR_CACHE_BYTES = 64 * 1024 * 1024
+# Beside the weights and the KV cache: compute buffers, the runtime's Python (torch included), the tokenizer.
+_OVERHEAD_BYTES = 768 * 1024 * 1024
+_GIB = 1024**3
+
+
+def check_fits(weights: int, kv_cache: int, budget: int) -> None:
+    """EngineError, saying what to change, when the weights and the KV cache cannot fit in the memory allowed."""
+    need = weights + kv_cache + _OVERHEAD_BYTES
+    if need > budget:
+        raise EngineError(
+            f"the model does not fit in memory: {weights / _GIB:.2f} GiB of weights + {kv_cache / _GIB:.2f} GiB of "
+            f"KV cache + {_OVERHEAD_BYTES / _GIB:.2f} GiB for the runtime need {need / _GIB:.2f} GiB, "
+            f"{budget / _GIB:.2f} GiB allowed: raise resources.memory, or lower engineOptions.maxModelLen or "
+            "engineOptions.llamacpp.parallelRequests, or pick a smaller quantization"
+        )
 
 
 def find_gguf(model_path: str, file_name: str | None = None) -> str:
@@ -166,6 +182,9 @@ class LlamaCppEngine(InferenceEngine):
         native = NativeModel(file, use_mmap=options.mmap, use_mlock=options.mlock)
         settings = self._settings(native.n_ctx_train)
         try:
+            tokens = settings.sequences * settings.sequence_context
+            kv_cache = 0 if settings.embeddings else kv_cache_bytes(native.n_layer, native.kv_width, tokens)
+            check_fits(os.path.getsize(file), kv_cache, memory_budget_bytes())
             native.open_context(settings)
         except EngineError:
             native.close()

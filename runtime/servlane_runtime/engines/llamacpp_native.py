@@ -41,6 +41,11 @@ class NativeSettings:
     embeddings: bool = False
 
 
+def kv_cache_bytes(n_layer: int, kv_width: int, tokens: int) -> int:
+    """llama.cpp's KV cache at its default f16: a key and a value of kv_width halves per layer and token."""
+    return 2 * n_layer * kv_width * 2 * tokens
+
+
 def is_gguf(path: str) -> bool:
     with open(path, "rb") as f:
         return f.read(4) == GGUF_MAGIC
@@ -89,6 +94,10 @@ class NativeModel:
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(model))
         self.n_embd = int(llama_cpp.llama_model_n_embd(model))
+        self.n_layer = int(llama_cpp.llama_model_n_layer(model))
+        n_head = max(1, int(llama_cpp.llama_model_n_head(model)))
+        # Keys and values per token and layer: the heads the KV cache keeps (grouped-query attention keeps fewer).
+        self.kv_width = self.n_embd // n_head * int(llama_cpp.llama_model_n_head_kv(model))
         self._add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         self.bos = int(llama_cpp.llama_vocab_bos(self._vocab))
         self.eos = int(llama_cpp.llama_vocab_eos(self._vocab))

@@ -92,5 +92,10 @@ def local_runtime(
             warnings.append(f"env {var.name}: valueFrom is ignored (no Secrets or ConfigMaps here)")
         elif var.value is not None:
             env[var.name] = var.value
-    config = build_runtime_config(model).model_copy(update=update)
+    config = build_runtime_config(model)
+    explicit_threads = spec.engine_options.llamacpp is not None and spec.engine_options.llamacpp.threads is not None
+    if not explicit_threads:
+        # In a pod the threads follow resources.cpu; here no limit applies: the runtime counts the CPUs it may use.
+        update["llamacpp"] = config.llamacpp.model_copy(update={"threads": None})
+    config = config.model_copy(update=update)
     return LocalRuntime(RuntimeConfig.model_validate(config.model_dump()), env, tuple(warnings))

@@ -99,3 +99,17 @@ def test_each_local_runtime_gets_the_supervisors_metrics_port_which_restarts_not
     again = local_runtime(model, 2000, tmp_path, gpu=False, metrics_port=2001)
     assert (first.config.port, first.config.metrics_port) == (1000, 1001)
     assert first.fingerprint() == again.fingerprint()
+
+
+def test_a_llamacpp_model_runs_on_every_local_cpu_unless_its_threads_are_set(tmp_path: Path) -> None:
+    documents = [
+        ai_model("q", "/models/q", engine="llamacpp", resources={"cpu": "2"}),
+        ai_model(
+            "p", "/models/p", engine="llamacpp", resources={"cpu": "2"}, engineOptions={"llamacpp": {"threads": 3}}
+        ),
+    ]
+    write_manifests(tmp_path / "m.yaml", documents)
+    models = load_manifests([tmp_path]).models
+    assert build_runtime_config(models["q"].model).llamacpp.threads == 2  # in a pod: the CPU limit
+    assert local_runtime(models["q"].model, 1, tmp_path, gpu=False).config.llamacpp.threads is None
+    assert local_runtime(models["p"].model, 1, tmp_path, gpu=False).config.llamacpp.threads == 3

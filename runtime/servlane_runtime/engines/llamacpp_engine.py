@@ -41,8 +41,8 @@ from .base import (
     TokenLogprob,
 )
 from .chat_template import ChatTemplate
-from .llamacpp_batches import SequenceView, plan_batch
 from .cpu_memory import memory_budget_bytes
+from .llamacpp_batches import SequenceView, plan_batch
 from .llamacpp_native import NativeModel, NativeSettings, is_gguf, kv_cache_bytes
 from .text_stream import StopTextStream
 from .transformers_sampling import Guide, penalised, sample
@@ -195,6 +195,10 @@ class LlamaCppEngine(InferenceEngine):
         template = native.chat_template()
         specials = (native.piece(token).decode(errors="replace") for token in (bos, eos))
         self._chat = ChatTemplate(_GgufTokenizerView(template, *specials))
+        if template:
+            # Before ready, not on the first chat: the renderer's import (transformers, ~2 s) and the template's
+            # compilation. A canary's first requests measured 2.3 s without this, and were rolled back for it.
+            self._chat.render([{"role": "user", "content": "hi"}], None)
         self._worker = threading.Thread(target=self._run, name="llamacpp", daemon=True)
         self._worker.start()
 

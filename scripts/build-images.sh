@@ -134,7 +134,7 @@ base_id=$("$docker_bin" image inspect -f '{{.Id}}' "$base" 2>/dev/null || echo "
 # name|dockerfile|target|repository|tag|inputs (besides the Dockerfile, pyproject.toml and README.md)
 spec() {
   case "$1" in
-    cpu) echo "runtime-cpu|Dockerfile.runtime|cpu|ghcr.io/servlane/runtime|$version-cpu|scripts/install-ml.sh api core web runtime" ;;
+    cpu) echo "runtime-cpu|Dockerfile.runtime|cpu|ghcr.io/servlane/runtime|$version-cpu|scripts/install-ml.sh $llamacpp_stage api core web runtime" ;;
     cuda) echo "runtime-cuda|Dockerfile.runtime|cuda|ghcr.io/servlane/runtime|$version-cuda|api core web runtime" ;;
     operator) echo "operator|Dockerfile.operator||ghcr.io/servlane/operator|$version|api core operator" ;;
     gateway) echo "gateway|Dockerfile.gateway||ghcr.io/servlane/gateway|$version|api core web gateway" ;;
@@ -152,6 +152,15 @@ content_key() {
       ! -path '*/.ruff_cache/*' ! -path '*/.pytest_cache/*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
   } | sha256sum | cut -c1-16
 }
+
+# The llama.cpp engine's wheel (built from source, cached: scripts/build-llamacpp.sh) goes into the CPU image from
+# a folder of the build context; its bytes are part of the image's key.
+llamacpp_stage=.build/llamacpp-wheel
+if [[ " ${selected[*]} " == *" cpu "* ]]; then
+  llamacpp_built=$(bash scripts/build-llamacpp.sh)
+  rm -rf "$llamacpp_stage"; mkdir -p "$llamacpp_stage"
+  cp "$llamacpp_built"/wheels/llama_cpp_python-*.whl "$llamacpp_stage/"
+fi
 
 results=()
 for what in "${selected[@]}"; do

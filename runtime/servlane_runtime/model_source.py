@@ -34,11 +34,14 @@ def parse_hub_source(source: str) -> HubSource:
     return HubSource(repo_id, revision or None)
 
 
-def resolve_model_source(source: str, cache_dir: str, s3: S3Settings | None = None) -> str:
+def resolve_model_source(
+    source: str, cache_dir: str, s3: S3Settings | None = None, only_file: str | None = None
+) -> str:
     """A local directory holding the model; downloads from the Hub or an S3 store when the source says so
-    (blocking). `s3`: where and how an s3:// source is fetched (default: AWS S3)."""
+    (blocking). `s3`: where and how an s3:// source is fetched (default: AWS S3). `only_file`: the one file of a
+    Hub repository the engine reads (a GGUF repository holds a file per quantization, gigabytes each)."""
     if source.startswith("hf://"):
-        return _download(parse_hub_source(source), cache_dir)
+        return _download(parse_hub_source(source), cache_dir, only_file)
     if source.startswith("s3://"):
         from .sources import s3 as s3_source  # minio and urllib3: only runtimes that fetch from S3 import them
 
@@ -49,7 +52,7 @@ def resolve_model_source(source: str, cache_dir: str, s3: S3Settings | None = No
     return path
 
 
-def _download(hub: HubSource, cache_dir: str) -> str:
+def _download(hub: HubSource, cache_dir: str, only_file: str | None = None) -> str:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
@@ -62,6 +65,7 @@ def _download(hub: HubSource, cache_dir: str) -> str:
                 cache_dir=cache_dir,
                 token=os.environ.get("HF_TOKEN") or None,
                 local_files_only=offline,
+                allow_patterns=[only_file] if only_file else None,
             )
         )
     except LocalEntryNotFoundError as exc:

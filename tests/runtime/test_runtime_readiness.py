@@ -80,6 +80,8 @@ def test_offline_hub_source_resolves_from_the_cache(tiny_llama_dir: Path, tmp_pa
     resolved = Path(resolve_model_source("hf://example-org/tiny@main", str(tmp_path)))
     assert resolved == snapshot
     assert (resolved / "config.json").is_file()
+    # One file asked for (a GGUF repository's quantization): the same snapshot, fetched narrowly when online.
+    assert Path(resolve_model_source("hf://example-org/tiny@main", str(tmp_path), only_file="config.json")) == snapshot
     with pytest.raises(ModelSourceError, match="HF_HUB_OFFLINE"):
         resolve_model_source("hf://example-org/missing", str(tmp_path))
 

@@ -21,7 +21,14 @@ from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.slow
 
-ROLLOUT = {"steps": [50, 100], "interval": "1s", "analysis": {"minRequests": 3, "maxErrorRate": 0.05}}
+# Windows of a few requests judge latency on their slowest one: a test about routing and promotion allows 10x the
+# stable's p95 (not 2x), so one request slowed by a busy machine does not roll the canary back. Still caught: a
+# canary seconds slower than the stable (the check's own cases: tests/unit/rollout/test_rollout_failure_modes.py).
+ROLLOUT = {
+    "steps": [50, 100],
+    "interval": "1s",
+    "analysis": {"minRequests": 3, "maxErrorRate": 0.05, "maxP95RatioToStable": 10},
+}
 HELLO = [{"role": "user", "content": "Hello"}]
 
 
@@ -72,9 +79,14 @@ def test_a_canary_between_adapters_promotes(served: tuple[Serve, Path]) -> None:
     def one_request_then_check() -> AIFeatureStatus | None:
         answered[_answers(client, "assist")] += 1
         status = _status(serve)
+        # A rollback is final: say why at once instead of waiting out the deadline.
+        assert status.phase != "RolledBack", status.last_analysis
         return status if status.phase == "Stable" and status.canary_model is None else None
 
-    status = wait_until("the canary to be promoted", one_request_then_check, 60)
+    try:
+        status = wait_until("the canary to be promoted", one_request_then_check, 60)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_status(serve)}\nanswered: {answered}\n{serve.log()[-3000:]}") from None
     assert status.stable_model == "tiny-a:v2"
     assert [w.model_dump() for w in status.weights] == [{"model": "tiny-a:v2", "weight": 100}]
     assert status.analyses[-1].verdict == "promote"

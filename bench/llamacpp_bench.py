@@ -42,6 +42,7 @@ OURS, PEER, TRANSFORMERS = "servlane-llamacpp", "llama-server", "servlane-transf
 CONCURRENCIES = (1, 4)
 PARALLEL = 4
 MAX_MODEL_LEN = 512
+HTTP_THREADS = 32
 BENCH_SHAPE = {
     "hidden_size": 768,
     "num_attention_heads": 12,
@@ -126,6 +127,9 @@ def llama_server(gguf: Path) -> rb.Target:
         str(llamacpp_build() / "bin" / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
         "--alias", rb.MODEL, "--parallel", str(PARALLEL), "--ctx-size", str(PARALLEL * MAX_MODEL_LEN),
         "--threads", str(len(os.sched_getaffinity(0))), "--jinja", "--no-webui", "--log-disable",
+        # Its default HTTP pool (parallel + 4 = 8 threads) holds closed keep-alive connections for a while and
+        # then drops new ones unanswered ("Server disconnected"): more threads, so connections are not measured.
+        "--threads-http", str(HTTP_THREADS),
     ]  # fmt: skip
     return rb.Target(PEER, command, port, "/health")
 
@@ -137,6 +141,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "llamacpp.json")
     args = parser.parse_args()
     rb.CONCURRENCIES = CONCURRENCIES
+    # llama-server now and then drops a reused keep-alive connection unanswered ("Server disconnected without
+    # sending a response", seen in round 2 of the first run): every request on a connection of its own, both sides.
+    rb.KEEP_ALIVE = False
     rb.REQUESTS_PER_BATCH = {1: 8, 4: 16, rb.COLD_STREAMS: rb.COLD_STREAMS}
     facts = rb.machine()
     model_dir = bench_model()
@@ -173,7 +180,8 @@ def main() -> None:
             "kept apart",
             "settings": f"ours at its defaults but {PARALLEL} sequences (its default too) and maxModelLen "
             f"{MAX_MODEL_LEN}; llama-server --parallel {PARALLEL} --ctx-size {PARALLEL * MAX_MODEL_LEN} --threads "
-            "<every CPU> --jinja",
+            f"<every CPU> --jinja --threads-http {HTTP_THREADS} (not its default 8: see llama_server()); every "
+            "request on a new connection (no keep-alive) for both",
         },
         "machine": facts,
         "llamacpp_build": json.loads((llamacpp_build() / "build.json").read_text()),

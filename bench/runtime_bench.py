@@ -54,6 +54,8 @@ REQUESTS_PER_BATCH = {1: 8, 8: 32, 32: 64}
 ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
 OURS_VLLM, VLLM_SERVE, OURS_TRANSFORMERS = "servlane-vllm", "vllm-serve", "servlane-transformers"
 COLD_STREAMS = 8  # one at a time: the first batch of a fresh server
+# Reuse connections between requests (a bench may turn it off for a server that drops reused ones).
+KEEP_ALIVE = True
 
 
 @dataclass
@@ -192,7 +194,7 @@ async def batch(target: Target, concurrency: int, warm_connections: bool = True)
     url = target.base + "/v1/chat/completions"
     count = REQUESTS_PER_BATCH[concurrency]
     sem = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency if KEEP_ALIVE else 0)
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
         if warm_connections:
             await asyncio.gather(*(one_request(client, url, -i) for i in range(concurrency)))

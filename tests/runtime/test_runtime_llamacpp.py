@@ -72,3 +72,26 @@ def test_a_kv_cache_beyond_the_memory_allowed_is_refused_with_what_to_change(ggu
     assert code == MODEL_LOAD_FAILED
     assert "the model does not fit in memory" in message, message
     assert "raise resources.memory, or lower engineOptions.maxModelLen" in message
+
+
+def test_a_prompt_served_from_a_kept_kv_cache_gets_the_answer_it_gets_afresh(gguf_dir: Path) -> None:
+    """Sequences keep their KV cache for a next request with the same start (as llama-server's slots do): what
+    is reused must not change the answer. Greedy answers to prompts sharing a long start, asked in turn."""
+    config = tiny_config(gguf_dir, engine="llamacpp", max_model_len=MAX_MODEL_LEN, llamacpp={"parallel": 1})
+    start = "The quick brown fox jumps over the lazy dog. " * 8
+    prompts = [start + "What is the capital of France?", start + "A canary sends a small share of traffic."]
+    with InProcessServer(config) as server:
+        server.wait_ready()
+        client = openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=60)
+
+        def answer(prompt: str) -> tuple[str, int]:
+            reply = client.completions.create(
+                model="tiny-llama", prompt=prompt, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+            )
+            assert reply.usage is not None
+            return reply.choices[0].text, reply.usage.prompt_tokens
+
+        first = [answer(p) for p in prompts]
+        again = [answer(p) for p in reversed(prompts)][::-1]
+        assert again == first
+        assert answer(prompts[0]) == first[0]  # the whole prompt kept: its last token decoded again

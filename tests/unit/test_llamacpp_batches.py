@@ -3,7 +3,7 @@ token each, then prompt chunks, oldest first, within the batch budget; logits on
 
 from __future__ import annotations
 
-from servlane_runtime.engines.llamacpp_batches import Entry, SequenceView, plan_batch
+from servlane_runtime.engines.llamacpp_batches import Entry, SequenceView, pick_sequence, plan_batch
 
 
 def generating(sequence: int, token: int, position: int) -> SequenceView:
@@ -43,3 +43,16 @@ def test_prompts_are_read_oldest_first_and_the_budget_is_never_exceeded() -> Non
 def test_nothing_to_read_and_nothing_generated_is_nothing_to_decode() -> None:
     assert plan_batch([reading(0, [1, 2], read=2)], budget=8) == []
     assert plan_batch([], budget=8) == []
+
+
+def test_a_request_gets_the_free_sequence_holding_the_longest_start_of_its_prompt() -> None:
+    cached = {0: [1, 2, 9], 1: [1, 2, 3, 4, 5], 2: [7]}
+    assert pick_sequence([0, 1, 2], cached, [1, 2, 3, 4, 8]) == (1, 4)
+    assert pick_sequence([0, 2], cached, [1, 2, 3, 4, 8]) == (0, 2)  # the best one is busy
+    assert pick_sequence([3, 0], cached, [5, 5]) == (3, 0)  # nothing shared: the first free one, all read afresh
+
+
+def test_the_last_prompt_token_is_always_decoded_again_for_its_logits() -> None:
+    assert pick_sequence([1], {1: [1, 2, 3, 4, 5]}, [1, 2, 3]) == (1, 2)
+    assert pick_sequence([1], {1: [1, 2, 3]}, [1, 2, 3]) == (1, 2)
+    assert pick_sequence([1], {1: [1]}, [1]) == (1, 0)

@@ -48,3 +48,21 @@ def plan_batch(running: Sequence[SequenceView], budget: int) -> list[Entry]:
             last = view.read + offset + 1 == len(view.prompt)
             entries.append(Entry(token, view.position + offset, view.sequence, last))
     return entries
+
+
+def pick_sequence(free: Sequence[int], cached: dict[int, list[int]], prompt: Sequence[int]) -> tuple[int, int]:
+    """The free sequence whose KV cache shares the longest start with `prompt`, and how many of its tokens are
+    reused (as llama-server's slots keep their prompt: chats resend the whole conversation each turn). At least
+    the prompt's last token is decoded again: its logits give the first completion token."""
+    best, reused = free[0], 0
+    for sequence in free:
+        kept = cached.get(sequence, [])
+        common = 0
+        for a, b in zip(kept, prompt, strict=False):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(prompt) - 1)
+        if common > reused:
+            best, reused = sequence, common
+    return best, max(0, reused)

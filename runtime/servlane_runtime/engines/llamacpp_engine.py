@@ -42,7 +42,7 @@ from .base import (
 )
 from .chat_template import ChatTemplate
 from .cpu_memory import memory_budget_bytes
-from .llamacpp_batches import SequenceView, plan_batch
+from .llamacpp_batches import SequenceView, pick_sequence, plan_batch
 from .llamacpp_native import NativeModel, NativeSettings, is_gguf, kv_cache_bytes
 from .text_stream import StopTextStream
 from .transformers_sampling import Guide, penalised, sample
@@ -125,6 +125,7 @@ class _Generation:
     position: int = 0
     last_token: int | None = None
     generated: list[int] = field(default_factory=list)
+    decoded: list[int] = field(default_factory=list)  # what its sequence's KV cache holds, in order
     counts: Counter[int] = field(default_factory=Counter)
     text_bytes: bytearray = field(default_factory=bytearray)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
@@ -317,6 +318,8 @@ class LlamaCppEngine(InferenceEngine):
         native = self._native
         assert native is not None
         free = list(range(native.settings.sequences))
+        # The tokens each free sequence's KV cache still holds: a request with the same start reuses them.
+        cached: dict[int, list[int]] = {}
         waiting: list[_Generation] = []
         running: list[_Generation] = []
         try:
@@ -338,36 +341,45 @@ class LlamaCppEngine(InferenceEngine):
                     job = waiting.pop(0)
                     if job.cancelled.is_set():
                         continue
-                    job.sequence = free.pop(0)
+                    sequence, reused = pick_sequence(free, cached, job.prompt)
+                    free.remove(sequence)
+                    native.forget(sequence, start=reused)
+                    job.sequence, job.read, job.position = sequence, reused, reused
+                    job.decoded = list(job.prompt[:reused])
                     running.append(job)
                 for job in [j for j in running if j.cancelled.is_set()]:
-                    self._release(job, running, free, native)
+                    self._release(job, running, free, cached)
                 if running:
-                    self._step(running, free, native)
+                    self._step(running, free, cached, native)
         except Exception as exc:  # the model or context failed: nothing more can run
             log.exception("the llama.cpp engine stopped")
             self._dead = exc
             for job in running + waiting:
                 job.emit(EngineDeadError(f"the llama.cpp engine stopped: {exc}"))
 
-    def _release(self, job: _Generation, running: list[_Generation], free: list[int], native: NativeModel) -> None:
+    @staticmethod
+    def _release(job: _Generation, running: list[_Generation], free: list[int], cached: dict[int, list[int]]) -> None:
+        """The sequence is free again; its KV cache stays for a next request with the same start."""
         running.remove(job)
-        native.forget(job.sequence)
+        cached[job.sequence] = job.decoded
         free.append(job.sequence)
 
-    def _step(self, running: list[_Generation], free: list[int], native: NativeModel) -> None:
+    def _step(
+        self, running: list[_Generation], free: list[int], cached: dict[int, list[int]], native: NativeModel
+    ) -> None:
         entries = plan_batch([job.view() for job in running], native.settings.batch_tokens)
         native.decode([(e.token, e.position, e.sequence, e.wants_logits) for e in entries])
         by_sequence = {job.sequence: job for job in running}
         for index, entry in enumerate(entries):
             job = by_sequence[entry.sequence]
+            job.decoded.append(entry.token)
             if job.last_token is None:
                 job.read += 1
             job.position += 1
             if entry.wants_logits:
                 self._next_token(job, native.logits(index), native)
                 if job.last_token is None:  # finished
-                    self._release(job, running, free, native)
+                    self._release(job, running, free, cached)
 
     def _next_token(self, job: _Generation, raw: np.ndarray, native: NativeModel) -> None:
         options = job.options

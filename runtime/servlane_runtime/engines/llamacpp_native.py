@@ -200,9 +200,9 @@ class NativeModel:
             raise EngineError("this model pools no embedding per sequence (pooling type none)")
         return np.ctypeslib.as_array(pointer, shape=(self.n_embd,)).copy()
 
-    def forget(self, sequence: int) -> None:
-        """Free a sequence's KV cache cells for the next request."""
-        llama_cpp.llama_memory_seq_rm(self._memory, sequence, -1, -1)
+    def forget(self, sequence: int, start: int = 0) -> None:
+        """Free a sequence's KV cache cells from position `start` on (0: all of them)."""
+        llama_cpp.llama_memory_seq_rm(self._memory, sequence, start if start > 0 else -1, -1)
 
     def close(self) -> None:
         if self._ctx:

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from functools import partial
 from typing import Any
 
 import pytest
-from kubernetes import client
+from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from tests.support.cluster_harness import (
     E2E_GATEWAY_NAMESPACE,
+    GROUP,
     ROOT,
+    VERSION,
     Kube,
     OperatorProcess,
     pod_spec,
@@ -178,6 +181,61 @@ def test_turning_autoscaling_off_hands_the_replicas_to_the_spec(
         lambda: ready(kube, namespace, "scale") and kube.get_model(namespace, "scale")["status"]["readyReplicas"] == 3,
         timeout=60,
     )
+
+
+def phases_until(kube: Kube, namespace: str, name: str, since: str, done: Any, timeout: float = 60) -> list[str]:
+    """Every phase the AIModel's status took from resourceVersion `since` until `done(model)` (a watch: no
+    write is missed between two looks)."""
+    phases: list[str] = []
+    version = since
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stream = watch.Watch().stream(
+            kube.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, "aimodels",
+            field_selector=f"metadata.name={name}", resource_version=version, timeout_seconds=2,
+        )  # fmt: skip
+        for event in stream:
+            model = event["object"]
+            version = model["metadata"]["resourceVersion"]
+            phase = (model.get("status") or {}).get("phase", "")
+            if not phases or phases[-1] != phase:
+                phases.append(phase)
+            if done(model):
+                return phases
+    raise AssertionError(f"{name}: not done within {timeout}s; phases seen: {phases}")
+
+
+def test_a_ready_model_stays_ready_through_changes_that_roll_no_pod(
+    kube: Kube, operator: OperatorProcess, namespace: str
+) -> None:
+    # A scale-down gives the Deployment a new generation but no new template: no pod is replaced, so the model
+    # never stops being Ready. Before 2026-12-06 the status said Deploying until the Deployment controller
+    # had seen the generation, and a resync that switched the Deployment's strategy did the same to every
+    # Ready model: an Argo CD Application went Healthy while its models read Deploying.
+    kube.create_model(namespace, "steady", {**GPU_MODEL, "autoscaling": None, "replicas": 3})
+    wait_until("AIModel Ready", lambda: ready(kube, namespace, "steady"), timeout=60)
+    patched = kube.patch_model(namespace, "steady", {"spec": {"replicas": 2}})
+
+    def settled(model: dict[str, Any]) -> bool:
+        status = model.get("status") or {}
+        return status.get("observedGeneration") == patched["metadata"]["generation"] and (
+            status.get("readyReplicas"),
+            status.get("desiredReplicas"),
+        ) == (2, 2)
+
+    phases = phases_until(kube, namespace, "steady", patched["metadata"]["resourceVersion"], settled)
+    assert phases == ["Ready"], phases
+    # A change of template is a rollout, and says so.
+    patched = kube.patch_model(namespace, "steady", {"spec": {"engineOptions": {"maxModelLen": 2048}}})
+
+    def rolled(model: dict[str, Any]) -> bool:
+        status = model.get("status") or {}
+        generation = patched["metadata"]["generation"]
+        return status.get("observedGeneration") == generation and status.get("phase") == "Ready"
+
+    phases = phases_until(kube, namespace, "steady", patched["metadata"]["resourceVersion"], rolled)
+    assert "Deploying" in phases, phases
+    assert phases[-1] == "Ready", phases
 
 
 def test_operator_killed_mid_reconcile_converges_after_restart(

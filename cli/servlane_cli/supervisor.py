@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
@@ -42,6 +43,7 @@ from servlane_core.rollout.timeutil import to_rfc3339
 from servlane_operator.metric_readers.scrape_reader import ScrapeReader
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 TICK_SECONDS = 0.25
 BATCH_DATABASE = "batch.db"  # the Batch API's SQLite database, in the state directory
 
@@ -176,15 +178,8 @@ class Supervisor:
         if self.gateway.due_for_restart(now):
             self.gateway.restart()
         await asyncio.gather(*(slot.probe(client) for slot in self.slots.values()))
-        ready = {name: slot.ready for name, slot in self.slots.items()}
-        # Adapter targets (`model:adapter`): ready with their model while its manifest lists them.
-        ready.update(
-            {f"{name}:{a.name}": slot.ready for name, slot in self.slots.items() for a in slot.model.spec.adapters}
-        )
-        failing = {name: slot.failure for name, slot in self.slots.items() if slot.failure is not None}
-        failing.update(
-            {f"{name}:{a.name}": why for name, why in failing.items() for a in self.slots[name].model.spec.adapters}
-        )
+        ready = self._with_adapters({name: slot.ready for name, slot in self.slots.items()})
+        failing = self._with_adapters({n: slot.failure for n, slot in self.slots.items() if slot.failure is not None})
         wall = datetime.now(UTC)
         for controller in self.features.values():
             await controller.step(ready, self.reader, wall, failing)
@@ -192,6 +187,14 @@ class Supervisor:
             slot.report_progress(now)
         self.write_routes()
         self.write_state(running=True)
+
+    def _with_adapters(self, by_model: dict[str, T]) -> dict[str, T]:
+        """A model's value for the model and for each adapter target (`model:adapter`) its manifest lists: an
+        adapter is ready, or failing, with its model."""
+        targets = dict(by_model)
+        for name, value in by_model.items():
+            targets.update({f"{name}:{a.name}": value for a in self.slots[name].model.spec.adapters})
+        return targets
 
     def write_routes(self) -> None:
         objects = [c.feature.model_copy(update={"status": c.status}).to_api() for c in self.features.values()]

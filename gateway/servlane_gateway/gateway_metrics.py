@@ -60,10 +60,9 @@ def exemplar(trace_id: str | None) -> dict[str, str] | None:
 
 class _PodSums:
     """What a scrape of any worker reports: the multiprocess files' sums, without the in-flight gauges of workers
-    that died, and without the weight series
-    of models no longer routed to: the files cannot drop a series, and a dashboard (or a check that the gateway
-    sends a feature to one model only) must not see a rolled-back canary linger at 0. Every worker routes by the
-    same table, so the answering worker's is it."""
+    that died, and without the weight series of models no longer routed to: the files cannot drop a series, and a
+    dashboard (or a check that the gateway sends a feature to one model only) must not see a rolled-back canary
+    linger at 0. Every worker routes by the same table, so the answering worker's is it."""
 
     def __init__(self, collector: Any, metrics: GatewayMetrics) -> None:
         self.collector = collector

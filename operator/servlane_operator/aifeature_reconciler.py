@@ -43,9 +43,14 @@ def referenced(body: Mapping[str, Any]) -> set[str]:
     return referenced_models(feature.spec, feature.status)
 
 
-def condition_true(body: Mapping[str, Any], kind: str) -> bool:
+def true_condition(body: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    """The object's condition of type `kind` when its status is True, else None."""
     conditions = (body.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == kind and c.get("status") == "True" for c in conditions)
+    return next((c for c in conditions if c.get("type") == kind and c.get("status") == "True"), None)
+
+
+def condition_true(body: Mapping[str, Any], kind: str) -> bool:
+    return true_condition(body, kind) is not None
 
 
 def model_ready(body: Mapping[str, Any]) -> bool:
@@ -60,8 +65,7 @@ def scaled_to_zero(body: Mapping[str, Any]) -> bool:
 def why_failing(body: Mapping[str, Any]) -> str | None:
     """What an AIModel's Degraded condition says ("<reason>: <message>", e.g. a runtime that keeps crashing),
     or None when it is not Degraded: a canary with traffic that is down for such a reason fails its check."""
-    conditions = (body.get("status") or {}).get("conditions") or []
-    degraded = next((c for c in conditions if c.get("type") == "Degraded" and c.get("status") == "True"), None)
+    degraded = true_condition(body, "Degraded")
     if degraded is None:
         return None
     return f"{degraded.get('reason') or 'Degraded'}: {degraded.get('message') or 'no message'}"

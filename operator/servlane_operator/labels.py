@@ -12,6 +12,9 @@ OPERATOR_NAME = "servlane-operator"
 FIELD_MANAGER = "servlane-operator"
 # Keeps a Deployment's replicas while its HPA takes them over (see builders/replicas_handover.py).
 REPLICAS_HANDOVER_MANAGER = "servlane-operator-replicas-handover"
+# A hash of the pod template as the operator built it, on the Deployment and on each pod it makes: a pod whose
+# hash is the Deployment's runs its current template, whatever generation the Deployment controller has seen.
+TEMPLATE_HASH_ANNOTATION = "servlane.dev/template-hash"
 
 
 def selector_labels(model_name: str) -> dict[str, str]:

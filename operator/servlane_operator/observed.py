@@ -10,6 +10,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from servlane_operator.labels import TEMPLATE_HASH_ANNOTATION
+
 # Container waiting reasons that will not fix themselves without a change.
 BLOCKING_WAIT_REASONS = frozenset(
     {"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError", "InvalidImageName"}
@@ -34,6 +36,8 @@ class DeploymentView:
     replicas_appliers: frozenset[str] = frozenset()
     # Its strategy replaces every pod at once (builders.deployment.REPLACE_ALL), as when none was ready.
     replaces_all: bool = False
+    # The hash of the pod template the operator last applied (labels.TEMPLATE_HASH_ANNOTATION); "" if none.
+    template_hash: str = ""
 
     @property
     def rolling_out(self) -> bool:
@@ -59,7 +63,12 @@ class DeploymentView:
             resource_version=str(meta.get("resourceVersion", "")),
             replicas_appliers=replicas_appliers(meta.get("managedFields") or []),
             replaces_all=replaces_all(spec.get("strategy") or {}),
+            template_hash=template_hash_of(meta),
         )
+
+
+def template_hash_of(metadata: Mapping[str, Any]) -> str:
+    return str((metadata.get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION, ""))
 
 
 def replaces_all(strategy: Mapping[str, Any]) -> bool:
@@ -136,6 +145,8 @@ class PodView:
     # On a node, not Ready yet, not leaving, nothing blocking and no container restarted: a first start on its
     # way (image, container, the model loading). The autoscaler does not count a model idle while it starts.
     starting: bool = False
+    # The hash of the template it was made from (labels.TEMPLATE_HASH_ANNOTATION); "" if made before we set one.
+    template_hash: str = ""
 
     @classmethod
     def parse(cls, body: Mapping[str, Any]) -> PodView:
@@ -172,6 +183,7 @@ class PodView:
             runtime_exit=runtime_exit,
             model_image_failure=model_image_failure,
             starting=starting,
+            template_hash=template_hash_of(body.get("metadata") or {}),
         )
 
 

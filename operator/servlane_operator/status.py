@@ -98,6 +98,17 @@ def carried_conflicts(status: AIModelStatus) -> list[str]:
     return [ready.message] if ready is not None and ready.reason == CHILD_CONFLICT else []
 
 
+def template_current(deployment: DeploymentView, pods: Sequence[PodView]) -> bool:
+    """Whether the Deployment's pods run its current template. Seen by the controller (observedGeneration), or
+    every pod carries the template hash the Deployment does: a new generation that changed no template (the
+    operator's own strategy switch, a replica count) starts no rollout, so the model stays Ready while the
+    controller catches up (before, a resync that switched the strategy showed Ready models as Deploying)."""
+    if deployment.observed_generation >= deployment.generation:
+        return True
+    wanted = deployment.template_hash
+    return bool(wanted) and bool(pods) and all(pod.template_hash == wanted for pod in pods)
+
+
 def decide(
     model: AIModel, deployment: DeploymentView | None, pods: Sequence[PodView], conflicts: Sequence[str] = ()
 ) -> Verdict:
@@ -106,7 +117,7 @@ def decide(
         return Verdict("Degraded", CHILD_CONFLICT, "; ".join(conflicts), False, False, True)
     if deployment is None:
         return Verdict("Pending", "Creating", "The Deployment is being created.", False, True, False)
-    rolled_out = deployment.observed_generation >= deployment.generation and deployment.updated >= deployment.desired
+    rolled_out = template_current(deployment, pods) and deployment.updated >= deployment.desired
     ready = deployment.ready > 0
     if deployment.desired == 0:
         return Verdict("Pending", SCALED_TO_ZERO, scaled_to_zero_message(model), False, False, False)

@@ -127,6 +127,18 @@ class Serve:
                     os.killpg(pid, signal.SIGKILL)
 
 
+# The standalone canary tests' rollout: a step a second on windows of a few requests. Such a window judges
+# latency on its slowest request, and these tests are about routing, errors, crashes and promotion: they allow
+# 10x the stable's p95 (not 2x), so a request slowed by a busy machine does not roll a good canary back. Still
+# caught: a canary seconds slower than the stable (the latency check's own cases:
+# tests/unit/rollout/test_rollout_failure_modes.py).
+FAST_ROLLOUT: dict[str, Any] = {
+    "steps": [50, 100],
+    "interval": "1s",
+    "analysis": {"minRequests": 3, "maxErrorRate": 0.05, "maxP95RatioToStable": 10},
+}
+
+
 def ai_model(name: str, source: str, **spec: Any) -> dict[str, Any]:
     return {
         "apiVersion": "servlane.dev/v1alpha1",

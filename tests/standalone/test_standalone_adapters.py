@@ -16,26 +16,18 @@ import pytest
 
 from servlane_api.aifeature import AIFeatureStatus
 from servlane_devtools.tiny_model import build_tiny_adapter, build_tiny_llama
-from tests.standalone.standalone_harness import Serve, ai_feature, ai_model, write_manifests
+from tests.standalone.standalone_harness import FAST_ROLLOUT, Serve, ai_feature, ai_model, write_manifests
 from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.slow
 
-# Windows of a few requests judge latency on their slowest one: a test about routing and promotion allows 10x the
-# stable's p95 (not 2x), so one request slowed by a busy machine does not roll the canary back. Still caught: a
-# canary seconds slower than the stable (the check's own cases: tests/unit/rollout/test_rollout_failure_modes.py).
-ROLLOUT = {
-    "steps": [50, 100],
-    "interval": "1s",
-    "analysis": {"minRequests": 3, "maxErrorRate": 0.05, "maxP95RatioToStable": 10},
-}
 HELLO = [{"role": "user", "content": "Hello"}]
 
 
 def _write(manifests: Path, adapters: dict[str, Path], target: str) -> None:
     listed = [{"name": name, "source": str(path)} for name, path in adapters.items()]
     write_manifests(manifests / "models.yaml", [ai_model("tiny-a", str(build_tiny_llama()), adapters=listed)])
-    write_manifests(manifests / "features.yaml", [ai_feature("assist", target, rollout=ROLLOUT)])
+    write_manifests(manifests / "features.yaml", [ai_feature("assist", target, rollout=FAST_ROLLOUT)])
 
 
 @pytest.fixture(scope="module")

@@ -19,24 +19,15 @@ import openai
 import pytest
 
 from servlane_api.aifeature import AIFeatureStatus
-from tests.standalone.standalone_harness import Serve, ai_feature, ai_model, write_manifests
+from tests.standalone.standalone_harness import FAST_ROLLOUT, Serve, ai_feature, ai_model, write_manifests
 from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.slow
 
-# Windows of a few requests judge latency on their slowest one: these tests are about errors, crashes and
-# promotion, so they allow 10x the stable's p95 (not 2x) and a request slowed by a busy machine does not roll a good
-# canary back (the latency check's own cases: tests/unit/rollout/test_rollout_failure_modes.py).
-ROLLOUT = {
-    "steps": [50, 100],
-    "interval": "1s",
-    "analysis": {"minRequests": 3, "maxErrorRate": 0.05, "maxP95RatioToStable": 10},
-}
-
 
 def _features(good: str, bad: str, crashing: str = "tiny-a") -> list[dict[str, object]]:
     names = {"good": good, "bad": bad, "crashing": crashing}
-    return [ai_feature(feature, model, rollout=ROLLOUT) for feature, model in names.items()]
+    return [ai_feature(feature, model, rollout=FAST_ROLLOUT) for feature, model in names.items()]
 
 
 @pytest.fixture(scope="module")

@@ -19,4 +19,5 @@ def dep(
         updated=updated,
         available=ready,
         deadline_exceeded=kw.get("deadline", False),
+        template_hash=kw.get("template_hash", ""),
     )

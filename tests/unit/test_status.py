@@ -8,12 +8,15 @@ import pytest
 
 from servlane_api.aimodel import AIModelStatus
 from servlane_api.runtime_exit import ENGINE_DIED, MODEL_LOAD_FAILED
+from servlane_operator.builders.deployment import build_deployment
 from servlane_operator.observed import ContainerExit, DeploymentView, PodView
+from servlane_operator.settings import OperatorSettings
 from servlane_operator.status import build_status, decide
 from tests.support.aimodels import make_model
 from tests.support.status import dep
 
 MODEL = make_model({"source": {"uri": "/models/x"}, "resources": {"gpus": 4}})
+SETTINGS = OperatorSettings()
 GPU_MESSAGE = "0/3 nodes are available: 1 node(s) didn't tolerate taint, 2 Insufficient nvidia.com/gpu."
 
 
@@ -47,6 +50,48 @@ def pod(name: str = "p", unschedulable: str | None = None, reason: str | None = 
 def test_phase(deployment: DeploymentView | None, pods: list[PodView], phase: str, reason: str, ready: bool) -> None:
     verdict = decide(MODEL, deployment, pods)
     assert (verdict.phase, verdict.reason, verdict.ready) == (phase, reason, ready)
+
+
+def running(name: str, template_hash: str) -> PodView:
+    return PodView(
+        name=name, unschedulable_message=None, blocking_reason=None, blocking_message=None, template_hash=template_hash
+    )
+
+
+@pytest.mark.parametrize(
+    ("pods", "phase"),
+    [
+        # Every pod runs the template the new generation asks for: no rollout is coming (a strategy switch, a
+        # replica count), so the model stays Ready while the Deployment controller catches up.
+        ([running("a", "h1"), running("b", "h1")], "Ready"),
+        # One pod from another template, or one from before hashes: the new generation may roll pods.
+        ([running("a", "h1"), running("b", "h0")], "Deploying"),
+        ([running("a", "h1"), running("b", "")], "Deploying"),
+        # No pod seen yet: nothing shows the template is current.
+        ([], "Deploying"),
+    ],
+)
+def test_a_new_generation_is_a_rollout_only_when_the_pods_run_another_template(pods: list[PodView], phase: str) -> None:
+    unobserved = dep(gen=3, observed=2, template_hash="h1")
+    assert decide(MODEL, unobserved, pods).phase == phase
+    # A Deployment from before the hash (none on it) is judged by its generation alone.
+    assert decide(MODEL, dep(gen=3, observed=2), [running("a", ""), running("b", "")]).phase == "Deploying"
+
+
+def test_the_template_hash_follows_the_template_not_the_strategy_or_replicas() -> None:
+    model = make_model({"source": {"uri": "/models/x"}})
+    surge = build_deployment(model, SETTINGS)
+    replace_all = build_deployment(model, SETTINGS, 3, replace_all=True)
+    assert surge["spec"]["strategy"] != replace_all["spec"]["strategy"]
+    hashes = {
+        DeploymentView.parse(surge).template_hash,
+        DeploymentView.parse(replace_all).template_hash,
+        PodView.parse({"metadata": surge["spec"]["template"]["metadata"]}).template_hash,
+    }
+    assert len(hashes) == 1
+    assert "" not in hashes
+    other = build_deployment(make_model({"source": {"uri": "/models/y"}}), SETTINGS)
+    assert DeploymentView.parse(other).template_hash not in hashes
 
 
 def test_insufficient_gpu_condition_carries_the_scheduler_message() -> None:

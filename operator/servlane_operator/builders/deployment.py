@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from typing import Any
 
@@ -22,7 +24,7 @@ from servlane_api.runtime_contract import build_runtime_config
 from servlane_core.scaling import autoscaled_replicas
 from servlane_operator.builders.adapters import adapter_volumes
 from servlane_operator.builders.common import child_metadata
-from servlane_operator.labels import model_labels, selector_labels
+from servlane_operator.labels import TEMPLATE_HASH_ANNOTATION, model_labels, selector_labels
 from servlane_operator.observed import DeploymentView
 from servlane_operator.settings import OperatorSettings
 
@@ -256,16 +258,30 @@ def build_deployment(
     model: AIModel, settings: OperatorSettings, replicas_override: int | None = None, *, replace_all: bool = False
 ) -> dict[str, Any]:
     """`replace_all` (from replaces_all_pods) when no pod is ready: the pods are replaced, not surged."""
+    template: dict[str, Any] = {
+        "metadata": {"labels": model_labels(model.name, model.spec.engine.value)},
+        "spec": _pod_spec(model, settings),
+    }
+    # The same hash on the Deployment and in its pods' template (status.template_current reads both): a spec
+    # change that leaves the template alone (our own strategy switch, a new replica count) starts no rollout,
+    # and the status must not call the model Deploying while the controller catches up with it.
+    digest = template_hash(template)
+    template["metadata"]["annotations"] = {TEMPLATE_HASH_ANNOTATION: digest}
     spec: dict[str, Any] = {
         "selector": {"matchLabels": selector_labels(model.name)},
         "strategy": _strategy(model, replace_all),
         # Model downloads and loads are slow: give rollouts time before calling them failed.
         "progressDeadlineSeconds": 1800,
         "revisionHistoryLimit": 3,
-        "template": {
-            "metadata": {"labels": model_labels(model.name, model.spec.engine.value)},
-            "spec": _pod_spec(model, settings),
-        },
+        "template": template,
     }
     spec["replicas"] = _replicas(model, replicas_override)
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": child_metadata(model), "spec": spec}
+    metadata = child_metadata(model)
+    metadata["annotations"] = {TEMPLATE_HASH_ANNOTATION: digest}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata, "spec": spec}
+
+
+def template_hash(template: dict[str, Any]) -> str:
+    """A short, stable digest of a pod template as built (before the API server adds its defaults)."""
+    canonical = json.dumps(template, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]

@@ -137,8 +137,9 @@ class ModelHost:
         source = self.config.model_source
         self.reason = f"resolving model source {source}"
         log.info(self.reason)
-        only = self.config.llamacpp.gguf_file if self.config.engine == "llamacpp" else None
-        path = await asyncio.to_thread(resolve_model_source, source, self.config.cache_dir, self.config.s3, only)
+        gguf = self.config.engine == "llamacpp"
+        only = self.config.llamacpp.gguf_file if gguf else None
+        path = await asyncio.to_thread(resolve_model_source, source, self.config.cache_dir, self.config.s3, only, gguf)
         self.startup.mark("weights_fetched")
         self.reason = f"loading {self.config.engine} engine from {path}"
         log.info(self.reason)

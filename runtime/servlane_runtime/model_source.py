@@ -35,24 +35,27 @@ def parse_hub_source(source: str) -> HubSource:
 
 
 def resolve_model_source(
-    source: str, cache_dir: str, s3: S3Settings | None = None, only_file: str | None = None
+    source: str, cache_dir: str, s3: S3Settings | None = None, only_file: str | None = None, gguf: bool = False
 ) -> str:
     """A local directory holding the model; downloads from the Hub or an S3 store when the source says so
-    (blocking). `s3`: where and how an s3:// source is fetched (default: AWS S3). `only_file`: the one file of a
-    Hub repository the engine reads (a GGUF repository holds a file per quantization, gigabytes each)."""
+    (blocking). `s3`: where and how an s3:// source is fetched (default: AWS S3). `only_file`: the one file of
+    the source the engine reads; `gguf`: the engine reads a .gguf file and nothing else (a GGUF repository holds
+    a file per quantization, gigabytes each, and often the unquantized weights too)."""
     if source.startswith("hf://"):
-        return _download(parse_hub_source(source), cache_dir, only_file)
+        return _download(
+            parse_hub_source(source), cache_dir, [only_file] if only_file else ["*.gguf"] if gguf else None
+        )
     if source.startswith("s3://"):
         from .sources import s3 as s3_source  # minio and urllib3: only runtimes that fetch from S3 import them
 
-        return s3_source.fetch(source, cache_dir, s3 or S3Settings())
+        return s3_source.fetch(source, cache_dir, s3 or S3Settings(), only_file, gguf)
     path = source.removeprefix("file://")
     if not os.path.isdir(path):
         raise ModelSourceError(f"model path {path!r} does not exist or is not a directory")
     return path
 
 
-def _download(hub: HubSource, cache_dir: str, only_file: str | None = None) -> str:
+def _download(hub: HubSource, cache_dir: str, allow_patterns: list[str] | None = None) -> str:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
@@ -65,7 +68,7 @@ def _download(hub: HubSource, cache_dir: str, only_file: str | None = None) -> s
                 cache_dir=cache_dir,
                 token=os.environ.get("HF_TOKEN") or None,
                 local_files_only=offline,
-                allow_patterns=[only_file] if only_file else None,
+                allow_patterns=allow_patterns,
             )
         )
     except LocalEntryNotFoundError as exc:

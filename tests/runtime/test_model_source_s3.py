@@ -217,3 +217,62 @@ def test_an_endpoint_that_is_no_s3_store_is_named_without_copying_its_answer(
     message = str(failed.value)
     assert message.startswith(f"{SOURCE}: not an S3 answer"), message
     assert "private" not in message
+
+
+GGUF_PREFIX = "gguf/two-quantizations"
+
+
+@pytest.fixture(scope="module")
+def gguf_folder(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    """A GGUF folder as such stores hold them: a file per quantization and a README, no config.json (the bytes
+    need not be GGUF here: the engine checks the magic, the fetch only what to fetch)."""
+    files = {"model-Q4_K_M.gguf": b"GGUF q4" * 1000, "model-Q8_0.gguf": b"GGUF q8" * 2000, "README.md": b"# m"}
+    local = tmp_path_factory.mktemp("gguf-folder")
+    for name, data in files.items():
+        (local / name).write_bytes(data)
+    s3_server.upload_dir(local, BUCKET, GGUF_PREFIX)
+    return files
+
+
+@pytest.mark.usefixtures("admin_env")
+def test_a_named_gguf_file_is_the_only_object_fetched(
+    s3_server: S3Server, gguf_folder: dict[str, bytes], tmp_path: Path
+) -> None:
+    source = f"s3://{BUCKET}/{GGUF_PREFIX}"
+    keys = [f"{GGUF_PREFIX}/{name}" for name in gguf_folder]
+    before = gets_of(s3_server, keys)
+    got = Path(resolve_model_source(source, str(tmp_path), settings(s3_server.endpoint), "model-Q4_K_M.gguf", True))
+    assert sorted(p.name for p in got.iterdir()) == ["model-Q4_K_M.gguf"]
+    assert (got / "model-Q4_K_M.gguf").read_bytes() == gguf_folder["model-Q4_K_M.gguf"]
+    fetched = {key: gets_of(s3_server, keys)[key] - before[key] for key in keys}
+    assert fetched == {key: int(key.endswith("Q4_K_M.gguf")) for key in keys}
+    # The other quantization, for another model on the same cache: an entry of its own, the first one kept.
+    other = Path(resolve_model_source(source, str(tmp_path), settings(s3_server.endpoint), "model-Q8_0.gguf", True))
+    assert other != got
+    assert sorted(p.name for p in other.iterdir()) == ["model-Q8_0.gguf"]
+    assert (got / "model-Q4_K_M.gguf").is_file()
+    with pytest.raises(ModelSourceError, match=r"model-Q2_K\.gguf: no such object \(3 objects: README.md, model-Q4"):
+        resolve_model_source(source, str(tmp_path), settings(s3_server.endpoint), "model-Q2_K.gguf", True)
+
+
+@pytest.mark.usefixtures("admin_env")
+def test_a_gguf_folder_without_a_named_file_needs_exactly_one(
+    s3_server: S3Server, gguf_folder: dict[str, bytes], uploaded: list[str], tmp_path: Path
+) -> None:
+    keys = [f"{GGUF_PREFIX}/{name}" for name in gguf_folder]
+    before = gets_of(s3_server, keys)
+    # Two quantizations: which one is the user's to say, before any byte is fetched.
+    with pytest.raises(ModelSourceError, match=r"holds 2 \(.*\): name it in engineOptions.llamacpp.ggufFile"):
+        resolve_model_source(f"s3://{BUCKET}/{GGUF_PREFIX}", str(tmp_path), settings(s3_server.endpoint), gguf=True)
+    assert gets_of(s3_server, keys) == before
+    # One .gguf beside other files: that one, alone, and no config.json asked for.
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "model-Q4_K_M.gguf").write_bytes(gguf_folder["model-Q4_K_M.gguf"])
+    (one / "README.md").write_bytes(b"# m")
+    s3_server.upload_dir(one, BUCKET, "gguf/one")
+    got = Path(resolve_model_source(f"s3://{BUCKET}/gguf/one", str(tmp_path), settings(s3_server.endpoint), gguf=True))
+    assert sorted(p.name for p in got.iterdir()) == ["model-Q4_K_M.gguf"]
+    # A model folder with no .gguf at all (the tiny Llama's safetensors) is no source for the llama.cpp engine.
+    with pytest.raises(ModelSourceError, match=r"holds 0 \("):
+        resolve_model_source(SOURCE, str(tmp_path), settings(s3_server.endpoint), gguf=True)

@@ -72,6 +72,10 @@ class S3Path:
     def key_uri(self, key: str) -> str:
         return f"s3://{self.bucket}/{key}"
 
+    def join(self, name: str) -> str:
+        """The key of `name` under the prefix."""
+        return f"{self.prefix}/{name}" if self.prefix else name
+
 
 def parse_s3_uri(source: str) -> S3Path:
     bucket, _, prefix = source.removeprefix("s3://").partition("/")
@@ -80,15 +84,19 @@ def parse_s3_uri(source: str) -> S3Path:
     return S3Path(bucket, prefix.strip("/"))
 
 
-def fetch(source: str, cache_dir: str, settings: S3Settings) -> str:
-    """The local directory holding every file under `source`; fetches what the cache lacks (blocking)."""
+def fetch(source: str, cache_dir: str, settings: S3Settings, only_file: str | None = None, gguf: bool = False) -> str:
+    """The local directory holding the files under `source` the engine reads; fetches what the cache lacks
+    (blocking). All of them (a model with its config.json), or `only_file`, or with `gguf` its one .gguf file:
+    a GGUF folder often holds a file per quantization, gigabytes each, of which a model loads one."""
     path = parse_s3_uri(source)
     endpoint = settings.endpoint or f"https://{AWS_ENDPOINT}"
-    entry = cache.entry_dir(cache_dir, "s3", endpoint, path.uri)
+    # One entry per selection: two models that read different files of one prefix never remove each other's.
+    selection = f"{path.uri}#{only_file}" if only_file else f"{path.uri}#*.gguf" if gguf else path.uri
+    entry = cache.entry_dir(cache_dir, "s3", endpoint, selection)
     client = _client(settings)
     try:
         with cache.exclusive(entry, path.uri):
-            listing = _list(client, path)
+            listing = select(path, _list(client, path), only_file, gguf)
             if cache.is_complete(entry, listing):
                 log.info("%s: the cache holds all %d files (%s): nothing to fetch", path.uri, len(listing), entry)
                 return str(entry / "model")
@@ -146,12 +154,33 @@ def _list(client: Minio, path: S3Path) -> dict[str, Listed]:
         _fail(path.uri, exc, None)
     if not listing:
         raise ModelSourceError(f"{path.uri}: no object under this prefix (the store lists nothing there)")
-    if "config.json" not in listing:
-        found = ", ".join(sorted(listing)[:5]) + (", …" if len(listing) > 5 else "")
-        raise ModelSourceError(
-            f"{path.uri}: not a model: no config.json under this prefix ({len(listing)} objects: {found})"
-        )
     return listing
+
+
+def select(path: S3Path, listing: dict[str, Listed], only_file: str | None, gguf: bool) -> dict[str, Listed]:
+    """The files to fetch, chosen before any is (see fetch); a listing without them fails here, naming what
+    it holds."""
+    if only_file is not None:
+        if only_file not in listing:
+            raise ModelSourceError(f"{path.key_uri(path.join(only_file))}: no such object ({_some(listing)})")
+        return {only_file: listing[only_file]}
+    if gguf:
+        found = sorted(name for name in listing if name.endswith(".gguf") and "/" not in name)
+        if len(found) != 1:
+            raise ModelSourceError(
+                f"{path.uri}: the llama.cpp engine loads one .gguf file and this prefix holds {len(found)} "
+                f"({_some(listing)}): name it in engineOptions.llamacpp.ggufFile"
+            )
+        return {found[0]: listing[found[0]]}
+    if "config.json" not in listing:
+        raise ModelSourceError(f"{path.uri}: not a model: no config.json under this prefix ({_some(listing)})")
+    return listing
+
+
+def _some(listing: dict[str, Listed]) -> str:
+    """What a listing holds, in a message: its count and first names."""
+    names = sorted(listing)
+    return f"{len(names)} objects: " + ", ".join(names[:5]) + (", …" if len(names) > 5 else "")
 
 
 def _safe_name(path: S3Path, name: str) -> str:

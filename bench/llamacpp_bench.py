@@ -8,6 +8,7 @@ f16, quantized to Q4_K_M by llama-quantize. Streaming chat completions of MAX_TO
 1 and 4 concurrent streams; one server alive at a time, rounds in alternating order (runtime_bench's
 --one-at-a-time method), the same threads for both llama.cpp servers (every CPU), 4 parallel sequences each.
 
+Needs the bench's llama.cpp tools: bash scripts/build-llamacpp.sh --tools (built once, cached).
 Run: .venv/bin/python bench/llamacpp_bench.py [--rounds N] [--label TEXT]   (writes bench/results/llamacpp.json)
 """
 
@@ -92,7 +93,7 @@ def quantized(model_dir: Path) -> Path:
 
     def write(out: Path) -> None:
         f16 = convert_to_gguf(model_dir, out / "model-f16.gguf", "f16")
-        quantize = llamacpp_build() / "bin" / "llama-quantize"
+        quantize = llamacpp_build(tools=True) / "bin" / "llama-quantize"
         subprocess.run([str(quantize), str(f16), str(out / "model.gguf"), "Q4_K_M"], check=True, capture_output=True)
         f16.unlink()
 
@@ -124,7 +125,7 @@ def llama_server(gguf: Path) -> rb.Target:
     """llama-server with the same sequences and context per sequence as ours, its GGUF's own template (--jinja)."""
     port = free_port()
     command = [
-        str(llamacpp_build() / "bin" / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+        str(llamacpp_build(tools=True) / "bin" / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
         "--alias", rb.MODEL, "--parallel", str(PARALLEL), "--ctx-size", str(PARALLEL * MAX_MODEL_LEN),
         "--threads", str(len(os.sched_getaffinity(0))), "--jinja", "--no-webui", "--log-disable",
         # Its default HTTP pool (parallel + 4 = 8 threads) holds closed keep-alive connections for a while and
@@ -184,7 +185,10 @@ def main() -> None:
             "request on a new connection (no keep-alive) for both",
         },
         "machine": facts,
-        "llamacpp_build": json.loads((llamacpp_build() / "build.json").read_text()),
+        "llamacpp_build": {
+            part: json.loads((llamacpp_build(tools=part == "tools") / "build.json").read_text())
+            for part in ("engine", "tools")
+        },
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "results_by_concurrency": results,
         "first_batch_of_a_fresh_server": {t.name: rb.cold_summary(t) for t in targets},

@@ -176,14 +176,17 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")
 
 
-def llamacpp_build() -> Path:
-    """The folder scripts/build-llamacpp.sh built (wheels/, bin/, convert/); FileNotFoundError if it has not."""
+def llamacpp_build(tools: bool = False) -> Path:
+    """The folder scripts/build-llamacpp.sh built: the engine's (wheels/, convert/), or with `tools` the bench's
+    (bin/llama-server, bin/llama-quantize); FileNotFoundError if it has not."""
     import subprocess
 
     script = Path(__file__).resolve().parents[2] / "scripts" / "build-llamacpp.sh"
-    found = subprocess.run(["bash", str(script), "--print-path"], capture_output=True, text=True, check=False)
+    args = ["bash", str(script), "--print-path", *(["--tools"] if tools else [])]
+    found = subprocess.run(args, capture_output=True, text=True, check=False)
     if found.returncode != 0:
-        raise FileNotFoundError(f"llama.cpp is not built: run {script} (or make setup)")
+        how = f"bash {script} --tools" if tools else f"{script} (or make setup)"
+        raise FileNotFoundError(f"llama.cpp is not built: run {how}")
     return Path(found.stdout.strip())
 
 

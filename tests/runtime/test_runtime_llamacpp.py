@@ -95,3 +95,39 @@ def test_a_prompt_served_from_a_kept_kv_cache_gets_the_answer_it_gets_afresh(ggu
         again = [answer(p) for p in reversed(prompts)][::-1]
         assert again == first
         assert answer(prompts[0]) == first[0]  # the whole prompt kept: its last token decoded again
+
+
+def test_prompts_beyond_the_sequences_come_back_from_host_memory_with_the_same_answers(gguf_dir: Path) -> None:
+    """A sequence given to another request keeps what it held in the prompt cache (llama-server's --cache-ram): a
+    prompt asked again is copied back rather than read again (usage.prompt_tokens_details.cached_tokens says how
+    much), and answers as it does afresh. Without the cache only the start all the prompts share is reused."""
+    start = "The quick brown fox jumps over the lazy dog. " * 8
+    prompts = [start + f"Question {i}: what does a canary rollout measure?" for i in range(3)]
+
+    def served(prompt_cache_mib: int) -> tuple[list[tuple[str, int, int]], list[tuple[str, int, int]]]:
+        options = {"parallel": 1, "prompt_cache_mib": prompt_cache_mib}
+        config = tiny_config(gguf_dir, engine="llamacpp", max_model_len=MAX_MODEL_LEN, llamacpp=options)
+        with InProcessServer(config) as server:
+            server.wait_ready()
+            client = openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=60)
+
+            def answer(prompt: str) -> tuple[str, int, int]:
+                reply = client.completions.create(
+                    model="tiny-llama", prompt=prompt, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+                )
+                usage = reply.usage
+                assert usage is not None
+                assert usage.prompt_tokens_details is not None  # the llama.cpp engine always says
+                return reply.choices[0].text, usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens or 0
+
+            first = [answer(p) for p in prompts]  # one sequence: each prompt takes it from the one before
+            return first, [answer(p) for p in prompts]
+
+    first, again = served(prompt_cache_mib=64)
+    assert [text for text, _, _ in again] == [text for text, _, _ in first]
+    assert [cached for _, _, cached in again] == [tokens - 1 for _, tokens, _ in again]
+    first_uncached, again_uncached = served(prompt_cache_mib=0)
+    assert [text for text, _, _ in first_uncached + again_uncached] == [text for text, _, _ in first + again]
+    shared = {cached for _, _, cached in again_uncached}
+    assert len(shared) == 1
+    assert 0 < shared.pop() < min(tokens - 1 for _, tokens, _ in again_uncached)

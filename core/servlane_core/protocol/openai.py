@@ -174,10 +174,17 @@ def now() -> int:
     return int(time.time())
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int = 0
     total_tokens: int
+    # Prompt tokens served from a kept KV cache rather than computed again (OpenAI's field); only where the
+    # engine says (the llama.cpp engine), left out of the JSON otherwise.
+    prompt_tokens_details: PromptTokensDetails | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class TopLogprob(BaseModel):

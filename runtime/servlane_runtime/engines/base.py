@@ -56,6 +56,8 @@ class GenerationDelta:
     completion_tokens: int
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    # Prompt tokens taken from a kept KV cache instead of computed; None: the engine does not say.
+    cached_tokens: int | None = None
 
 
 @dataclass(frozen=True)

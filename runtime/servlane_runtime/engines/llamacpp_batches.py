@@ -50,19 +50,23 @@ def plan_batch(running: Sequence[SequenceView], budget: int) -> list[Entry]:
     return entries
 
 
+def common_start(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens `a` and `b` share from their first on."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def pick_sequence(free: Sequence[int], cached: dict[int, list[int]], prompt: Sequence[int]) -> tuple[int, int]:
     """The free sequence whose KV cache shares the longest start with `prompt`, and how many of its tokens are
     reused (as llama-server's slots keep their prompt: chats resend the whole conversation each turn). At least
     the prompt's last token is decoded again: its logits give the first completion token."""
     best, reused = free[0], 0
     for sequence in free:
-        kept = cached.get(sequence, [])
-        common = 0
-        for a, b in zip(kept, prompt, strict=False):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(prompt) - 1)
+        common = min(common_start(cached.get(sequence, []), prompt), len(prompt) - 1)
         if common > reused:
             best, reused = sequence, common
     return best, max(0, reused)

@@ -44,6 +44,7 @@ from .chat_template import ChatTemplate
 from .cpu_memory import memory_budget_bytes
 from .llamacpp_batches import SequenceView, pick_sequence, plan_batch
 from .llamacpp_native import NativeModel, NativeSettings, is_gguf, kv_cache_bytes
+from .llamacpp_prompt_cache import PromptCache
 from .text_stream import StopTextStream
 from .transformers_sampling import Guide, penalised, sample
 
@@ -54,10 +55,12 @@ _GRAMMAR_CACHE_BYTES = 64 * 1024 * 1024
 # Beside the weights and the KV cache: compute buffers, the runtime's Python (torch included), the tokenizer.
 _OVERHEAD_BYTES = 768 * 1024 * 1024
 _GIB = 1024**3
+_MIB = 1024**2
 
 
-def check_fits(weights: int, kv_cache: int, budget: int) -> None:
-    """EngineError, saying what to change, when the weights and the KV cache cannot fit in the memory allowed."""
+def check_fits(weights: int, kv_cache: int, budget: int) -> int:
+    """The bytes left for the prompt cache; EngineError, saying what to change, when the weights and the KV cache
+    cannot fit in the memory allowed."""
     need = weights + kv_cache + _OVERHEAD_BYTES
     if need > budget:
         raise EngineError(
@@ -66,6 +69,7 @@ def check_fits(weights: int, kv_cache: int, budget: int) -> None:
             f"{budget / _GIB:.2f} GiB allowed: raise resources.memory, or lower engineOptions.maxModelLen or "
             "engineOptions.llamacpp.parallelRequests, or pick a smaller quantization"
         )
+    return budget - need
 
 
 def find_gguf(model_path: str, file_name: str | None = None) -> str:
@@ -121,6 +125,7 @@ class _Generation:
     guide: Guide | None
     stream: StopTextStream
     sequence: int = -1
+    cached: int = 0  # prompt tokens its sequence held, or the prompt cache gave back, when it started
     read: int = 0
     position: int = 0
     last_token: int | None = None
@@ -129,6 +134,11 @@ class _Generation:
     counts: Counter[int] = field(default_factory=Counter)
     text_bytes: bytearray = field(default_factory=bytearray)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    def delta(self, text: str, finish_reason: FinishReason | None = None) -> GenerationDelta:
+        return GenerationDelta(
+            text, len(self.prompt), len(self.generated), self.pending_logprobs, finish_reason, self.cached
+        )
 
     def view(self) -> SequenceView:
         return SequenceView(self.sequence, self.prompt, self.read, self.last_token, self.position)
@@ -152,6 +162,7 @@ class LlamaCppEngine(InferenceEngine):
         self._dead: BaseException | None = None
         self._grammars: Any = None
         self._grammars_lock = threading.Lock()
+        self._prompts = PromptCache(0)
 
     @property
     def max_model_len(self) -> int:
@@ -185,13 +196,15 @@ class LlamaCppEngine(InferenceEngine):
         try:
             tokens = settings.sequences * settings.sequence_context
             kv_cache = 0 if settings.embeddings else kv_cache_bytes(native.n_layer, native.kv_width, tokens)
-            check_fits(os.path.getsize(file), kv_cache, memory_budget_bytes())
+            spare = check_fits(os.path.getsize(file), kv_cache, memory_budget_bytes())
             native.open_context(settings)
         except EngineError:
             native.close()
             raise
         self._native = native
         self._max_len = settings.sequence_context
+        # Within what the memory limit leaves: the cache is a speed-up, never a reason not to start.
+        self._prompts = PromptCache(min(options.prompt_cache_mib * _MIB, spare))
         bos, eos = native.bos, native.eos
         template = native.chat_template()
         specials = (native.piece(token).decode(errors="replace") for token in (bos, eos))
@@ -341,11 +354,7 @@ class LlamaCppEngine(InferenceEngine):
                     job = waiting.pop(0)
                     if job.cancelled.is_set():
                         continue
-                    sequence, reused = pick_sequence(free, cached, job.prompt)
-                    free.remove(sequence)
-                    native.forget(sequence, start=reused)
-                    job.sequence, job.read, job.position = sequence, reused, reused
-                    job.decoded = list(job.prompt[:reused])
+                    self._admit(job, free, cached, native)
                     running.append(job)
                 for job in [j for j in running if j.cancelled.is_set()]:
                     self._release(job, running, free, cached)
@@ -356,6 +365,21 @@ class LlamaCppEngine(InferenceEngine):
             self._dead = exc
             for job in running + waiting:
                 job.emit(EngineDeadError(f"the llama.cpp engine stopped: {exc}"))
+
+    def _admit(self, job: _Generation, free: list[int], cached: dict[int, list[int]], native: NativeModel) -> None:
+        """Give `job` a free sequence, from the longest start of its prompt that a free sequence or the prompt
+        cache holds; what the sequence held beyond that start goes to the prompt cache first."""
+        sequence, reused = pick_sequence(free, cached, job.prompt)
+        free.remove(sequence)
+        held = cached.pop(sequence, [])
+        entry, from_cache = self._prompts.best(job.prompt)
+        if len(held) > reused and self._prompts.wants(held):
+            self._prompts.put(held, native.sequence_state(sequence))
+        if entry is not None and from_cache > reused:
+            reused = from_cache if native.restore_sequence(sequence, entry.state) else 0
+        native.forget(sequence, start=reused)
+        job.sequence, job.cached, job.read, job.position = sequence, reused, reused, reused
+        job.decoded = list(job.prompt[:reused])
 
     @staticmethod
     def _release(job: _Generation, running: list[_Generation], free: list[int], cached: dict[int, list[int]]) -> None:
@@ -389,10 +413,9 @@ class LlamaCppEngine(InferenceEngine):
         token, logprob = sample(logits, options, job.generator, lambda t: native.piece(t).decode(errors="replace"))
         if job.guide is not None:
             job.guide.accept(token)
-        n_prompt = len(job.prompt)
         if native.is_end_of_generation(token) and not options.ignore_eos:
             step = job.stream.step(self._text(job), final=True)
-            job.emit(GenerationDelta(step.text, n_prompt, len(job.generated), job.pending_logprobs, "stop"))
+            job.emit(job.delta(step.text, "stop"))
             job.last_token = None
             return
         job.generated.append(token)
@@ -406,11 +429,11 @@ class LlamaCppEngine(InferenceEngine):
         step = job.stream.step(self._text(job), final=out_of_room)
         if step.stopped or out_of_room:
             reason: FinishReason = "stop" if step.stopped else "length"
-            job.emit(GenerationDelta(step.text, n_prompt, len(job.generated), job.pending_logprobs, reason))
+            job.emit(job.delta(step.text, reason))
             job.last_token = None
             return
         if step.text:
-            job.emit(GenerationDelta(step.text, n_prompt, len(job.generated), job.pending_logprobs))
+            job.emit(job.delta(step.text))
             job.pending_logprobs = []
         job.last_token = token
 

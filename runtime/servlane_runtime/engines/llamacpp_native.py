@@ -200,6 +200,23 @@ class NativeModel:
             raise EngineError("this model pools no embedding per sequence (pooling type none)")
         return np.ctypeslib.as_array(pointer, shape=(self.n_embd,)).copy()
 
+    def sequence_state(self, sequence: int) -> bytes:
+        """A copy of a sequence's KV state (its cells, positions, keys and values), for restore_sequence."""
+        size = int(llama_cpp.llama_state_seq_get_size(self._ctx, sequence))
+        buffer = (ctypes.c_uint8 * size)()
+        written = int(llama_cpp.llama_state_seq_get_data(self._ctx, buffer, size, sequence))
+        return ctypes.string_at(buffer, written)
+
+    def restore_sequence(self, sequence: int, state: bytes) -> bool:
+        """A sequence's KV cache replaced by a state sequence_state copied (of any sequence). False if llama.cpp
+        could not place it (the sequence is then empty)."""
+        self.forget(sequence)
+        source = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        if int(llama_cpp.llama_state_seq_set_data(self._ctx, source, len(state), sequence)) == 0:
+            self.forget(sequence)
+            return False
+        return True
+
     def forget(self, sequence: int, start: int = 0) -> None:
         """Free a sequence's KV cache cells from position `start` on (0: all of them)."""
         llama_cpp.llama_memory_seq_rm(self._memory, sequence, start if start > 0 else -1, -1)

@@ -310,7 +310,7 @@ def test_served_model_name_override(settings: OperatorSettings) -> None:
         ({**CPU_SPEC, "autoscaling": {"minReplicas": 5, "maxReplicas": 3}}, "minReplicas must not exceed"),
         ({**CPU_SPEC, "autoscaling": {"maxReplicas": 3, "targetKVCacheUsage": 0.8}}, "vllm engine only"),
         ({**CPU_SPEC, "source": {"uri": "ftp://x/y"}}, "source.uri must be"),
-        ({**CPU_SPEC, "engine": "tgi"}, "Input should be 'vllm' or 'transformers'"),
+        ({**CPU_SPEC, "engine": "tgi"}, "Input should be 'vllm', 'transformers' or 'llamacpp'"),
         ({**CPU_SPEC, "resources": {"gpus": -1}}, "greater than or equal to 0"),
         ({"engine": "vllm"}, "Field required"),
     ],

@@ -31,8 +31,8 @@ sys.path.insert(0, str(REPO))
 from bench import runtime_bench as rb  # noqa: E402
 from servlane_api.runtime_config import RuntimeConfig  # noqa: E402
 from servlane_devtools.tiny_model import (  # noqa: E402
-    _built_once,
     build_tiny_llama,
+    built_once,
     cache_root,
     convert_to_gguf,
     llamacpp_build,
@@ -84,7 +84,7 @@ def bench_model() -> Path:
         torch.manual_seed(0)
         tf.LlamaForCausalLM(config).save_pretrained(out)
 
-    return _built_once(cache_root() / f"bench-llama-{key}", "config.json", write)
+    return built_once(cache_root() / f"bench-llama-{key}", "config.json", write)
 
 
 def quantized(model_dir: Path) -> Path:
@@ -97,7 +97,7 @@ def quantized(model_dir: Path) -> Path:
         subprocess.run([str(quantize), str(f16), str(out / "model.gguf"), "Q4_K_M"], check=True, capture_output=True)
         f16.unlink()
 
-    return _built_once(target, "model.gguf", write) / "model.gguf"
+    return built_once(target, "model.gguf", write) / "model.gguf"
 
 
 def ours(name: str, source: Path, engine: str, workdir: Path) -> rb.Target:
@@ -183,7 +183,8 @@ def main() -> None:
             "settings": f"ours at its defaults but {PARALLEL} sequences (its default too) and maxModelLen "
             f"{MAX_MODEL_LEN}; llama-server --parallel {PARALLEL} --ctx-size {PARALLEL * MAX_MODEL_LEN} --threads "
             f"<every CPU> --jinja --threads-http {HTTP_THREADS} (not its default 8: see llama_server()); every "
-            "request on a new connection (no keep-alive) for both",
+            "request on a new connection (no keep-alive) for both; prompt caches in host memory at their defaults "
+            "(llama-server --cache-ram 8192 MiB, ours 1024 MiB): the batches repeat their prompts",
         },
         "machine": facts,
         "llamacpp_build": {

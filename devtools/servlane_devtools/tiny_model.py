@@ -60,10 +60,10 @@ def _key() -> str:
 
 def build_tiny_llama(root: Path | None = None) -> Path:
     """The tiny Llama directory, built on first use (atomic rename, so concurrent builders are safe)."""
-    return _built_once((root or cache_root()) / f"tiny-llama-{_key()}", "config.json", _write_tiny_llama)
+    return built_once((root or cache_root()) / f"tiny-llama-{_key()}", "config.json", _write_tiny_llama)
 
 
-def _built_once(target: Path, marker: str, write: Callable[[Path], None]) -> Path:
+def built_once(target: Path, marker: str, write: Callable[[Path], None]) -> Path:
     """`target`, written by `write` into a scratch folder next to it and renamed into place (atomic, so
     concurrent builders are safe); a folder holding `marker` is complete and is not built again."""
     if (target / marker).is_file():
@@ -138,7 +138,7 @@ def build_tiny_adapter(seed: int, root: Path | None = None) -> Path:
     base = build_tiny_llama(root)
     key = hashlib.sha256(json.dumps({"base": base.name, "seed": seed, **ADAPTER_RECIPE}).encode()).hexdigest()[:16]
     target = (root or cache_root()) / f"tiny-llama-lora-{key}"
-    return _built_once(target, "adapter_config.json", lambda out: _write_tiny_adapter(base, seed, out))
+    return built_once(target, "adapter_config.json", lambda out: _write_tiny_adapter(base, seed, out))
 
 
 def _write_tiny_adapter(base: Path, seed: int, out: Path) -> None:
@@ -224,7 +224,7 @@ def gguf_of(model_dir: Path, outtype: str = "f16", root: Path | None = None) -> 
     def write(out: Path) -> None:
         convert_to_gguf(model_dir, out / "model.gguf", outtype)
 
-    return _built_once(target, "model.gguf", write) / "model.gguf"
+    return built_once(target, "model.gguf", write) / "model.gguf"
 
 
 def minilm_dir() -> Path:

@@ -375,7 +375,12 @@ class LlamaCppEngine(InferenceEngine):
         entry, from_cache = self._prompts.best(job.prompt)
         if len(held) > reused and self._prompts.wants(held):
             self._prompts.put(held, native.sequence_state(sequence))
-        if entry is not None and from_cache > reused:
+        if job.options.seed is not None:
+            # llama.cpp's logits are not bit for bit the same for a prompt read afresh and one whose start was
+            # kept (other batch shapes; llama-server says the same of cache_prompt): a seeded request reads its
+            # whole prompt, so the same seed gives the same answer whatever the caches hold.
+            reused = 0
+        elif entry is not None and from_cache > reused:
             reused = from_cache if native.restore_sequence(sequence, entry.state) else 0
         native.forget(sequence, start=reused)
         job.sequence, job.cached, job.read, job.position = sequence, reused, reused, reused

@@ -8,16 +8,12 @@ in, including any field added later, so an unknown field errs on the side of a n
 
 from __future__ import annotations
 
-import hashlib
-import json
-
 from servlane_api.aimodel import AIModelSpec
+from servlane_core.digest import json_digest
 
 # Where the replicas run and how many: not what one of them answers.
 NOT_IN_ANSWER = frozenset({"replicas", "autoscaling", "scheduling", "cache", "shm_size"})
 
 
 def answer_version(spec: AIModelSpec) -> str:
-    data = spec.model_dump(mode="json", exclude=set(NOT_IN_ANSWER))
-    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    return json_digest(spec.model_dump(mode="json", exclude=set(NOT_IN_ANSWER)))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from typing import Any
 
@@ -21,6 +19,7 @@ from servlane_api.runtime_config import (
     RuntimeConfig,
 )
 from servlane_api.runtime_contract import build_runtime_config
+from servlane_core.digest import json_digest
 from servlane_core.scaling import autoscaled_replicas
 from servlane_operator.builders.adapters import adapter_volumes
 from servlane_operator.builders.common import child_metadata
@@ -265,7 +264,7 @@ def build_deployment(
     # The same hash on the Deployment and in its pods' template (status.template_current reads both): a spec
     # change that leaves the template alone (our own strategy switch, a new replica count) starts no rollout,
     # and the status must not call the model Deploying while the controller catches up with it.
-    digest = template_hash(template)
+    digest = json_digest(template)  # of the template as built, before the API server adds its defaults
     template["metadata"]["annotations"] = {TEMPLATE_HASH_ANNOTATION: digest}
     spec: dict[str, Any] = {
         "selector": {"matchLabels": selector_labels(model.name)},
@@ -279,9 +278,3 @@ def build_deployment(
     metadata = child_metadata(model)
     metadata["annotations"] = {TEMPLATE_HASH_ANNOTATION: digest}
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata, "spec": spec}
-
-
-def template_hash(template: dict[str, Any]) -> str:
-    """A short, stable digest of a pod template as built (before the API server adds its defaults)."""
-    canonical = json.dumps(template, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]

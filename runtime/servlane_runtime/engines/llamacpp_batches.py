@@ -69,4 +69,4 @@ def pick_sequence(free: Sequence[int], cached: dict[int, list[int]], prompt: Seq
         common = min(common_start(cached.get(sequence, []), prompt), len(prompt) - 1)
         if common > reused:
             best, reused = sequence, common
-    return best, max(0, reused)
+    return best, reused

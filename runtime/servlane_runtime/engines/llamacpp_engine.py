@@ -372,10 +372,12 @@ class LlamaCppEngine(InferenceEngine):
         sequence, reused = pick_sequence(free, cached, job.prompt)
         free.remove(sequence)
         held = cached.pop(sequence, [])
-        entry, from_cache = self._prompts.best(job.prompt)
+        seeded = job.options.seed is not None
+        # Looked up before `held` goes in: keeping it may evict the entry that serves this prompt best.
+        entry, from_cache = (None, 0) if seeded else self._prompts.best(job.prompt)
         if len(held) > reused and self._prompts.wants(held):
             self._prompts.put(held, native.sequence_state(sequence))
-        if job.options.seed is not None:
+        if seeded:
             # llama.cpp's logits are not bit for bit the same for a prompt read afresh and one whose start was
             # kept (other batch shapes; llama-server says the same of cache_prompt): a seeded request reads its
             # whole prompt, so the same seed gives the same answer whatever the caches hold.

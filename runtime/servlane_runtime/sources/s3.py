@@ -216,7 +216,7 @@ def _fill(client: Minio, path: S3Path, entry: Path, listing: dict[str, Listed], 
 def _fetch_one(client: Minio, path: S3Path, name: str, listed: Listed, incoming: Path, stall: float) -> Path:
     """The object, verified, in `incoming/` (its name tagged with the ETag, so a transfer is only ever resumed
     from bytes of the same version); resumes what an earlier attempt left there."""
-    key = f"{path.prefix}/{name}" if path.prefix else name
+    key = path.join(name)
     tag = re.sub(r"[^A-Za-z0-9-]", "_", listed.etag)[:80] or "none"
     part = incoming / f"{name}.{tag}.partial"
     part.parent.mkdir(parents=True, exist_ok=True)

@@ -89,6 +89,16 @@ class LlamaCppOptions(ApiModel):
     )
     mmap: bool = Field(default=True, description="Map the file instead of reading it into memory.")
     mlock: bool = Field(default=False, description="Keep the weights in RAM (needs a memlock limit that allows it).")
+    prompt_cache_mib: int = Field(
+        default=1024,
+        ge=0,
+        le=1 << 20,
+        alias="promptCacheMiB",
+        description="MiB of host memory for prompts kept after their request (llama-server's --cache-ram): a "
+        "request that starts like an earlier one copies that start's KV state back instead of reading it again, "
+        "and reports it in usage.prompt_tokens_details.cached_tokens. 0: none. Shrunk at start to what "
+        "resources.memory leaves beside the weights and the KV cache.",
+    )
 
 
 class EngineOptions(ApiModel):

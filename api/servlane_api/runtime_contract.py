@@ -48,6 +48,7 @@ def llamacpp_settings(spec: AIModelSpec) -> LlamaCppSettings:
         batch_size=options.batch_size,
         mmap=options.mmap,
         mlock=options.mlock,
+        prompt_cache_mib=options.prompt_cache_mib,
     )
 
 

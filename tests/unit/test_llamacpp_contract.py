@@ -23,11 +23,17 @@ def test_whole_cpus_rounds_down_and_keeps_one(quantity: str, cpus: int) -> None:
 
 
 def test_the_options_reach_the_runtime_and_threads_follow_the_cpu_limit() -> None:
-    options = {"ggufFile": "qwen-Q4_K_M.gguf", "parallelRequests": 8, "batchSize": 256, "mlock": True}
+    options = {
+        "ggufFile": "qwen-Q4_K_M.gguf",
+        "parallelRequests": 8,
+        "batchSize": 256,
+        "mlock": True,
+        "promptCacheMiB": 0,
+    }
     config = build_runtime_config(llamacpp_model(engineOptions={"llamacpp": options}, resources={"cpu": "3500m"}))
     assert (config.engine, config.model_source) == ("llamacpp", "/mnt/models/qwen-gguf")
     assert config.llamacpp == LlamaCppSettings(
-        gguf_file="qwen-Q4_K_M.gguf", threads=3, parallel=8, batch_size=256, mmap=True, mlock=True
+        gguf_file="qwen-Q4_K_M.gguf", threads=3, parallel=8, batch_size=256, mmap=True, mlock=True, prompt_cache_mib=0
     )
 
 

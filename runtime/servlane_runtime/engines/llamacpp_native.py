@@ -118,7 +118,8 @@ class NativeModel:
         if not ctx:
             raise EngineError(
                 f"llama.cpp cannot make a context of {ctx_params.n_ctx} tokens for {settings.sequences} sequences "
-                "(too little memory for its KV cache? lower engineOptions.contextSize or parallelRequests)"
+                "(too little memory for its KV cache? lower engineOptions.maxModelLen or "
+                "engineOptions.llamacpp.parallelRequests)"
             )
         self._ctx = ctx
         self._memory = llama_cpp.llama_get_memory(ctx)

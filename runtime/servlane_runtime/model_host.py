@@ -30,6 +30,7 @@ from .engines.base import (
     EngineDeadError,
     GenerationDelta,
     InferenceEngine,
+    PromptInput,
     SamplingOptions,
     ToolCallParser,
 )
@@ -224,11 +225,14 @@ class _DeathWatch(InferenceEngine):
     def tool_parser(self) -> ToolCallParser | None:
         return self._engine.tool_parser()
 
+    def tokenize(self, text: str) -> list[int]:
+        return self._engine.tokenize(text)
+
     def count_tokens(self, text: str) -> int:
         return self._engine.count_tokens(text)
 
     async def generate(
-        self, prompt: str, options: SamplingOptions, request_id: str
+        self, prompt: PromptInput, options: SamplingOptions, request_id: str
     ) -> AsyncGenerator[GenerationDelta, None]:
         stream = self._engine.generate(prompt, options, request_id)
         try:

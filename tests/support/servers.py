@@ -75,7 +75,11 @@ class InProcessServer(_Server):
         # Both ports, as `python -m servlane_runtime` listens.
         sockets = bind_listeners(self.app, "127.0.0.1", self.port, self.config.metrics_port)
         self._server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve(sockets=sockets)), daemon=True)
+        # Named, so a test can tell work done on the event loop from work in a worker thread.
+        self.loop_thread_name = f"uvicorn-{self.port}"
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._server.serve(sockets=sockets)), name=self.loop_thread_name, daemon=True
+        )
 
     def __enter__(self) -> InProcessServer:
         self._thread.start()

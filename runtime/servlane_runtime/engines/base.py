@@ -40,6 +40,10 @@ class SamplingOptions:
     trace_headers: tuple[tuple[str, str], ...] = ()
 
 
+# A prompt as text, or as the token ids InferenceEngine.tokenize gave for it.
+PromptInput = str | list[int]
+
+
 @dataclass(frozen=True)
 class TokenLogprob:
     token: str
@@ -146,12 +150,20 @@ class InferenceEngine(abc.ABC):
         RequestNotSupported when the template has no place for them)."""
 
     @abc.abstractmethod
+    def tokenize(self, text: str) -> list[int]:
+        """The token ids `text` becomes as a prompt (special tokens included): what generate reads for it."""
+
     def count_tokens(self, text: str) -> int:
-        """How many tokens `text` becomes as a prompt (special tokens included)."""
+        """How many tokens `text` becomes as a prompt."""
+        return len(self.tokenize(text))
 
     @abc.abstractmethod
-    def generate(self, prompt: str, options: SamplingOptions, request_id: str) -> AsyncGenerator[GenerationDelta, None]:
-        """Stream the completion of `prompt`. Closing the iterator early stops the generation."""
+    def generate(
+        self, prompt: PromptInput, options: SamplingOptions, request_id: str
+    ) -> AsyncGenerator[GenerationDelta, None]:
+        """Stream the completion of `prompt` (text, or the ids tokenize gave for it: the server counts a prompt's
+        tokens before it starts, and need not have the engine tokenize it twice). Closing the iterator early stops
+        the generation."""
 
     @abc.abstractmethod
     async def embed(self, texts: list[str]) -> EmbeddingResult:

@@ -36,6 +36,7 @@ from .base import (
     FinishReason,
     GenerationDelta,
     InferenceEngine,
+    PromptInput,
     RequestNotSupported,
     SamplingOptions,
     TokenLogprob,
@@ -221,11 +222,7 @@ class LlamaCppEngine(InferenceEngine):
         assert self._chat is not None, "render_chat before load"
         return self._chat.render(messages, tools)
 
-    def count_tokens(self, text: str) -> int:
-        assert self._native is not None
-        return len(self._tokens(text))
-
-    def _tokens(self, text: str) -> list[int]:
+    def tokenize(self, text: str) -> list[int]:
         assert self._native is not None
         bos = self._native.piece(self._native.bos).decode(errors="replace")
         return self._native.tokenize(text, add_special=not (bos and text.startswith(bos)))
@@ -252,7 +249,7 @@ class LlamaCppEngine(InferenceEngine):
             raise RequestNotSupported(f"guided decoding cannot enforce this JSON schema: {exc}") from exc
 
     async def generate(
-        self, prompt: str, options: SamplingOptions, request_id: str
+        self, prompt: PromptInput, options: SamplingOptions, request_id: str
     ) -> AsyncGenerator[GenerationDelta, None]:
         if self._config.task != "generate":
             raise EngineError("this model is loaded for embeddings, not generation")
@@ -269,7 +266,7 @@ class LlamaCppEngine(InferenceEngine):
             loop.call_soon_threadsafe(deltas.put_nowait, item)
 
         job = _Generation(
-            prompt=await asyncio.to_thread(self._tokens, prompt),
+            prompt=await asyncio.to_thread(self.tokenize, prompt) if isinstance(prompt, str) else prompt,
             options=options,
             emit=emit,
             cancelled=threading.Event(),
@@ -453,7 +450,7 @@ class LlamaCppEngine(InferenceEngine):
             vectors: list[list[float]] = []
             total = 0
             for text in job.texts:
-                tokens = self._tokens(text)[: self._max_len]
+                tokens = self.tokenize(text)[: self._max_len]
                 total += len(tokens)
                 native.decode([(t, i, 0, True) for i, t in enumerate(tokens)])
                 vector = native.sequence_embedding(0)

@@ -41,6 +41,7 @@ from .base import (
     EngineError,
     GenerationDelta,
     InferenceEngine,
+    PromptInput,
     RequestNotSupported,
     SamplingOptions,
     TokenLogprob,
@@ -125,24 +126,35 @@ class TransformersEngine(InferenceEngine):
             raise RequestNotSupported(f"guided decoding cannot enforce this JSON schema: {exc}") from exc
 
     def count_tokens(self, text: str) -> int:
-        # A fast tokenizer's Rust batch call releases the GIL and builds no Python list of ids, so a
-        # multi-megabyte prompt counted in a worker thread does not hold up the event loop (the plain
-        # call holds the GIL for 0.2 s per 3.5 MB turning ids into lists). Same count as `_encode`.
-        backend = getattr(self._tokenizer, "backend_tokenizer", None)
-        if backend is None or backend.truncation is not None:  # a truncating backend would under-count
-            return len(self._encode(text))
+        # Embeddings count without the ids: the Rust encoding's length, no Python list (see tokenize).
+        backend = self._untruncated_backend()
+        if backend is None:
+            return len(self.tokenize(text))
         return len(backend.encode_batch([text], add_special_tokens=not self._has_bos(text))[0])
 
-    def _encode(self, text: str) -> list[int]:
+    def tokenize(self, text: str) -> list[int]:
         # Chat templates already contain the special tokens, so only plain prompts get them added.
-        return list(self._tokenizer(text, add_special_tokens=not self._has_bos(text))["input_ids"])
+        # A fast tokenizer's Rust batch call releases the GIL while it encodes, so a multi-megabyte prompt
+        # tokenized in a worker thread does not hold up the event loop; the tokenizer's own __call__ holds it
+        # for 0.2 s per 3.5 MB building its BatchEncoding. The same ids (no truncation, no padding).
+        add_special = not self._has_bos(text)
+        backend = self._untruncated_backend()
+        if backend is None:
+            return list(self._tokenizer(text, add_special_tokens=add_special)["input_ids"])
+        ids: list[int] = backend.encode_batch([text], add_special_tokens=add_special)[0].ids
+        return ids
+
+    def _untruncated_backend(self) -> Any:
+        """The fast tokenizer's Rust backend, unless it truncates (its counts would be short): else None."""
+        backend = getattr(self._tokenizer, "backend_tokenizer", None)
+        return None if backend is None or backend.truncation is not None else backend
 
     def _has_bos(self, text: str) -> bool:
         bos = self._tokenizer.bos_token
         return bool(bos) and text.startswith(bos)
 
     async def generate(
-        self, prompt: str, options: SamplingOptions, request_id: str
+        self, prompt: PromptInput, options: SamplingOptions, request_id: str
     ) -> AsyncGenerator[GenerationDelta, None]:
         if self._config.task != "generate":
             raise EngineError("this model is loaded for embeddings, not generation")
@@ -175,14 +187,18 @@ class TransformersEngine(InferenceEngine):
                 users.__exit__(None, None, None)
 
     @torch.inference_mode()
-    def _generate_sync(self, prompt: str, options: SamplingOptions, cancelled: threading.Event, emit: Any) -> None:
+    def _generate_sync(
+        self, prompt: PromptInput, options: SamplingOptions, cancelled: threading.Event, emit: Any
+    ) -> None:
         try:
             self._generate_loop(prompt, options, cancelled, emit)
         except Exception as exc:  # handed to the event loop, raised there
             emit(as_engine_death(exc))
 
-    def _generate_loop(self, prompt: str, options: SamplingOptions, cancelled: threading.Event, emit: Any) -> None:
-        prompt_ids = self._encode(prompt)
+    def _generate_loop(
+        self, prompt: PromptInput, options: SamplingOptions, cancelled: threading.Event, emit: Any
+    ) -> None:
+        prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else prompt
         n_prompt = len(prompt_ids)
         generator = torch.Generator(device=self._device)
         generator.manual_seed(options.seed if options.seed is not None else torch.seed())

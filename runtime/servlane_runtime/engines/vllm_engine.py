@@ -42,6 +42,7 @@ from .base import (
     FinishReason,
     GenerationDelta,
     InferenceEngine,
+    PromptInput,
     RequestNotSupported,
     SamplingOptions,
     ToolCallParser,
@@ -145,10 +146,7 @@ class VllmEngine(InferenceEngine):
     def tool_parser(self) -> ToolCallParser | None:
         return self._tool_parser
 
-    def count_tokens(self, text: str) -> int:
-        return len(self._token_ids(text))
-
-    def _token_ids(self, text: str) -> list[int]:
+    def tokenize(self, text: str) -> list[int]:
         """The prompt's token ids, exactly what the engine is given (so count_tokens is its real length).
 
         A rendered chat already starts with the template's BOS: tokenizing it with special tokens would add
@@ -160,7 +158,7 @@ class VllmEngine(InferenceEngine):
         return list(self._tokenizer(text, add_special_tokens=add_special)["input_ids"])
 
     async def generate(
-        self, prompt: str, options: SamplingOptions, request_id: str
+        self, prompt: PromptInput, options: SamplingOptions, request_id: str
     ) -> AsyncGenerator[GenerationDelta, None]:
         if self._config.task != "generate":
             raise EngineError("this model is loaded for embeddings, not generation")
@@ -183,7 +181,7 @@ class VllmEngine(InferenceEngine):
             raise RequestNotSupported(str(exc)) from exc
         # Token ids, not text: given text, vLLM would tokenize it again with special tokens (a second BOS
         # before a rendered chat). Off the event loop, like the count before it: prompts can be megabytes.
-        prompt_ids = await asyncio.to_thread(self._token_ids, prompt)
+        prompt_ids = await asyncio.to_thread(self.tokenize, prompt) if isinstance(prompt, str) else prompt
         sent_tokens = 0
         finished = False
         lora = None

@@ -14,6 +14,7 @@ other engines render theirs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import queue
@@ -47,7 +48,7 @@ from .llamacpp_batches import SequenceView, pick_sequence, plan_batch
 from .llamacpp_native import NativeModel, NativeSettings, is_gguf, kv_cache_bytes
 from .llamacpp_prompt_cache import PromptCache
 from .text_stream import StopTextStream
-from .transformers_sampling import Guide, penalised, sample
+from .transformers_sampling import Guide, penalised, sample, unseeded
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +121,8 @@ class _Generation:
 
     prompt: list[int]
     options: SamplingOptions
-    emit: Callable[[GenerationDelta | BaseException], None]
+    loop: asyncio.AbstractEventLoop
+    deltas: asyncio.Queue[GenerationDelta | BaseException]  # read by generate(), on `loop`
     cancelled: threading.Event
     generator: torch.Generator
     guide: Guide | None
@@ -145,6 +147,37 @@ class _Generation:
         return SequenceView(self.sequence, self.prompt, self.read, self.last_token, self.position)
 
 
+class _Outbox:
+    """What the worker has for the requests, handed to their event loop in one wake-up per decode step, right
+    before the worker lets go of the interpreter lock for long (llama_decode, or waiting for work).
+
+    Handed over at once, each delta woke the loop while the worker still had Python to run before its next
+    decode: the two took turns at the lock and the loop's work for a token (the SSE frame, the socket write)
+    delayed the next decode. Now the loop does it while llama.cpp decodes."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[_Generation, GenerationDelta | BaseException]] = []
+
+    def put(self, job: _Generation, item: GenerationDelta | BaseException) -> None:
+        self._items.append((job, item))
+
+    def flush(self) -> None:
+        if not self._items:
+            return
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Generation, GenerationDelta | BaseException]]] = {}
+        for job, item in self._items:
+            by_loop.setdefault(job.loop, []).append((job, item))
+        self._items = []
+        for loop, items in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # a loop closed under a request whose client is gone
+                loop.call_soon_threadsafe(_deliver, items)
+
+
+def _deliver(items: list[tuple[_Generation, GenerationDelta | BaseException]]) -> None:
+    for job, item in items:
+        job.deltas.put_nowait(item)
+
+
 @dataclass
 class _EmbedJob:
     texts: list[str]
@@ -164,6 +197,7 @@ class LlamaCppEngine(InferenceEngine):
         self._grammars: Any = None
         self._grammars_lock = threading.Lock()
         self._prompts = PromptCache(0)
+        self._outbox = _Outbox()
 
     @property
     def max_model_len(self) -> int:
@@ -256,19 +290,15 @@ class LlamaCppEngine(InferenceEngine):
         if options.adapter is not None:
             raise RequestNotSupported("the llama.cpp engine serves no LoRA adapters")
         self._raise_if_dead()
-        loop = asyncio.get_running_loop()
         deltas: asyncio.Queue[GenerationDelta | BaseException] = asyncio.Queue()
         generator = torch.Generator()
-        generator.manual_seed(options.seed if options.seed is not None else torch.seed())
+        generator.manual_seed(options.seed if options.seed is not None else unseeded())
         guide = Guide(self._compile(options.json_schema)) if options.json_schema is not None else None
-
-        def emit(item: GenerationDelta | BaseException) -> None:
-            loop.call_soon_threadsafe(deltas.put_nowait, item)
-
         job = _Generation(
             prompt=await asyncio.to_thread(self.tokenize, prompt) if isinstance(prompt, str) else prompt,
             options=options,
-            emit=emit,
+            loop=asyncio.get_running_loop(),
+            deltas=deltas,
             cancelled=threading.Event(),
             generator=generator,
             guide=guide,
@@ -335,6 +365,8 @@ class LlamaCppEngine(InferenceEngine):
         try:
             while True:
                 block = not running and not waiting
+                if block:
+                    self._outbox.flush()
                 while True:
                     try:
                         item = self._inbox.get(block=block)
@@ -347,6 +379,8 @@ class LlamaCppEngine(InferenceEngine):
                         self._embed(item, native)
                     else:
                         waiting.append(item)
+                if waiting and free:
+                    self._outbox.flush()  # admitting may copy a prompt's state (milliseconds)
                 while waiting and free:
                     job = waiting.pop(0)
                     if job.cancelled.is_set():
@@ -361,7 +395,8 @@ class LlamaCppEngine(InferenceEngine):
             log.exception("the llama.cpp engine stopped")
             self._dead = exc
             for job in running + waiting:
-                job.emit(EngineDeadError(f"the llama.cpp engine stopped: {exc}"))
+                self._outbox.put(job, EngineDeadError(f"the llama.cpp engine stopped: {exc}"))
+            self._outbox.flush()
 
     def _admit(self, job: _Generation, free: list[int], cached: dict[int, list[int]], native: NativeModel) -> None:
         """Give `job` a free sequence, from the longest start of its prompt that a free sequence or the prompt
@@ -396,6 +431,7 @@ class LlamaCppEngine(InferenceEngine):
         self, running: list[_Generation], free: list[int], cached: dict[int, list[int]], native: NativeModel
     ) -> None:
         entries = plan_batch([job.view() for job in running], native.settings.batch_tokens)
+        self._outbox.flush()
         native.decode([(e.token, e.position, e.sequence, e.wants_logits) for e in entries])
         by_sequence = {job.sequence: job for job in running}
         for index, entry in enumerate(entries):
@@ -419,7 +455,7 @@ class LlamaCppEngine(InferenceEngine):
             job.guide.accept(token)
         if native.is_end_of_generation(token) and not options.ignore_eos:
             step = job.stream.step(self._text(job), final=True)
-            job.emit(job.delta(step.text, "stop"))
+            self._outbox.put(job, job.delta(step.text, "stop"))
             job.last_token = None
             return
         job.generated.append(token)
@@ -433,11 +469,11 @@ class LlamaCppEngine(InferenceEngine):
         step = job.stream.step(self._text(job), final=out_of_room)
         if step.stopped or out_of_room:
             reason: FinishReason = "stop" if step.stopped else "length"
-            job.emit(job.delta(step.text, reason))
+            self._outbox.put(job, job.delta(step.text, reason))
             job.last_token = None
             return
         if step.text:
-            job.emit(job.delta(step.text))
+            self._outbox.put(job, job.delta(step.text))
             job.pending_logprobs = []
         job.last_token = token
 

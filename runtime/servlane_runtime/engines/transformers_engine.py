@@ -48,7 +48,7 @@ from .base import (
 )
 from .chat_template import ChatTemplate
 from .text_stream import StopTextStream
-from .transformers_sampling import Guide, penalised, sample
+from .transformers_sampling import Guide, penalised, sample, unseeded
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 _DEFAULT_MAX_LEN = 2048
@@ -201,7 +201,7 @@ class TransformersEngine(InferenceEngine):
         prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else prompt
         n_prompt = len(prompt_ids)
         generator = torch.Generator(device=self._device)
-        generator.manual_seed(options.seed if options.seed is not None else torch.seed())
+        generator.manual_seed(options.seed if options.seed is not None else unseeded())
         stream = StopTextStream(options.stop)
         inputs = torch.tensor([prompt_ids], device=self._device)
         past: Any = None

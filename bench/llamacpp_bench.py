@@ -10,6 +10,9 @@ f16, quantized to Q4_K_M by llama-quantize. Streaming chat completions of MAX_TO
 
 Needs the bench's llama.cpp tools: bash scripts/build-llamacpp.sh --tools (built once, cached).
 Run: .venv/bin/python bench/llamacpp_bench.py [--rounds N] [--label TEXT]   (writes bench/results/llamacpp.json)
+`--sampled`: temperature 0.7 and top_p 0.9 instead of greedy, ours against llama-server only (its top_k and min_p
+off in every request, so both do the same work: temperature, then top-p, then a draw), to
+bench/results/llamacpp_sampled.json.
 """
 
 from __future__ import annotations
@@ -140,8 +143,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--label", default="")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "llamacpp.json")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--sampled", action="store_true", help="temperature 0.7, top_p 0.9; no transformers side")
     args = parser.parse_args()
+    out = args.out or REPO / "bench" / "results" / ("llamacpp_sampled.json" if args.sampled else "llamacpp.json")
+    if args.sampled:
+        # llama-server's default chain also has top_k 40 and min_p 0.05: off, so its draw is over the same set.
+        rb.SAMPLING = {"temperature": 0.7, "top_p": 0.9, "top_k": 0, "min_p": 0.0}
     rb.CONCURRENCIES = CONCURRENCIES
     # llama-server now and then drops a reused keep-alive connection unanswered ("Server disconnected without
     # sending a response", seen in round 2 of the first run): every request on a connection of its own, both sides.
@@ -153,14 +161,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         targets = [ours(OURS, gguf.parent, "llamacpp", workdir), llama_server(gguf)]
-        targets.append(ours(TRANSFORMERS, model_dir, "transformers", workdir))
+        if not args.sampled:
+            targets.append(ours(TRANSFORMERS, model_dir, "transformers", workdir))
         rb.measure_one_at_a_time(targets, args.rounds, workdir)
     facts["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     results: dict[str, Any] = {}
     for concurrency in CONCURRENCIES:
         row: dict[str, Any] = {t.name: rb.summary(t, concurrency) for t in targets}
         row[f"{OURS}_vs_{PEER}_paired"] = rb.paired_ratios(targets[0], targets[1], concurrency)
-        row[f"{OURS}_vs_{TRANSFORMERS}_paired"] = rb.paired_ratios(targets[0], targets[2], concurrency)
+        if len(targets) > 2:
+            row[f"{OURS}_vs_{TRANSFORMERS}_paired"] = rb.paired_ratios(targets[0], targets[2], concurrency)
         row["same_work"] = rb.same_work(row, [t.name for t in targets])
         row["ttft_shape"] = {t.name: rb.ttft_shape(t, concurrency) for t in targets}
         results[str(concurrency)] = row
@@ -174,7 +184,7 @@ def main() -> None:
             "stream": True,
             "max_tokens": rb.MAX_TOKENS,
             "ignore_eos": True,
-            "temperature": 0,
+            "sampling": rb.SAMPLING,
             "concurrencies": list(CONCURRENCIES),
             "requests_per_batch": rb.REQUESTS_PER_BATCH,
             "rounds": args.rounds,
@@ -195,9 +205,9 @@ def main() -> None:
         "results_by_concurrency": results,
         "first_batch_of_a_fresh_server": {t.name: rb.cold_summary(t) for t in targets},
     }
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({c: {k: v for k, v in r.items() if k != "ttft_shape"} for c, r in results.items()}, indent=1))
-    print(f"bench: wrote {args.out}")
+    print(f"bench: wrote {out}")
 
 
 if __name__ == "__main__":

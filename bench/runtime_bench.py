@@ -158,12 +158,16 @@ def _ready(t: Target, workdir: Path) -> bool:
         return False
 
 
+# Sampling fields every request carries (a bench may sample instead of decoding greedily).
+SAMPLING: dict[str, Any] = {"temperature": 0}
+
+
 def request_body(i: int) -> dict[str, Any]:
     return {
         "model": MODEL,
         "messages": [{"role": "user", "content": f"Tell me about Kubernetes, part {i}."}],
         "max_tokens": MAX_TOKENS,
-        "temperature": 0,
+        **SAMPLING,
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},

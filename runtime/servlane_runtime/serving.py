@@ -13,8 +13,9 @@ the engine is given the same ids.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -62,12 +63,18 @@ async def off_loop_if_long(chars: int, work: Callable[..., _T], *args: Any) -> _
 
 
 def text_size(value: Any, limit: int = INLINE_CHARS) -> int:
-    """The characters of the strings in `value` (messages, tools: dicts, lists, strings), counted until past
-    `limit`."""
+    """About how much text a template renders from `value` (messages, tools: JSON-like dicts, lists, strings):
+    the characters of its strings and keys, 1 for any other value (a list of a million numbers is large too),
+    counted until past `limit`."""
     if isinstance(value, str):
         return len(value)
+    if isinstance(value, dict):
+        items: Iterable[Any] = itertools.chain(value.keys(), value.values())
+    elif isinstance(value, list | tuple):
+        items = value
+    else:
+        return 1
     total = 0
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else ()
     for item in items:
         total += text_size(item, limit - total)
         if total > limit:

@@ -21,7 +21,7 @@ def nan_llama_dir(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
 
     A real failure mode (a broken conversion or quantisation) that passes the runtime's warm-up, which
     decodes one token greedily (argmax over NaNs still picks a token), and then fails every sampled
-    request: torch.multinomial rejects NaN probabilities, so the runtime answers 500. The canary
+    request: the sampler refuses probabilities that are not finite, so the runtime answers 500. The canary
     analysis sees genuine 5xx responses counted by the gateway.
     """
     import torch

@@ -142,3 +142,15 @@ def test_without_logprobs_none_are_computed() -> None:
     options = SamplingOptions(max_tokens=1, temperature=0.8, top_p=0.9)
     _, logprob = sample(_logits("peaked", 1000, 1), options, torch.Generator().manual_seed(0), str)
     assert logprob is None
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9, 0.1])
+def test_a_model_with_nan_logits_cannot_be_sampled_from(top_p: float) -> None:
+    """A broken checkpoint (NaN weights) fails every sampled request loudly, as torch.multinomial did, so its
+    canary fails and is rolled back; a greedy pick still returns a token (the runtime's warm-up is greedy)."""
+    logits = torch.full((1000,), float("nan"))
+    options = SamplingOptions(max_tokens=1, temperature=1.0, top_p=top_p)
+    with pytest.raises(RuntimeError, match="not finite"):
+        sample(logits, options, torch.Generator().manual_seed(0), str)
+    greedy, _ = sample(logits, SamplingOptions(max_tokens=1, temperature=0.0), torch.Generator(), str)
+    assert 0 <= greedy < 1000

@@ -3,6 +3,7 @@ top-p sampling with logprobs, and xgrammar's mask for structured outputs (Guide)
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -111,7 +112,12 @@ def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
 
 
 def _draw_cumulative(cumulative: torch.Tensor, probs: torch.Tensor, generator: torch.Generator) -> int:
-    u = torch.rand(1, generator=generator, device=generator.device, dtype=cumulative.dtype) * cumulative[-1]
+    total = float(cumulative[-1])
+    if not math.isfinite(total) or total <= 0:
+        # A broken model (NaN weights from a bad conversion): fail the request loudly, as torch.multinomial did,
+        # rather than draw a token from garbage. A canary of such a model then fails and is rolled back.
+        raise RuntimeError(f"the model's next-token probabilities are not finite (sum {total}): it cannot be sampled")
+    u = torch.rand(1, generator=generator, device=generator.device, dtype=cumulative.dtype) * total
     index = min(int(torch.searchsorted(cumulative, u, right=True)), probs.shape[-1] - 1)
     while index > 0 and probs[index] <= 0:  # u rounded up onto the end: the last token with any mass
         index -= 1

@@ -64,20 +64,16 @@ def draw_top_p(scaled: torch.Tensor, top_p: float, generator: torch.Generator) -
     vocabulary: draw from the whole distribution until the token is in the set, i.e. the mass of the tokens
     likelier than it is below top_p. Accepted draws follow the set's probabilities exactly, and each is
     accepted with the set's mass (>= top_p)."""
-    vocab = scaled.shape[-1]
     every = torch.softmax(scaled, dim=-1)
-    k = min(_FIRST_NUCLEUS, vocab)
-    ids = torch.topk(scaled, k).indices
-    probs = every[ids]
-    kept = _kept(probs, top_p)
-    if kept < k or k == vocab:
-        return int(ids[draw(probs[:kept], generator)])
-    cumulative = torch.cumsum(every, dim=-1)
-    for _ in range(_MAX_REJECTIONS if top_p >= _REJECTION_MIN_TOP_P else 0):
-        token = _draw_cumulative(cumulative, every, generator)
-        if float((every * (every > every[token])).sum()) < top_p:
-            return token
-    ids, probs = nucleus(scaled, top_p)
+    widest = _FIRST_NUCLEUS if top_p >= _REJECTION_MIN_TOP_P else scaled.shape[-1]
+    found = _nucleus_within(scaled, top_p, every, widest)
+    if found is None:
+        cumulative = torch.cumsum(every, dim=-1)
+        for _ in range(_MAX_REJECTIONS):
+            token = _draw_cumulative(cumulative, every, generator)
+            if float((every * (every > every[token])).sum()) < top_p:
+                return token
+    ids, probs = found or nucleus(scaled, top_p, every)
     return int(ids[draw(probs, generator)])
 
 
@@ -88,13 +84,22 @@ def _kept(probs: torch.Tensor, top_p: float) -> int:
     return int(keep.sum())
 
 
-def nucleus(scaled: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The top-p set of softmax(scaled), likeliest first, as (token ids, their probabilities): the smallest
-    prefix of the tokens by probability whose mass reaches top_p (the likeliest always kept). The same set a
-    sort of the whole vocabulary gives, from topk of growing size: the set is found within the first k
-    candidates unless all k are in it."""
+def nucleus(scaled: torch.Tensor, top_p: float, every: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-p set of softmax(scaled) (`every`, when already computed), likeliest first, as (token ids, their
+    probabilities): the smallest prefix of the tokens by probability whose mass reaches top_p (the likeliest
+    always kept). The same set a sort of the whole vocabulary gives."""
+    every = torch.softmax(scaled, dim=-1) if every is None else every
+    found = _nucleus_within(scaled, top_p, every, scaled.shape[-1])
+    assert found is not None, "within the whole vocabulary the set is always found"
+    return found
+
+
+def _nucleus_within(
+    scaled: torch.Tensor, top_p: float, every: torch.Tensor, widest: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The top-p set from topk of growing size (it is within the first k candidates unless all k are in it);
+    None when it is wider than `widest` candidates."""
     vocab = scaled.shape[-1]
-    every = torch.softmax(scaled, dim=-1)
     k = min(_FIRST_NUCLEUS, vocab)
     while True:
         ids = torch.topk(scaled, k).indices
@@ -102,6 +107,8 @@ def nucleus(scaled: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Ten
         kept = _kept(probs, top_p)
         if kept < k or k == vocab:
             return ids[:kept], probs[:kept]
+        if k >= widest:
+            return None
         k = min(k * 8, vocab)
 
 

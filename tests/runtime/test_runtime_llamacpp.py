@@ -7,12 +7,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import openai
 import pytest
 
+from servlane_api.runtime_config import RuntimeConfig
 from servlane_api.runtime_exit import MODEL_LOAD_FAILED
 from servlane_devtools.tiny_model import convert_to_gguf
+from servlane_runtime.engines import create_engine
+from servlane_runtime.engines.base import InferenceEngine
+from servlane_runtime.engines.llamacpp_engine import LlamaCppEngine
+from servlane_runtime.engines.llamacpp_native import NativeModel, NativeSampler, NativeSettings
 from tests.support import request_options, tool_model
+from tests.support.polling import wait_until
 from tests.support.servers import InProcessServer, SubprocessServer, tiny_config
 
 tools_model_dir = tool_model.tools_model_dir
@@ -131,3 +138,80 @@ def test_prompts_beyond_the_sequences_come_back_from_host_memory_with_the_same_a
     shared = {cached for _, _, cached in again_uncached}
     assert len(shared) == 1
     assert 0 < shared.pop() < min(tokens - 1 for _, tokens, _ in again_uncached)
+
+
+def test_llamacpps_sampler_chain_draws_what_the_options_say(gguf_dir: Path) -> None:
+    """Plain requests are sampled by llama.cpp's chain (NativeSampler): greedy is the argmax of the logits, a
+    vanishing top_p leaves the likeliest token, a seed reproduces its draws and another seed draws others, and
+    OpenAI's presence penalty steers away from a token already drawn."""
+    model = NativeModel(str(gguf_dir / "model.gguf"))
+    model.open_context(NativeSettings(sequences=1, sequence_context=64, batch_tokens=64, threads=2, batch_threads=2))
+    try:
+        prompt = model.tokenize("The quick brown fox jumps over the lazy dog", add_special=True)
+        model.decode([(token, i, 0, i == len(prompt) - 1) for i, token in enumerate(prompt)])
+        last = len(prompt) - 1
+        likeliest = int(np.argmax(model.logits(last)))
+
+        def drawn(times: int = 1, **options: float) -> list[int]:
+            settings: dict[str, float] = {"temperature": 0.0, "top_p": 1.0, "presence": 0.0, "frequency": 0.0}
+            sampler = NativeSampler(model.n_vocab, window=16, seed=int(options.pop("seed", 0)), **settings | options)
+            try:
+                return [model.sample(sampler, last) for _ in range(times)]
+            finally:
+                sampler.close()
+
+        assert drawn() == [likeliest]
+        assert drawn(temperature=1.0, top_p=1e-9, seed=3) == [likeliest]
+        hot = {"temperature": 50.0}  # the random model's logits are close: at 50 every token is about as likely
+        assert drawn(20, seed=7, **hot) == drawn(20, seed=7, **hot)
+        assert drawn(20, seed=7, **hot) != drawn(20, seed=8, **hot)
+        assert len(set(drawn(20, seed=7, **hot))) > 1
+        # Each token drawn is counted: a greedy chain with a large presence penalty never repeats itself.
+        penalised = drawn(5, presence=100.0)
+        assert penalised[0] == likeliest
+        assert len(set(penalised)) == 5
+    finally:
+        model.close()
+
+
+def test_plain_and_logprob_requests_get_the_same_greedy_tokens(llamacpp_server: InProcessServer) -> None:
+    """A request asking for logprobs is sampled by the runtime's own sampler (torch), a plain one by llama.cpp's
+    chain: at temperature 0, with and without penalties, both pick the same tokens."""
+    client = openai.OpenAI(base_url=llamacpp_server.v1, api_key="unused", max_retries=0, timeout=120)
+    for presence, frequency in ((0.0, 0.0), (1.5, 0.5)):
+        answers = [
+            client.completions.create(
+                model="tiny-llama",
+                prompt="A canary sends a small share of traffic",
+                max_tokens=24,
+                temperature=0,
+                presence_penalty=presence,
+                frequency_penalty=frequency,
+                logprobs=logprobs,
+                extra_body={"ignore_eos": True},
+            )
+            .choices[0]
+            .text
+            for logprobs in (None, 1)
+        ]
+        assert answers[0] == answers[1], (presence, frequency)
+
+
+def test_a_finished_prompt_is_kept_while_the_engine_idles(gguf_dir: Path) -> None:
+    """The state of a finished request's sequence goes to the prompt cache while the engine has nothing else to
+    do, not when the next request takes the sequence (where the copy would delay that request's first token)."""
+    engines: list[InferenceEngine] = []
+
+    def keep(config: RuntimeConfig, path: str) -> InferenceEngine:
+        engines.append(create_engine(config, path))
+        return engines[-1]
+
+    config = tiny_config(gguf_dir, engine="llamacpp", max_model_len=MAX_MODEL_LEN, llamacpp={"parallel": 1})
+    with InProcessServer(config, keep) as server:
+        server.wait_ready()
+        client = openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=60)
+        prompt = "The quick brown fox jumps over the lazy dog. " * 4
+        client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=4, temperature=0)
+        engine = engines[0]
+        assert isinstance(engine, LlamaCppEngine)
+        wait_until("the idle engine to keep the finished prompt", lambda: len(engine._prompts) == 1, timeout=10)

@@ -3,9 +3,10 @@
 One worker thread owns the model and decodes the running requests together, as llama-server's slots do: each
 step puts every generating request's newest token and chunks of waiting prompts into one batch
 (llamacpp_batches.plan_batch), then samples each request's next token from its logits. Requests beyond the
-context's sequences wait in the engine's queue (admission bounds it). Sampling is the runtime's own
-(transformers_sampling: OpenAI's penalties, top-p, seeds, logprobs, xgrammar's mask for JSON schemas), so the
-answers follow the same rules on every engine; llama.cpp computes the logits.
+context's sequences wait in the engine's queue (admission bounds it). A plain request (temperature, top-p,
+OpenAI's penalties, a seed) is sampled by llama.cpp's own sampler chain, in C, as llama-server samples; one that
+asks for logprobs or a JSON schema by the runtime's own sampler (transformers_sampling, on torch, with xgrammar's
+mask), which follows the same rules on every engine. Both pick the same tokens at temperature 0.
 
 The chat template is the GGUF's own (tokenizer.chat_template), rendered by transformers' Jinja renderer as the
 other engines render theirs.
@@ -45,10 +46,10 @@ from .base import (
 from .chat_template import ChatTemplate
 from .cpu_memory import memory_budget_bytes
 from .llamacpp_batches import SequenceView, pick_sequence, plan_batch
-from .llamacpp_native import NativeModel, NativeSettings, is_gguf, kv_cache_bytes
+from .llamacpp_native import NativeModel, NativeSampler, NativeSettings, is_gguf, kv_cache_bytes
 from .llamacpp_prompt_cache import PromptCache
 from .text_stream import StopTextStream
-from .transformers_sampling import Guide, penalised, sample, unseeded
+from .transformers_sampling import MIN_TEMPERATURE, Guide, penalised, sample, unseeded
 
 log = logging.getLogger(__name__)
 
@@ -124,9 +125,13 @@ class _Generation:
     loop: asyncio.AbstractEventLoop
     deltas: asyncio.Queue[GenerationDelta | BaseException]  # read by generate(), on `loop`
     cancelled: threading.Event
-    generator: torch.Generator
+    seed: int
     guide: Guide | None
     stream: StopTextStream
+    # Sampling: llama.cpp's chain while the request runs (when it asks for nothing beyond what the chain does),
+    # else the runtime's own, on torch.
+    sampler: NativeSampler | None = None
+    generator: torch.Generator | None = None
     sequence: int = -1
     cached: int = 0  # prompt tokens its sequence held, or the prompt cache gave back, when it started
     read: int = 0
@@ -291,8 +296,6 @@ class LlamaCppEngine(InferenceEngine):
             raise RequestNotSupported("the llama.cpp engine serves no LoRA adapters")
         self._raise_if_dead()
         deltas: asyncio.Queue[GenerationDelta | BaseException] = asyncio.Queue()
-        generator = torch.Generator()
-        generator.manual_seed(options.seed if options.seed is not None else unseeded())
         guide = Guide(self._compile(options.json_schema)) if options.json_schema is not None else None
         job = _Generation(
             prompt=await asyncio.to_thread(self.tokenize, prompt) if isinstance(prompt, str) else prompt,
@@ -300,7 +303,7 @@ class LlamaCppEngine(InferenceEngine):
             loop=asyncio.get_running_loop(),
             deltas=deltas,
             cancelled=threading.Event(),
-            generator=generator,
+            seed=options.seed if options.seed is not None else unseeded(),
             guide=guide,
             stream=StopTextStream(options.stop),
         )
@@ -362,11 +365,16 @@ class LlamaCppEngine(InferenceEngine):
         cached: dict[int, list[int]] = {}
         waiting: list[_Generation] = []
         running: list[_Generation] = []
+        unsaved: list[int] = []  # free sequences not yet offered to the prompt cache, the newest last
         try:
             while True:
                 block = not running and not waiting
                 if block:
                     self._outbox.flush()
+                    # Nothing to decode: keep a free sequence's prompt now rather than when a request takes the
+                    # sequence (a copy of its state, ~1 ms a MiB, would then delay that request's first token).
+                    # One at a time, looking for work between them.
+                    block = not self._keep_free_sequence(unsaved, cached, native)
                 while True:
                     try:
                         item = self._inbox.get(block=block)
@@ -386,17 +394,30 @@ class LlamaCppEngine(InferenceEngine):
                     if job.cancelled.is_set():
                         continue
                     self._admit(job, free, cached, native)
+                    if job.sequence in unsaved:
+                        unsaved.remove(job.sequence)
                     running.append(job)
                 for job in [j for j in running if j.cancelled.is_set()]:
                     self._release(job, running, free, cached)
+                    unsaved.append(job.sequence)
                 if running:
-                    self._step(running, free, cached, native)
+                    unsaved.extend(self._step(running, free, cached, native))
         except Exception as exc:  # the model or context failed: nothing more can run
             log.exception("the llama.cpp engine stopped")
             self._dead = exc
             for job in running + waiting:
                 self._outbox.put(job, EngineDeadError(f"the llama.cpp engine stopped: {exc}"))
             self._outbox.flush()
+
+    def _keep_free_sequence(self, unsaved: list[int], cached: dict[int, list[int]], native: NativeModel) -> bool:
+        """Offer the newest free sequence's tokens to the prompt cache; False when none was left to offer."""
+        if not unsaved:
+            return False
+        sequence = unsaved.pop()
+        held = cached.get(sequence, [])
+        if self._prompts.wants(held):
+            self._prompts.put(held, native.sequence_state(sequence))
+        return True
 
     def _admit(self, job: _Generation, free: list[int], cached: dict[int, list[int]], native: NativeModel) -> None:
         """Give `job` a free sequence, from the longest start of its prompt that a free sequence or the prompt
@@ -419,21 +440,39 @@ class LlamaCppEngine(InferenceEngine):
         native.forget(sequence, start=reused)
         job.sequence, job.cached, job.read, job.position = sequence, reused, reused, reused
         job.decoded = list(job.prompt[:reused])
+        options = job.options
+        if options.logprobs is None and job.guide is None:
+            job.sampler = NativeSampler(
+                native.n_vocab,
+                temperature=0.0 if options.temperature <= 0 else max(options.temperature, MIN_TEMPERATURE),
+                top_p=options.top_p,
+                presence=options.presence_penalty,
+                frequency=options.frequency_penalty,
+                window=options.max_tokens,
+                seed=job.seed,
+            )
+        else:
+            job.generator = torch.Generator()
+            job.generator.manual_seed(job.seed)
 
     @staticmethod
     def _release(job: _Generation, running: list[_Generation], free: list[int], cached: dict[int, list[int]]) -> None:
         """The sequence is free again; its KV cache stays for a next request with the same start."""
         running.remove(job)
+        if job.sampler is not None:
+            job.sampler.close()
         cached[job.sequence] = job.decoded
         free.append(job.sequence)
 
     def _step(
         self, running: list[_Generation], free: list[int], cached: dict[int, list[int]], native: NativeModel
-    ) -> None:
+    ) -> list[int]:
+        """Decode one batch and sample every request that wanted logits; the sequences that finished."""
         entries = plan_batch([job.view() for job in running], native.settings.batch_tokens)
         self._outbox.flush()
         native.decode([(e.token, e.position, e.sequence, e.wants_logits) for e in entries])
         by_sequence = {job.sequence: job for job in running}
+        finished: list[int] = []
         for index, entry in enumerate(entries):
             job = by_sequence[entry.sequence]
             job.decoded.append(entry.token)
@@ -441,18 +480,25 @@ class LlamaCppEngine(InferenceEngine):
                 job.read += 1
             job.position += 1
             if entry.wants_logits:
-                self._next_token(job, native.logits(index), native)
+                self._next_token(job, index, native)
                 if job.last_token is None:  # finished
                     self._release(job, running, free, cached)
+                    finished.append(job.sequence)
+        return finished
 
-    def _next_token(self, job: _Generation, raw: np.ndarray, native: NativeModel) -> None:
+    def _next_token(self, job: _Generation, index: int, native: NativeModel) -> None:
         options = job.options
-        logits = penalised(torch.from_numpy(raw), job.counts, options)
-        if job.guide is not None:
-            job.guide.mask(logits)
-        token, logprob = sample(logits, options, job.generator, lambda t: native.piece(t).decode(errors="replace"))
-        if job.guide is not None:
-            job.guide.accept(token)
+        logprob: TokenLogprob | None = None
+        if job.sampler is not None:
+            token = native.sample(job.sampler, index)
+        else:
+            assert job.generator is not None
+            logits = penalised(torch.from_numpy(native.logits(index)), job.counts, options)
+            if job.guide is not None:
+                job.guide.mask(logits)
+            token, logprob = sample(logits, options, job.generator, lambda t: native.piece(t).decode(errors="replace"))
+            if job.guide is not None:
+                job.guide.accept(token)
         if native.is_end_of_generation(token) and not options.ignore_eos:
             step = job.stream.step(self._text(job), final=True)
             self._outbox.put(job, job.delta(step.text, "stop"))

@@ -22,7 +22,7 @@ MIN_CACHED_TOKENS = 16
 @dataclass(frozen=True)
 class CachedPrompt:
     tokens: tuple[int, ...]  # what the state holds, in order
-    state: bytes  # the sequence's KV state, as llama_state_seq_get_data wrote it
+    state: bytearray  # the sequence's KV state, as llama_state_seq_get_data wrote it (llama.cpp reads it in place)
 
 
 class PromptCache:
@@ -54,7 +54,7 @@ class PromptCache:
             return False
         return not any(common_start(e.tokens, tokens) == len(tokens) for e in self._entries.values())
 
-    def put(self, tokens: Sequence[int], state: bytes) -> None:
+    def put(self, tokens: Sequence[int], state: bytearray) -> None:
         """Keep `state` (of `tokens`): entries it extends go (it serves whatever they served), then the least
         recently used until it fits. A state larger than the whole budget is not kept."""
         key = tuple(tokens)

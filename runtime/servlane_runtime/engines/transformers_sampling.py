@@ -14,7 +14,7 @@ import torch
 from .base import SamplingOptions, TokenLogprob
 
 # vLLM raises a temperature in (0, 0.01) to 0.01: below it logits / temperature overflows to inf and NaN.
-_MIN_TEMPERATURE = 1e-2
+MIN_TEMPERATURE = 1e-2
 
 
 def unseeded() -> int:
@@ -34,7 +34,7 @@ def sample(
     if options.temperature <= 0:
         token = int(torch.argmax(logits))
     else:
-        scaled = logits / max(options.temperature, _MIN_TEMPERATURE)
+        scaled = logits / max(options.temperature, MIN_TEMPERATURE)
         if options.top_p < 1.0:
             token = draw_top_p(scaled, options.top_p, generator)
         else:

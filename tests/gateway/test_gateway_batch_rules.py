@@ -205,25 +205,36 @@ def test_free_places_go_to_the_owners_with_the_fewest_in_flight_first() -> None:
 
 
 @pytest.mark.parametrize(
-    "text",
+    ("text", "lines"),
     [
-        "a\nb\n",
-        "a\n\n\nb",
-        "a\r\nb\rc\r\n\r\n",
-        "é\u2028ü\n\x0bend",
-        "\n",
-        "",
-        "no newline at all",
-        "trailing\r",
+        ("a\nb\n", ["a", "b"]),
+        ("a\n\n\nb", ["a", "", "", "b"]),
+        ("a\r\nb\rc\r\n\r\n", ["a", "b\rc", ""]),
+        ("é\u2028ü\n\x0bend\x85", ["é\u2028ü", "\x0bend\x85"]),
+        ("\n", [""]),
+        ("", []),
+        ("no newline at all", ["no newline at all"]),
+        ("trailing\r", ["trailing"]),
     ],
 )
-def test_lines_read_from_chunks_are_the_lines_of_the_whole_text(text: str) -> None:
-    """However a file is cut into chunks (even inside a UTF-8 character or a \\r\\n), its lines are
-    exactly those str.splitlines() finds in the whole text."""
+def test_lines_read_from_chunks_are_the_jsonl_lines_of_the_whole_text(text: str, lines: list[str]) -> None:
+    """However a file is cut into chunks (even inside a UTF-8 character or a \\r\\n), its lines are those
+    JSONL has: ended by LF, a CR before it dropped; no other character ends a line."""
     data = text.encode()
     for size in range(1, len(data) + 2):
         chunks = [data[i : i + size] for i in range(0, len(data), size)]
-        assert list(rules.text_lines(iter(chunks))) == text.splitlines(), size
+        assert list(rules.text_lines(iter(chunks))) == lines, size
+
+
+def test_a_request_whose_text_holds_a_unicode_line_separator_is_one_request() -> None:
+    """JSON lets a string hold U+2028, U+2029 and U+0085 unescaped (json.dumps(ensure_ascii=False) writes them
+    so): the line is one request, not two broken halves."""
+    body = {"model": "chat", "messages": [{"role": "user", "content": "one\u2028two\u2029three\x85four"}]}
+    request = {"custom_id": "sep", "method": "POST", "url": CHAT, "body": body}
+    content = (json.dumps(request, ensure_ascii=False) + "\n" + line("b")).encode()
+    result = rules.validate(content, CHAT, everything)
+    assert result.errors == []
+    assert [r.custom_id for r in result.requests] == ["sep", "b"]
 
 
 def test_a_file_validated_from_its_chunks_is_validated_as_the_whole_file() -> None:

@@ -204,9 +204,10 @@ def validate(
 
 
 def text_lines(content: bytes | Iterable[bytes]) -> Iterator[str]:
-    """The lines of UTF-8 text given in chunks, exactly as str.splitlines() splits the whole text (a line
-    break may fall across chunks; no UTF-8 character holds the byte of a newline). UnicodeDecodeError on the
-    first bad line."""
+    """The JSONL lines of UTF-8 text given in chunks: ended by LF, a CR before it dropped (jsonlines.org), a line
+    break possibly falling across chunks (no UTF-8 character holds the byte of a newline). Not str.splitlines():
+    it also breaks at U+2028, U+0085 and the like, which a JSON string may hold unescaped, and so cut a valid
+    request in two. UnicodeDecodeError on the first bad line."""
     parts: list[bytes] = []  # of the line not yet ended: joined once it ends, not copied chunk after chunk
     for chunk in [content] if isinstance(content, bytes | bytearray) else content:
         *ended, rest = bytes(chunk).split(b"\n")
@@ -214,9 +215,15 @@ def text_lines(content: bytes | Iterable[bytes]) -> Iterator[str]:
             ended[0] = b"".join([*parts, ended[0]])
             parts = []
         for raw in ended:
-            yield from (raw + b"\n").decode("utf-8").splitlines()
+            yield _line(raw)
         parts.append(rest)
-    yield from b"".join(parts).decode("utf-8").splitlines()
+    last = b"".join(parts)
+    if last:
+        yield _line(last)
+
+
+def _line(raw: bytes) -> str:
+    return (raw[:-1] if raw.endswith(b"\r") else raw).decode("utf-8")
 
 
 def _validate_lines(

@@ -448,7 +448,7 @@ class LlamaCppEngine(InferenceEngine):
                 top_p=options.top_p,
                 presence=options.presence_penalty,
                 frequency=options.frequency_penalty,
-                window=options.max_tokens,
+                window=min(options.max_tokens, self._max_len),  # a penalty window: its tokens are allocated
                 seed=job.seed,
             )
         else:

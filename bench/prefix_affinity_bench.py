@@ -53,6 +53,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `bench` is its folder
 from bench.gateway_bench import balanced_orders, code_version, package_version, stop_processes, wait_ready
 from tests.support.ports import free_port
+from tests.support.sse import asse_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVED = "m"
@@ -138,7 +139,7 @@ async def one_request(
         if response.status_code != 200:
             await response.aread()
             return {"status": response.status_code, "error": response.text[:200]}
-        async for line in response.aiter_lines():
+        async for line in asse_lines(response):
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             event = json.loads(line[6:])

@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from bench.batch_interference import percentile
 from bench.gateway_bench import stop_processes, wait_ready
 from tests.support.ports import free_port
+from tests.support.sse import asse_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 NULL = subprocess.DEVNULL
@@ -116,7 +117,7 @@ async def one_request(client: httpx.AsyncClient, body: dict[str, Any]) -> tuple[
         cache = response.headers.get("x-servlane-cache", "")
         if response.status_code != 200:
             return response.status_code, cache, Answer((await response.aread()).decode()[:200], None, None)
-        async for line in response.aiter_lines():
+        async for line in asse_lines(response):
             if not line.startswith("data:") or line[5:].strip() == "[DONE]":
                 continue
             event = json.loads(line[5:])

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -45,6 +45,7 @@ from servlane_api.runtime_config import RuntimeConfig  # noqa: E402
 from tests.support.models import build_tiny_llama  # noqa: E402
 from tests.support.polling import wait_until  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402
+from tests.support.sse import asse_lines  # noqa: E402
 
 MODEL = "tiny-llama"
 MAX_TOKENS = 32
@@ -174,19 +175,6 @@ def request_body(i: int) -> dict[str, Any]:
     }
 
 
-async def sse_lines(response: httpx.Response) -> AsyncIterator[bytes]:
-    """The stream's lines as SSE ends them (LF; servers here send no CR). Not httpx's aiter_lines: it also
-    splits at U+2028, U+0085 and the like, which JSON strings may hold unescaped (a sampled token did, and the
-    half line failed to parse)."""
-    pending = b""
-    async for data in response.aiter_bytes():
-        *lines, pending = (pending + data).split(b"\n")
-        for line in lines:
-            yield line
-    if pending:
-        yield pending
-
-
 async def one_request(client: httpx.AsyncClient, url: str, i: int) -> tuple[float, float, int]:
     """(latency, time to the first content token, completion tokens from the usage chunk)."""
     start = time.perf_counter()
@@ -194,8 +182,8 @@ async def one_request(client: httpx.AsyncClient, url: str, i: int) -> tuple[floa
     tokens = 0
     async with client.stream("POST", url, json=request_body(i)) as response:
         response.raise_for_status()
-        async for line in sse_lines(response):
-            if not line.startswith(b"data: {"):
+        async for line in asse_lines(response):
+            if not line.startswith("data: {"):
                 continue
             chunk = json.loads(line[6:])
             if not ttft and any(c["delta"].get("content") for c in chunk.get("choices", [])):

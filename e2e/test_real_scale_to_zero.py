@@ -52,6 +52,7 @@ from tests.support.real_pods import (
     pods,
     runtime_startup,
 )
+from tests.support.sse import sse_lines
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 
@@ -275,7 +276,7 @@ def stream_chat(base_url: str, max_tokens: int = 8) -> Stream:
             http.stream("POST", base_url + "/chat/completions", json=body) as response,
         ):
             got.status, got.head = response.status_code, time.monotonic() - started
-            for line in response.iter_lines():
+            for line in sse_lines(response):
                 at = time.monotonic() - started
                 if line.startswith(":"):
                     got.keep_alives.append(at)

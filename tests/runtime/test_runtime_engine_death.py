@@ -17,6 +17,7 @@ import pytest
 
 from servlane_api.runtime_exit import ENGINE_DIED
 from tests.support.polling import wait_until
+from tests.support.sse import sse_lines
 from tests.support.vllm import MODEL, vllm_config, vllm_runtime
 
 pytestmark = pytest.mark.slow
@@ -41,7 +42,7 @@ def stream_events(url: str, body: dict[str, object]) -> list[dict[str, object]]:
     events = []
     with httpx.stream("POST", url, json={**body, "stream": True}, timeout=60) as response:
         assert response.status_code == 200
-        for line in response.iter_lines():
+        for line in sse_lines(response):
             if line.startswith("data: {"):
                 events.append(json.loads(line.removeprefix("data: ")))
     return events

@@ -12,6 +12,7 @@ import pytest
 
 from tests.support.polling import wait_until
 from tests.support.servers import InProcessServer
+from tests.support.sse import sse_lines
 
 MODEL = "tiny-llama"
 ENGINES = ["transformers", "llamacpp"]
@@ -126,7 +127,7 @@ def test_completion_stream_ends_with_done(chat_server: InProcessServer) -> None:
     with httpx.stream("POST", chat_server.v1 + "/completions", json=body, timeout=30) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
-        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+        events = [line for line in sse_lines(response) if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]"
     assert len(events) >= 2
 

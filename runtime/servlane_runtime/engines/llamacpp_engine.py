@@ -414,10 +414,13 @@ class LlamaCppEngine(InferenceEngine):
         if not unsaved:
             return False
         sequence = unsaved.pop()
-        held = cached.get(sequence, [])
+        self._keep(cached.get(sequence, []), sequence, native)
+        return True
+
+    def _keep(self, held: list[int], sequence: int, native: NativeModel) -> None:
+        """Copy the state of `sequence`, which holds `held`, into the prompt cache if the cache wants it."""
         if self._prompts.wants(held):
             self._prompts.put(held, native.sequence_state(sequence))
-        return True
 
     def _admit(self, job: _Generation, free: list[int], cached: dict[int, list[int]], native: NativeModel) -> None:
         """Give `job` a free sequence, from the longest start of its prompt that a free sequence or the prompt
@@ -428,8 +431,8 @@ class LlamaCppEngine(InferenceEngine):
         seeded = job.options.seed is not None
         # Looked up before `held` goes in: keeping it may evict the entry that serves this prompt best.
         entry, from_cache = (None, 0) if seeded else self._prompts.best(job.prompt)
-        if len(held) > reused and self._prompts.wants(held):
-            self._prompts.put(held, native.sequence_state(sequence))
+        if len(held) > reused:
+            self._keep(held, sequence, native)
         if seeded:
             # llama.cpp's logits are not bit for bit the same for a prompt read afresh and one whose start was
             # kept (other batch shapes; llama-server says the same of cache_prompt): a seeded request reads its

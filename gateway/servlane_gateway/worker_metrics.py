@@ -4,6 +4,11 @@ A worker that died leaves its files in the multiprocess directory: its counters 
 never goes down), its "live" gauges (in-flight requests) must not, so the worker answering a scrape drops the live
 files of processes that no longer run (prometheus_client's mark_process_dead, which nothing called before).
 
+Each update is written to this process's file at once (so a scrape counts every request answered before it),
+without prometheus_client's fork check: its values call os.getpid() on every update, a system call per
+observation (~12 per request), to notice a fork after the values were made. Workers are spawned, never forked, so
+the pid is read once (`values_without_fork_check`).
+
 Tried and taken back (docs/benchmarks.md): values kept in each worker's memory and written to the
 files once a second cost 0.92x CPU per request, but a scrape right after a request served by another worker did
 not count it yet (e2e/test_namespaces.py): a scrape must count every request answered before it.
@@ -15,6 +20,7 @@ import os
 import re
 from pathlib import Path
 
+from prometheus_client import values
 from prometheus_client.multiprocess import mark_process_dead
 
 _LIVE_FILE = re.compile(r"^gauge_live[a-z]+_(\d+)\.db$")
@@ -47,3 +53,15 @@ def _running(pid: int) -> bool:
     except (OSError, IndexError):
         return True
     return state not in ("Z", "X")  # a zombie (not yet reaped by the supervisor) serves nothing
+
+
+def values_without_fork_check(directory: str | Path) -> bool:
+    """Makes the values created from now on write this process's files without calling os.getpid() per update
+    (prometheus_client's documented `process_identifier`). Only before this process made any value: two value
+    classes would each open the same file and write new series over each other's. False (nothing changed) when
+    this process has files already."""
+    pid = os.getpid()
+    if any(Path(directory).glob(f"*_{pid}.db")):
+        return False
+    values.ValueClass = values.MultiProcessValue(process_identifier=lambda: pid)
+    return True

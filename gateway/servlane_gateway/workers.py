@@ -38,6 +38,7 @@ from fastapi import FastAPI
 from pydantic import SecretStr
 from uvicorn.supervisors import Multiprocess
 
+from servlane_gateway import worker_metrics
 from servlane_gateway.app import create_app
 from servlane_gateway.http.metrics_listener import APP_FACTORY, bind_listeners
 from servlane_gateway.http.server import GatewayHttpProtocol
@@ -193,6 +194,8 @@ def worker_app() -> FastAPI:
     die_with_the_supervisor()
     settings = GatewaySettings.model_validate(json.loads(os.environ[SETTINGS_ENV]))
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not worker_metrics.values_without_fork_check(os.environ[METRICS_DIR_ENV]):
+        log.warning("metrics values were made before the app: they keep prometheus_client's per-update pid check")
     app = create_app(settings)
     tune_garbage_collection()
     return app

@@ -80,3 +80,62 @@ def test_a_running_workers_files_are_kept(tmp_path: Path) -> None:
     finally:
         alive.kill()
         alive.wait(timeout=10)
+
+
+SWAPPED_WRITER = (
+    """
+import os, sys
+from servlane_gateway import worker_metrics
+assert worker_metrics.values_without_fork_check(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+"""
+    + WRITER
+)
+
+
+def test_values_without_the_fork_check_write_the_same_files(tmp_path: Path) -> None:
+    ops = [("inc", "a", 1.0), ("inc", "b", 2.0), ("observe", "a", 0.5), ("observe", "a", 20.0)]
+    ops += [("live", "a", 1.0), ("set", "a", 3.0), ("max", "", 7.0)]
+    plain, swapped = tmp_path / "plain", tmp_path / "swapped"
+    plain.mkdir()
+    swapped.mkdir()
+    write(plain, ops)
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(swapped)}
+    done = subprocess.run([sys.executable, "-c", SWAPPED_WRITER, json.dumps(ops)], env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    assert scrape(swapped) == scrape(plain)
+    assert b'requests_total{model="b"} 2.0' in scrape(swapped)
+
+
+UPDATES_WITHOUT_GETPID = """
+import os, sys
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+from servlane_gateway import worker_metrics
+
+directory = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+assert worker_metrics.values_without_fork_check(directory)
+counter = Counter("requests", "r", ["model"])
+child = counter.labels("a")
+calls = []
+def count_getpid(frame, event, arg):  # prometheus_client holds os.getpid itself: counted as it is called
+    if event == "c_call" and arg is os.getpid:
+        calls.append(1)
+for n in range(1, 51):
+    sys.setprofile(count_getpid)
+    child.inc()
+    sys.setprofile(None)
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, directory)
+    # each update is in the file at once: a scrape by another worker counts it
+    assert f'requests_total{{model="a"}} {float(n)}' in generate_latest(registry).decode(), n
+print(len(calls))
+# a second call finds this process's files and changes nothing
+assert not worker_metrics.values_without_fork_check(directory)
+"""
+
+
+def test_updates_are_in_the_files_at_once_without_a_pid_lookup_each(tmp_path: Path) -> None:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", UPDATES_WITHOUT_GETPID], env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().split() == ["0"]

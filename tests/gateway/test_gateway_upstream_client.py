@@ -190,3 +190,67 @@ async def test_chunks_that_keep_coming_within_the_idle_limit_never_time_out() ->
             await asyncio.wait_for(response.next_chunk(0.5), 30)
         await response.aclose()
         await pool.aclose()
+
+
+def _answer_then_stall(answers: int) -> Handler:
+    """Answers `answers` requests on the connection as keep-alive, then reads the next one and never answers."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for _ in range(answers):
+            await read_request(reader)
+            writer.write(OK)
+            await writer.drain()
+        await read_request(reader)
+        await reader.read()  # stalls until the client closes
+
+    return handler
+
+
+async def test_a_backend_that_never_answers_times_out_at_the_first_byte_limit() -> None:
+    async with serving(_answer_then_stall(0)) as (url, _):
+        pool = UpstreamPool(connect_timeout=2)
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(pool.post(url + "/v1/chat/completions", b"{}", {}, first_byte=0.3), 30)
+        assert 0.3 <= asyncio.get_running_loop().time() - started < 10
+        await pool.aclose()
+
+
+async def test_a_kept_alive_connection_bounds_its_next_head_by_that_request_s_limit() -> None:
+    """The connection's timer is left armed between requests, here for a stream's long idle limit: the next
+    request on the connection must still time out at its own, shorter, first-byte limit."""
+    async with serving(_answer_then_stall(1)) as (url, connections):
+        pool = UpstreamPool(connect_timeout=2)
+        first = await pool.post(url + "/v1/chat/completions", b"{}", {}, first_byte=300.0)
+        assert first.whole_body() == BODY
+        await first.aclose()
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(pool.post(url + "/v1/chat/completions", b"{}", {}, first_byte=0.3), 30)
+        assert asyncio.get_running_loop().time() - started < 10
+        assert len(connections) == 1  # the second request went out on the kept-alive connection
+        await pool.aclose()
+
+
+async def test_answers_on_a_kept_alive_connection_outlast_an_earlier_request_s_limit() -> None:
+    """A timer armed by an earlier request fires while a later one waits within its own limit: the later
+    wait goes on (re-armed for its time left) and gets its answer."""
+
+    async def slow_second(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(OK)
+        await writer.drain()
+        await read_request(reader)
+        await asyncio.sleep(0.6)  # past the first request's limit (armed at its start), within the second's
+        writer.write(OK)
+        await writer.drain()
+        await reader.read()
+
+    async with serving(slow_second) as (url, _):
+        pool = UpstreamPool(connect_timeout=2)
+        first = await pool.post(url + "/v1/chat/completions", b"{}", {}, first_byte=0.4)
+        await first.aclose()
+        second = await asyncio.wait_for(pool.post(url + "/v1/chat/completions", b"{}", {}, first_byte=5.0), 30)
+        assert second.whole_body() == BODY
+        await second.aclose()
+        await pool.aclose()

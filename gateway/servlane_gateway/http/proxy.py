@@ -8,7 +8,6 @@ upstream response, which closes its connection, so the backend stops generating.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Callable
@@ -50,10 +49,10 @@ async def open_upstream(
     pool: UpstreamPool, url: str, body: bytes, headers: dict[str, str], first_byte: float
 ) -> UpstreamResponse:
     """Send the request and wait for the response headers. UpstreamConnectError (refused, unreachable)
-    propagates so the caller can retry elsewhere; a slow backend raises UpstreamTimeout."""
+    propagates so the caller can retry elsewhere; a slow backend raises UpstreamTimeout. The wait is bounded by
+    the connection's own timer, not an asyncio.timeout per request (servlane_gateway.http.upstream)."""
     try:
-        async with asyncio.timeout(first_byte):
-            return await pool.post(url, body, headers)
+        return await pool.post(url, body, headers, first_byte)
     except UpstreamConnectTimeout as exc:
         raise UpstreamTimeout("the backend did not accept the connection in time") from exc
     except TimeoutError as exc:

@@ -4,7 +4,8 @@ Why not httpx here: profiling the gateway showed httpx/httpcore taking most of i
 (anyio stream layers, two writes per request, and a pool that polls every pooled socket on every
 request). The gateway only ever sends one kind of request (POST with a JSON body to a backend it
 trusts) and relays the answer, so this small client over asyncio protocols does just that, with the
-same parser uvicorn uses (httptools). Timeouts stay with the caller (asyncio.timeout per phase).
+same parser uvicorn uses (httptools). The waits for an answer's head and for its chunks are bounded by one
+timer per connection (below); connecting, by asyncio.timeout.
 
 Errors: UpstreamConnectError when the backend cannot be reached (nothing was sent: safe to try another
 backend); UpstreamBroken when the connection failed after the request went out or the answer is malformed.
@@ -67,10 +68,12 @@ class _Connection(asyncio.Protocol):
         self.opened_at = time.monotonic()
         self.idle_since = self.opened_at
         self._loop = asyncio.get_running_loop()
-        # The wait for more of an answer is bounded by one timer per connection, armed when a wait begins and
-        # left armed while the answer flows (data_received only notes the time): a timer per chunk (asyncio.timeout
-        # around each wait) was a third of a relayed token's CPU. It fires at most once per `limit`, and then
-        # either ends the wait (TimeoutError) or re-arms for the time still left.
+        # The waits for an answer (its head, then each chunk) are bounded by one timer per connection, armed when
+        # a wait needs it sooner than it is due and otherwise left armed, across chunks and across the requests
+        # of a kept-alive connection (data_received only notes the time): a timer per chunk (asyncio.timeout
+        # around each wait) was a third of a relayed token's CPU, and one per request's head ~4% of a plain
+        # request's. It fires at most once per `limit`, and then either ends the wait (TimeoutError) or re-arms
+        # for the time still left.
         self.heard_at = self._loop.time()
         self._limit: float | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -81,7 +84,6 @@ class _Connection(asyncio.Protocol):
         self._reset()
 
     def _reset(self) -> None:
-        self._disarm()
         self.status = 0
         self.raw_headers: list[tuple[bytes, bytes]] = []
         self.head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -181,6 +183,24 @@ class _Connection(asyncio.Protocol):
         self._timer_due = due
         self._idle_timer = self._loop.call_at(due, self._idle_check)
 
+    def _bound(self, waiter: asyncio.Future[None], limit: float | None) -> None:
+        """`waiter` is what a caller awaits next; it fails with TimeoutError once the backend has sent nothing
+        for `limit` seconds (None: no bound)."""
+        self.waiter = waiter
+        self._limit = limit
+        if limit is not None and (self._idle_timer is None or self.heard_at + limit < self._timer_due):
+            self._arm(self.heard_at + limit)  # none armed, or for later than this wait allows
+
+    async def answer_head(self, limit: float | None) -> None:
+        """Waits for the head of the answer to the request just sent; TimeoutError when the backend sends
+        nothing for `limit` seconds from now (a head trickled in pieces waits at most `limit` between them)."""
+        self.heard_at = self._loop.time()
+        self._bound(self.head, limit)
+        try:
+            await self.head
+        finally:
+            self.waiter = None
+
     async def next_chunk(self, limit: float | None = None) -> bytes | None:
         """The next body chunk as it arrives, None at the end of the answer; TimeoutError when the backend has
         sent nothing for `limit` seconds (from the last bytes it sent, or the request's answer head)."""
@@ -195,10 +215,7 @@ class _Connection(asyncio.Protocol):
                 return None
             if self.error is not None:
                 raise self.error
-            self._limit = limit
-            if limit is not None and (self._idle_timer is None or self.heard_at + limit < self._timer_due):
-                self._arm(self.heard_at + limit)  # none armed, or for later than this wait allows
-            self.waiter = self._loop.create_future()
+            self._bound(self._loop.create_future(), limit)
             try:
                 await self.waiter
             finally:
@@ -215,6 +232,24 @@ class UpstreamResponse:
         self.status_code = connection.status
         self.headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in connection.raw_headers}
         self._released = False
+
+    def _bound(self, waiter: asyncio.Future[None], limit: float | None) -> None:
+        """`waiter` is what a caller awaits next; it fails with TimeoutError once the backend has sent nothing
+        for `limit` seconds (None: no bound)."""
+        self.waiter = waiter
+        self._limit = limit
+        if limit is not None and (self._idle_timer is None or self.heard_at + limit < self._timer_due):
+            self._arm(self.heard_at + limit)  # none armed, or for later than this wait allows
+
+    async def answer_head(self, limit: float | None) -> None:
+        """Waits for the head of the answer to the request just sent; TimeoutError when the backend sends
+        nothing for `limit` seconds from now (a head trickled in pieces waits at most `limit` between them)."""
+        self.heard_at = self._loop.time()
+        self._bound(self.head, limit)
+        try:
+            await self.head
+        finally:
+            self.waiter = None
 
     async def next_chunk(self, limit: float | None = None) -> bytes | None:
         """The next chunk of the body, None at its end; TimeoutError after `limit` seconds without a byte."""
@@ -236,7 +271,6 @@ class UpstreamResponse:
             return
         self._released = True
         conn = self._connection
-        conn._disarm()
         if conn.complete and not conn.closed and conn.error is None and conn.keep_alive:
             self._pool.release(self._key, conn)
         else:
@@ -300,8 +334,11 @@ class UpstreamPool:
             raise UpstreamConnectError(f"cannot connect to the backend: {exc}") from exc
         return protocol
 
-    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
-        """Send a POST and wait for the answer's status and headers (the caller bounds the wait)."""
+    async def post(
+        self, url: str, body: bytes, headers: dict[str, str], first_byte: float | None = None
+    ) -> UpstreamResponse:
+        """Send a POST and wait for the answer's status and headers: TimeoutError when the backend sends
+        nothing for `first_byte` seconds after the request went out (None: no bound)."""
         host, port, path, host_header = _target(url)
         key = (host, port)
         head = [b"POST ", path, b" HTTP/1.1\r\nhost: ", host_header, b"\r\ncontent-length: ", str(len(body)).encode()]
@@ -317,7 +354,7 @@ class UpstreamPool:
             try:
                 assert connection.transport is not None
                 connection.transport.write(message)  # one write: head and body together
-                await connection.head
+                await connection.answer_head(first_byte)
                 return UpstreamResponse(self, key, connection)
             except UpstreamBroken:
                 connection.close()

@@ -1,4 +1,4 @@
-"""API keys: parsed from a mounted file, held only as SHA-256 hashes, checked in constant time.
+"""API keys: parsed from a mounted file, held only as SHA-256 hashes, looked up by the hash of the key presented.
 
 File format (e.g. one Secret key mounted as a file), one entry per line:
 
@@ -27,9 +27,9 @@ leaves the revoked key valid. A malformed line is reported by its line number on
 from __future__ import annotations
 
 import hashlib
-import hmac
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 from servlane_core.protocol.errors import OpenAIError, model_not_found
 from servlane_core.routing.name_resolution import resolve_name, visible_names
@@ -76,7 +76,7 @@ class ApiKey:
     digest: bytes  # SHA-256 of the key; the key itself is never kept
     scopes: tuple[Scope, ...] | None  # None: everything
 
-    @property
+    @cached_property  # read on every request: computed once per key
     def namespaces(self) -> tuple[str, ...]:
         """The namespaces its scopes name, in the order first listed (none for an admin key): where
         its plain model names resolve."""
@@ -167,6 +167,8 @@ class KeyRing:
         self.enabled = keys is not None or broken
         self.broken = broken
         self.keys = [] if broken else list(keys or [])
+        # By hash: one lookup per request however many teams hold keys (a later entry wins, as it did).
+        self._by_digest = {key.digest: key for key in self.keys}
 
     @classmethod
     def unparsable(cls) -> KeyRing:
@@ -174,13 +176,10 @@ class KeyRing:
         return cls(broken=True)
 
     def find(self, presented: str) -> ApiKey | None:
-        """The key whose hash matches; every stored hash is compared so timing tells nothing."""
-        digest = hash_key(presented)
-        found: ApiKey | None = None
-        for key in self.keys:
-            if hmac.compare_digest(key.digest, digest):
-                found = key
-        return found
+        """The key whose hash matches. Looked up by the presented key's SHA-256, never by the key itself: how
+        long the lookup takes depends on that hash, which a caller cannot steer towards a stored one, so timing
+        tells nothing about the keys (comparing every stored hash per request cost O(keys) per request)."""
+        return self._by_digest.get(hash_key(presented))
 
     def authenticate(self, authorization: str | None) -> ApiKey | None:
         """The caller's key from `Authorization: Bearer ...`; None when access control is off."""

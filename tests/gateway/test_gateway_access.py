@@ -50,6 +50,24 @@ def test_keys_are_held_as_hashes_and_found_by_the_bearer_token() -> None:
     assert keys.find("sk-nope") is None
 
 
+def test_among_many_teams_keys_each_key_finds_its_own_entry_and_no_other() -> None:
+    secrets = [f"sk-team-{n:05d}-0123456789abcdef0123" for n in range(5000)]
+    lines = [f"team-{n}: {secret} ns-{n}/*" for n, secret in enumerate(secrets)]
+    lines.append(f"hashed: sha256:{hashlib.sha256(OPS.encode()).hexdigest()}")
+    keys = KeyRing(parse_keys("\n".join(lines)))
+    for n in (0, 1, 2500, 4999):
+        found = keys.find(secrets[n])
+        assert found is not None and found.name == f"team-{n}" and found.namespaces == (f"ns-{n}",)
+    assert keys.find(OPS).name == "hashed"  # type: ignore[union-attr]
+    assert keys.find(secrets[7] + "x") is None and keys.find(secrets[7][:-1]) is None
+    assert keys.find(hashlib.sha256(secrets[7].encode()).hexdigest()) is None  # a stored hash is not a key
+
+
+def test_one_key_under_two_names_authenticates_as_the_later_entry() -> None:
+    keys = KeyRing(parse_keys(f"first: {ALPHA}\nsecond: {ALPHA} prod/*\n"))
+    assert keys.authenticate(f"Bearer {ALPHA}").name == "second"  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize("header", [None, "", "Bearer", f"Basic {ALPHA}", "Bearer sk-wrong"])
 def test_missing_or_bad_keys_are_401_without_the_key_in_the_message(header: str | None) -> None:
     with pytest.raises(OpenAIError) as caught:

@@ -154,6 +154,23 @@ def test_the_route_table_carries_versions_and_the_feature_cache() -> None:
     assert not bare.routes["default/chat"].response_cache.enabled
 
 
+def test_rebuilt_tables_carry_each_models_current_version() -> None:
+    """The builds remember versions by parsed object: a model parsed again (its manifest changed) is digested
+    again, one handed over unchanged keeps its version, and a table's feature and model routes agree."""
+    feature = AIFeature.model_validate(aifeature("chat", [("chat-v1", 100)]))
+    first = model()
+
+    def versions(table: Any) -> tuple[str, str]:
+        return table.routes["default/chat"].backends[0].version, table.routes["default/chat-v1"].backends[0].version
+
+    assert versions(build_route_table([feature], [first])) == (answer_version(first.spec),) * 2
+    assert versions(build_route_table([feature], [first])) == (answer_version(first.spec),) * 2
+    changed = model(engine="vllm")
+    assert versions(build_route_table([feature], [changed])) == (answer_version(changed.spec),) * 2
+    assert answer_version(changed.spec) != answer_version(first.spec)
+    assert versions(build_route_table([feature], [first])) == (answer_version(first.spec),) * 2
+
+
 def answer(*reasons: str | None) -> bytes:
     choices = [{"index": i, "message": {"content": "x"}, "finish_reason": r} for i, r in enumerate(reasons)]
     return json.dumps({"object": "chat.completion", "choices": choices}).encode()

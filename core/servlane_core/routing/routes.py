@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from servlane_api import AIFeature, AIModel
 from servlane_api.aifeature import FeatureDefaults, ResponseCache, WeightedModel
+from servlane_api.aimodel import AIModelSpec
 from servlane_api.children import service_base_url
 from servlane_api.targets import Target, parse_target
 from servlane_core.routing.model_version import answer_version
@@ -115,10 +116,19 @@ def _base_url(model: AIModel, cluster_domain: str | None) -> str:
     return model.status.endpoint.rstrip("/").removesuffix("/v1")
 
 
-def _backend(model: AIModel, weight: int, adapter: str | None = None, cluster_domain: str | None = None) -> Backend:
+def _backend(
+    model: AIModel,
+    weight: int,
+    adapter: str | None = None,
+    cluster_domain: str | None = None,
+    version: str | None = None,
+) -> Backend:
     """The model's pods; with `adapter`, the same pods answering as that LoRA adapter (the target
-    `model:adapter` is its metrics label, so a canary between adapters is measured per adapter)."""
+    `model:adapter` is its metrics label, so a canary between adapters is measured per adapter). `version`:
+    the model's answer_version when the caller has it already (a digest of the spec: the costly part)."""
     listed = adapter is None or any(a.name == adapter for a in model.spec.adapters)
+    if version is None:
+        version = answer_version(model.spec)
     return Backend(
         model=str(Target(model.name, adapter)),
         namespace=model.namespace,
@@ -126,7 +136,7 @@ def _backend(model: AIModel, weight: int, adapter: str | None = None, cluster_do
         served_model_name=_served_name(model) if adapter is None else adapter,
         ready=is_ready(model) and listed,
         weight=weight,
-        version=answer_version(model.spec) + ("" if adapter is None else f":{adapter}"),
+        version=version + ("" if adapter is None else f":{adapter}"),
         wakes=listed and can_wake(model),
     )
 
@@ -142,7 +152,10 @@ def feature_weights(feature: AIFeature) -> list[WeightedModel]:
 
 
 def _feature_route(
-    feature: AIFeature, models: dict[tuple[str, str], AIModel], cluster_domain: str | None = None
+    feature: AIFeature,
+    models: dict[tuple[str, str], AIModel],
+    cluster_domain: str | None = None,
+    versions: dict[tuple[str, str], str] | None = None,
 ) -> Route:
     backends: list[Backend] = []
     for weighted in feature_weights(feature):
@@ -152,11 +165,39 @@ def _feature_route(
             # A weight on a missing AIModel still shows up (not ready) so the weights gauge tells the truth.
             backends.append(Backend(weighted.model, feature.namespace, "", weighted.model, False, weighted.weight))
         else:
-            backends.append(_backend(model, weighted.weight, target.adapter, cluster_domain))
+            version = versions.get((feature.namespace, target.model)) if versions is not None else None
+            backends.append(_backend(model, weighted.weight, target.adapter, cluster_domain, version))
     spec = feature.spec
     return Route(
         feature.name, feature.namespace, tuple(backends), spec.defaults, True, spec.response_cache, spec.routing
     )
+
+
+class _VersionMemo:
+    """The answer versions of the last build, by spec object. Digesting every spec was most of a rebuild's
+    work, and a rebuild runs while requests are served (bench/route_rebuild_bench.py); the sources hand the
+    same parsed object to the next build while its manifest is unchanged (the watch parses each object once
+    as it comes, the routes file reuses unchanged ones), and a parsed object is never modified. Each entry
+    holds its spec, so an id is never that of another object; each build keeps only its own models'."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, tuple[AIModelSpec, str]] = {}
+
+    def versions(self, models: dict[tuple[str, str], AIModel]) -> dict[tuple[str, str], str]:
+        known, fresh = self._known, {}
+        versions: dict[tuple[str, str], str] = {}
+        for key, model in models.items():
+            spec = model.spec
+            entry = known.get(id(spec))
+            if entry is None or entry[0] is not spec:
+                entry = (spec, answer_version(spec))
+            fresh[id(spec)] = entry
+            versions[key] = entry[1]
+        self._known = fresh  # one assignment: a build on another thread sees the old memo or the new one
+        return versions
+
+
+_answer_versions = _VersionMemo().versions
 
 
 def build_route_table(
@@ -170,6 +211,7 @@ def build_route_table(
     name in its namespace. Plain names come from `serving_namespaces` (resolve_plain_names). With
     `cluster_domain` (the in-cluster watch), each backend is its AIModel's own Service (_base_url)."""
     by_key = {(m.namespace, m.name): m for m in models}
+    versions = _answer_versions(by_key)
     routes: dict[str, Route] = {}
     refused: list[str] = []
     for model in sorted(by_key.values(), key=lambda m: (m.namespace, m.name)):
@@ -177,16 +219,17 @@ def build_route_table(
         if "/" in served:
             refused.append(f"{model.namespace}/{model.name}")
             continue
-        route = Route(served, model.namespace, (_backend(model, 100, None, cluster_domain),), is_feature=False)
+        backend = _backend(model, 100, None, cluster_domain, versions[(model.namespace, model.name)])
+        route = Route(served, model.namespace, (backend,), is_feature=False)
         routes.setdefault(f"{model.namespace}/{served}", route)
     # Adapters by their own names, after every served name of the namespace (which wins a clash).
     for model in sorted(by_key.values(), key=lambda m: (m.namespace, m.name)):
         for adapter in model.spec.adapters:
-            backend = _backend(model, 100, adapter.name, cluster_domain)
+            backend = _backend(model, 100, adapter.name, cluster_domain, versions[(model.namespace, model.name)])
             route = Route(adapter.name, model.namespace, (backend,), is_feature=False)
             routes.setdefault(f"{model.namespace}/{adapter.name}", route)
     for feature in features:
-        routes[f"{feature.namespace}/{feature.name}"] = _feature_route(feature, by_key, cluster_domain)
+        routes[f"{feature.namespace}/{feature.name}"] = _feature_route(feature, by_key, cluster_domain, versions)
     return resolve_plain_names(RouteTable(routes, refused=tuple(refused)), serving_namespaces)
 
 

@@ -20,7 +20,12 @@ from servlane_core.routing.routes import (
     describe_refused,
 )
 from servlane_gateway.routing.kube_watch import RouteObjectStore
-from servlane_gateway.routing.sources import flatten_documents, load_routes_file, parse_objects
+from servlane_gateway.routing.sources import (
+    flatten_documents,
+    load_routes_file,
+    parse_objects,
+    parse_objects_reusing,
+)
 from tests.support.gateway_harness import aifeature, aimodel, picked, route_in
 
 
@@ -238,3 +243,52 @@ def test_a_slash_in_spec_served_name_is_invalid_and_the_gateway_leaves_the_aimod
         table = table_of(aimodel("hf", "http://hf", served="meta-llama/Llama-3"), aimodel("ok", "http://ok"))
     assert table.names() == ["ok"]
     assert any("'hf'" in r.getMessage() and "must not contain '/'" in r.getMessage() for r in caplog.records)
+
+
+def test_a_reload_parses_only_the_objects_that_changed_and_gives_what_a_full_parse_gives() -> None:
+    first_raw = [
+        aimodel("v1", "http://v1:8000/v1"),
+        aimodel("v2", "http://v2:8000/v1"),
+        aifeature("chat", [("v1", 100)]),
+    ]
+    _, models, known = parse_objects_reusing(first_raw, {})
+    assert [m.model_dump() for m in models] == [m.model_dump() for m in parse_objects(first_raw)[1]]
+    second_raw = [
+        aimodel("v1", "http://v1:8000/v1"),
+        aimodel("v2", "http://v2:9000/v1"),
+        aifeature("chat", [("v2", 100)]),
+    ]
+    features2, models2, _ = parse_objects_reusing(second_raw, known)
+    assert models2[0] is models[0]  # unchanged: the earlier object
+    assert models2[1] is not models[1]
+    assert models2[1].status.endpoint == "http://v2:9000/v1"
+    assert features2[0].status.weights[0].model == "v2"
+    expected = parse_objects(second_raw)
+    assert [o.model_dump() for o in features2 + models2] == [o.model_dump() for o in expected[0] + expected[1]]
+
+
+def test_a_value_equal_in_python_but_not_in_the_manifest_is_parsed_again() -> None:
+    """1 == True in Python, but `true` is not what a manifest that said 1 said: whatever validation makes of it
+    (here the same count), it must be its own parse, not the earlier object."""
+    counted = aimodel("v1", "http://v1:8000/v1")
+    counted["spec"]["replicas"] = 1
+    _, models, known = parse_objects_reusing([counted], {})
+    assert models[0].spec.replicas == 1
+    flagged = aimodel("v1", "http://v1:8000/v1")
+    flagged["spec"]["replicas"] = True
+    _, again, _ = parse_objects_reusing([flagged], known)
+    assert again == parse_objects([flagged])[1]  # whatever a fresh parse makes of it, not the earlier object
+    assert again[0] is not models[0]
+
+
+def test_invalid_objects_are_reported_on_every_reload_and_yaml_dates_do_not_break_reuse(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    broken = aimodel("bad", None)
+    broken["spec"]["engine"] = "nope"
+    dated = aimodel("dated", "http://d:8000/v1")
+    dated["metadata"]["creationTimestamp"] = yaml.safe_load("t: 2026-12-06T10:00:00Z")["t"]  # a datetime
+    _, models, known = parse_objects_reusing([broken, dated], {})
+    _, again, _ = parse_objects_reusing([broken, dated], known)
+    assert [m.name for m in models] == [m.name for m in again] == ["dated"]
+    assert sum("ignoring" in r.getMessage() for r in caplog.records) == 2

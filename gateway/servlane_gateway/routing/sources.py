@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import marshal
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -70,10 +71,45 @@ def parse_objects(raw: Iterable[dict[str, Any]]) -> tuple[list[AIFeature], list[
     return split_kinds([parse_object(obj) for obj in raw])
 
 
-def load_objects(path: Path) -> tuple[list[AIFeature], list[AIModel]]:
+# Objects parsed before, by kind, namespace and name: the raw object's exact form and what it parsed to.
+Parsed = dict[tuple[object, object, object], tuple[bytes, AIFeature | AIModel]]
+# marshal's format 2 has no back-references, so the same value always gives the same bytes; and unlike ==,
+# it tells 1, 1.0 and true apart, which a manifest's validation does too.
+_EXACT_FORM = 2
+
+
+def parse_objects_reusing(
+    raw: Iterable[dict[str, Any]], known: Parsed
+) -> tuple[list[AIFeature], list[AIModel], Parsed]:
+    """What parse_objects gives, parsing only the objects that are not exactly as in `known` (an earlier
+    call's result): the validation is most of a reload's work, and a reload mostly changes one or two objects.
+    Also returns this call's parsed objects, for the next call. An invalid object is parsed (and logged) again
+    each time."""
+    typed: list[AIFeature | AIModel | None] = []
+    parsed: Parsed = {}
+    for obj in raw:
+        meta = obj.get("metadata")
+        key = (obj.get("kind"), *((meta.get("namespace"), meta.get("name")) if isinstance(meta, dict) else (0, 0)))
+        try:
+            form: bytes | None = marshal.dumps(obj, _EXACT_FORM)
+        except ValueError:  # a value YAML made that marshal cannot write (a date): parsed every time
+            form = None
+        before = known.get(key)
+        one = before[1] if before is not None and before[0] == form else parse_object(obj)
+        if one is not None and form is not None:
+            parsed[key] = (form, one)
+        typed.append(one)
+    return (*split_kinds(typed), parsed)
+
+
+def read_objects(path: Path) -> list[dict[str, Any]]:
     text = path.read_text()
     documents: list[Any] = [json.loads(text)] if path.suffix == ".json" else list(yaml.safe_load_all(text))
-    return parse_objects(flatten_documents(documents))
+    return flatten_documents(documents)
+
+
+def load_objects(path: Path) -> tuple[list[AIFeature], list[AIModel]]:
+    return parse_objects(read_objects(path))
 
 
 def load_routes_file(path: Path) -> RouteTable:
@@ -101,12 +137,13 @@ class FileRouteSource:
         self._task: asyncio.Task[None] | None = None
         # The objects of the table last delivered, status included (the console shows them).
         self.latest: tuple[list[AIFeature], list[AIModel]] = ([], [])
+        self._parsed: Parsed = {}  # of the last read: what the next read need not parse again
 
     def latest_objects(self) -> tuple[list[AIFeature], list[AIModel]]:
         return self.latest
 
     def _read(self) -> tuple[list[AIFeature], list[AIModel], RouteTable]:
-        features, models = load_objects(self.path)
+        features, models, self._parsed = parse_objects_reusing(read_objects(self.path), self._parsed)
         return features, models, build_route_table(features, models)
 
     async def _load(self, on_table: OnTable) -> None:

@@ -63,5 +63,5 @@ def values_without_fork_check(directory: str | Path) -> bool:
     pid = os.getpid()
     if any(Path(directory).glob(f"*_{pid}.db")):
         return False
-    values.ValueClass = values.MultiProcessValue(process_identifier=lambda: pid)
+    values.ValueClass = values.MultiProcessValue(process_identifier=lambda: pid)  # type: ignore[no-untyped-call]
     return True

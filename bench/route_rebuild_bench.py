@@ -210,7 +210,14 @@ def one_round(
         "changes_confirmed": sum(1 for per in delays if len(per) >= workers),
         # Seconds from each change to each worker's "reloaded routes" line (the new table in use).
         "reload_seconds": delays,
-        "quiet": {"requests": len(quiet), "p50_ms": percentile(quiet, 0.5), "p99_ms": quiet_p99},
+        # The quiet max too: on shared cores the slowest of ~60,000 requests is far above the p99 with no
+        # rebuild at all, and that is what a rebuild's max should be read against.
+        "quiet": {
+            "requests": len(quiet),
+            "p50_ms": percentile(quiet, 0.5),
+            "p99_ms": quiet_p99,
+            "max_ms": max(quiet, default=float("nan")),
+        },
         "during_rebuild": {
             "requests": len(during),
             "p50_ms": percentile(during, 0.5),
@@ -273,6 +280,7 @@ def main() -> None:
         summary[target] = {
             "max_during_over_quiet_p99": {"median": median(ratios), "min": min(ratios), "max": max(ratios)},
             "quiet_p99_ms_median": median([r["quiet"]["p99_ms"] for r in mine]),
+            "quiet_max_ms_median": median([r["quiet"].get("max_ms", float("nan")) for r in mine]),
             "during_p99_ms_median": median([r["during_rebuild"]["p99_ms"] for r in mine]),
             "during_max_ms_median": median([r["during_rebuild"]["max_ms"] for r in mine]),
             "rounds_within_2x": sum(1 for x in ratios if x <= 2),

@@ -57,9 +57,11 @@ def test_among_many_teams_keys_each_key_finds_its_own_entry_and_no_other() -> No
     keys = KeyRing(parse_keys("\n".join(lines)))
     for n in (0, 1, 2500, 4999):
         found = keys.find(secrets[n])
-        assert found is not None and found.name == f"team-{n}" and found.namespaces == (f"ns-{n}",)
+        assert found is not None
+        assert (found.name, found.namespaces) == (f"team-{n}", (f"ns-{n}",))
     assert keys.find(OPS).name == "hashed"  # type: ignore[union-attr]
-    assert keys.find(secrets[7] + "x") is None and keys.find(secrets[7][:-1]) is None
+    assert keys.find(secrets[7] + "x") is None
+    assert keys.find(secrets[7][:-1]) is None
     assert keys.find(hashlib.sha256(secrets[7].encode()).hexdigest()) is None  # a stored hash is not a key
 
 

@@ -254,3 +254,23 @@ async def test_answers_on_a_kept_alive_connection_outlast_an_earlier_request_s_l
         assert second.whole_body() == BODY
         await second.aclose()
         await pool.aclose()
+
+
+async def test_a_head_trickled_byte_by_byte_still_times_out_at_the_first_byte_limit() -> None:
+    """The first-byte limit bounds the whole head: bytes that keep coming do not extend it (as they do for
+    the idle limit between a body's chunks)."""
+
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        for byte in OK:
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    async with serving(trickle) as (url, _):
+        pool = UpstreamPool(connect_timeout=2)
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(pool.post(url + "/v1/chat/completions", b"{}", {}, first_byte=0.5), 30)
+        assert asyncio.get_running_loop().time() - started < 3  # the whole head would take ~4 s
+        await pool.aclose()

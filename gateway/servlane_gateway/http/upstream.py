@@ -76,6 +76,7 @@ class _Connection(asyncio.Protocol):
         # for the time still left.
         self.heard_at = self._loop.time()
         self._limit: float | None = None
+        self._since: float | None = None  # a wait's fixed start (the head's); None: from the last bytes heard
         self._idle_timer: asyncio.TimerHandle | None = None
         self._timer_due = 0.0
         # One parser for the connection's answers, one after another (it starts over after each complete
@@ -172,7 +173,7 @@ class _Connection(asyncio.Protocol):
         waiter, limit = self.waiter, self._limit
         if waiter is None or waiter.done() or limit is None:
             return  # nobody waits for the backend now: the next wait arms the timer again
-        due = self.heard_at + limit
+        due = (self.heard_at if self._since is None else self._since) + limit
         if self._loop.time() >= due:
             waiter.set_exception(TimeoutError())
         else:
@@ -183,19 +184,20 @@ class _Connection(asyncio.Protocol):
         self._timer_due = due
         self._idle_timer = self._loop.call_at(due, self._idle_check)
 
-    def _bound(self, waiter: asyncio.Future[None], limit: float | None) -> None:
-        """`waiter` is what a caller awaits next; it fails with TimeoutError once the backend has sent nothing
-        for `limit` seconds (None: no bound)."""
+    def _bound(self, waiter: asyncio.Future[None], limit: float | None, since: float | None = None) -> None:
+        """`waiter` is what a caller awaits next; it fails with TimeoutError `limit` seconds after `since`, or
+        when None once the backend has sent nothing for `limit` seconds (a `limit` of None: no bound)."""
         self.waiter = waiter
         self._limit = limit
-        if limit is not None and (self._idle_timer is None or self.heard_at + limit < self._timer_due):
-            self._arm(self.heard_at + limit)  # none armed, or for later than this wait allows
+        self._since = since
+        due = (self.heard_at if since is None else since) + (limit or 0.0)
+        if limit is not None and (self._idle_timer is None or due < self._timer_due):
+            self._arm(due)  # none armed, or for later than this wait allows
 
     async def answer_head(self, limit: float | None) -> None:
-        """Waits for the head of the answer to the request just sent; TimeoutError when the backend sends
-        nothing for `limit` seconds from now (a head trickled in pieces waits at most `limit` between them)."""
-        self.heard_at = self._loop.time()
-        self._bound(self.head, limit)
+        """Waits for the whole head of the answer to the request just sent; TimeoutError `limit` seconds from
+        now, however the backend trickles its head."""
+        self._bound(self.head, limit, self._loop.time())
         try:
             await self.head
         finally:
@@ -215,9 +217,10 @@ class _Connection(asyncio.Protocol):
                 return None
             if self.error is not None:
                 raise self.error
-            self._bound(self._loop.create_future(), limit)
+            waiter = self._loop.create_future()
+            self._bound(waiter, limit)
             try:
-                await self.waiter
+                await waiter
             finally:
                 self.waiter = None
 
@@ -232,24 +235,6 @@ class UpstreamResponse:
         self.status_code = connection.status
         self.headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in connection.raw_headers}
         self._released = False
-
-    def _bound(self, waiter: asyncio.Future[None], limit: float | None) -> None:
-        """`waiter` is what a caller awaits next; it fails with TimeoutError once the backend has sent nothing
-        for `limit` seconds (None: no bound)."""
-        self.waiter = waiter
-        self._limit = limit
-        if limit is not None and (self._idle_timer is None or self.heard_at + limit < self._timer_due):
-            self._arm(self.heard_at + limit)  # none armed, or for later than this wait allows
-
-    async def answer_head(self, limit: float | None) -> None:
-        """Waits for the head of the answer to the request just sent; TimeoutError when the backend sends
-        nothing for `limit` seconds from now (a head trickled in pieces waits at most `limit` between them)."""
-        self.heard_at = self._loop.time()
-        self._bound(self.head, limit)
-        try:
-            await self.head
-        finally:
-            self.waiter = None
 
     async def next_chunk(self, limit: float | None = None) -> bytes | None:
         """The next chunk of the body, None at its end; TimeoutError after `limit` seconds without a byte."""

@@ -322,8 +322,8 @@ class UpstreamPool:
     async def post(
         self, url: str, body: bytes, headers: dict[str, str], first_byte: float | None = None
     ) -> UpstreamResponse:
-        """Send a POST and wait for the answer's status and headers: TimeoutError when the backend sends
-        nothing for `first_byte` seconds after the request went out (None: no bound)."""
+        """Send a POST and wait for the answer's status and headers: TimeoutError when they have not all come
+        `first_byte` seconds after the request went out (None: no bound)."""
         host, port, path, host_header = _target(url)
         key = (host, port)
         head = [b"POST ", path, b" HTTP/1.1\r\nhost: ", host_header, b"\r\ncontent-length: ", str(len(body)).encode()]

@@ -6,7 +6,7 @@
 # ms per request (utime + stime of the gateway's processes) and B over A. A version is a folder holding a
 # `servlane_gateway` package (e.g. `git archive <commit> gateway | tar -x -C /tmp/a`), or `-` for this tree.
 # An A/A run (the same folder twice) shows the rig's own spread: within ±4% here.
-# Usage: bench/gateway_ab.sh A_DIR B_DIR [ROUNDS]        (S=seconds per round, default 6)
+# Usage: bench/gateway_ab.sh A_DIR B_DIR [ROUNDS]        (S=seconds per round, default 6; BODY=request body)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -40,7 +40,7 @@ GA=$(start "$A" $PORT_A); GB=$(start "$B" $PORT_B)
 for port in $PORT_A $PORT_B; do
   for _ in $(seq 150); do curl -sf "localhost:$port/ready" >/dev/null && break; sleep 0.2; done
 done
-BODY='{"model":"chat","messages":[{"role":"user","content":"hello there"}],"max_tokens":8}'
+BODY=${BODY:-'{"model":"chat","messages":[{"role":"user","content":"hello there"}],"max_tokens":8}'}  # BODY='{..."stream":true}': streams
 cpu() {  # a child may end between pgrep and the read: it then counts 0
   local t=0 p; for p in $1 $(pgrep -P "$1"); do t=$((t + $(awk '{print $14+$15}' "/proc/$p/stat" 2>/dev/null || echo 0))); done; echo $t
 }

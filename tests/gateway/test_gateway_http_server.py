@@ -4,7 +4,11 @@ and of bodiless answers still sent, over real sockets; and the transport wrapper
 from __future__ import annotations
 
 import socket
+import threading
+import time
 from typing import Any
+
+import pytest
 
 from servlane_gateway.http.server import HeadHoldingTransport
 from tests.support.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
@@ -97,3 +101,79 @@ def test_keep_alive_answers_arrive_whole_one_after_another(
     answer = exchange(gateway.url, get + get + b"GET /health HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
     assert answer.count(b"HTTP/1.1 200 OK\r\n") == 3
     assert answer.count(b'{"status":"ok"}') == 3
+
+
+class FastStreamingBackend:
+    """A backend that answers any request with `events` SSE events of ~1 kB as fast as its socket takes them
+    (blocking writes: when the gateway stops reading, it waits); `sent` counts the events its socket took."""
+
+    def __init__(self, events: int) -> None:
+        pad = "x" * 1000
+        self.events = [f'data: {{"i": {i}, "pad": "{pad}"}}\n\n'.encode() for i in range(events)]
+        self.events.append(b"data: [DONE]\n\n")
+        self.sent = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        with self.listener:
+            conn, _ = self.listener.accept()
+            with conn:
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    request += conn.recv(65536)
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                )
+                for event in self.events:
+                    conn.sendall(b"%x\r\n%b\r\n" % (len(event), event))
+                    self.sent += 1
+                conn.sendall(b"0\r\n\r\n")
+                conn.recv(1)  # until the gateway closes or reuses it
+
+
+def dechunk(data: bytes) -> bytes:
+    """A chunked body's content (read by offsets: a 40 MB body in 40,000 chunks)."""
+    parts: list[bytes] = []
+    at = 0
+    while True:
+        line_end = data.index(b"\r\n", at)
+        size = int(data[at:line_end], 16)
+        if size == 0:
+            return b"".join(parts)
+        parts.append(data[line_end + 2 : line_end + 2 + size])
+        at = line_end + 2 + size + 2
+
+
+@pytest.mark.parametrize("server", ["start_gateway", "start_gateway_on_plain_uvicorn"])
+def test_a_stream_faster_than_its_client_reads_arrives_whole_and_in_order(
+    server: str, request: pytest.FixtureRequest
+) -> None:
+    """The gateway's protocol writes a stream's chunks from the upstream connection's callback while the client
+    keeps up, and through ASGI (which waits for the client) once it does not. A client that reads nothing for a
+    second while a 40 MB stream comes holds the backend back (the gateway stops reading it: it does not buffer
+    the stream for a slow client; the kernel's socket buffers hold a few MB), then gets every byte in the
+    backend's order, under both servers."""
+    backend = FastStreamingBackend(40_000)
+    start: StartGateway = request.getfixturevalue(server)
+    gateway = start([aimodel("chat-v1", backend.url), aifeature("chat", [("chat-v1", 100)])])
+    body = b'{"model": "chat", "stream": true, "messages": [{"role": "user", "content": "hi"}]}'
+    post = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body)
+    )
+    host, port = gateway.url.removeprefix("http://").split(":")
+    with socket.socket() as conn:
+        conn.settimeout(30)
+        conn.connect((host, int(port)))
+        conn.sendall(post)
+        time.sleep(1.0)  # the client reads nothing: the gateway's writes back up (the point of the test)
+        assert backend.sent < len(backend.events) // 2, backend.sent
+        pieces: list[bytes] = []
+        while chunk := conn.recv(1 << 20):
+            pieces.append(chunk)
+    head, _, chunked = b"".join(pieces).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    assert dechunk(chunked) == b"".join(backend.events)

@@ -274,3 +274,35 @@ async def test_a_head_trickled_byte_by_byte_still_times_out_at_the_first_byte_li
             await asyncio.wait_for(pool.post(url + "/v1/chat/completions", b"{}", {}, first_byte=0.5), 30)
         assert asyncio.get_running_loop().time() - started < 3  # the whole head would take ~4 s
         await pool.aclose()
+
+
+async def test_a_sink_takes_chunks_in_order_and_one_that_fails_cuts_the_stream_saying_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Chunks go to the relay's sink as they come while it takes them, else to next_chunk, never out of order;
+    a sink that raises (a bug) ends the stream as broken, and the log says the relay failed."""
+    async with serving(_stream_events([0.05] * 6)) as (url, _):
+        pool = UpstreamPool(connect_timeout=2)
+        response = await pool.post(url + "/v1/chat/completions", b"{}", {})
+        taken: list[bytes] = []
+
+        def take_two(chunk: bytes) -> bool:
+            if len(taken) == 2:
+                return False
+            taken.append(chunk)
+            return True
+
+        response.relay_to(take_two)
+        queued = [await response.next_chunk(5), await response.next_chunk(5)]
+        assert taken == [b"data: 0\n\n", b"data: 1\n\n"]
+        assert queued == [b"data: 2\n\n", b"data: 3\n\n"]
+
+        def broken(chunk: bytes) -> bool:
+            raise RuntimeError("bug")
+
+        response.relay_to(broken)
+        with pytest.raises(UpstreamBroken):
+            await response.next_chunk(5)
+        assert "relaying a chunk failed" in caplog.text
+        await response.aclose()
+        await pool.aclose()

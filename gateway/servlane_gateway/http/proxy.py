@@ -12,11 +12,13 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from servlane_gateway.http.server import BODY_WRITER_EXTENSION, BodyWriter
 from servlane_gateway.http.upstream import (
     UpstreamBroken,
     UpstreamConnectTimeout,
@@ -205,6 +207,7 @@ class RelayResponse(Response):
         self.on_done = on_done
         self.strip_usage = strip_usage  # the client did not ask for the usage chunk: see UsageScanner
         self.tap = tap  # gets every chunk as the backend sent it (the response cache records the stream)
+        self._sending = False  # the loop holds a chunk it is sending through ASGI: later ones queue behind it
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.relay(scope, receive, send)
@@ -214,8 +217,10 @@ class RelayResponse(Response):
         before its backend was up: servlane_gateway.http.held_stream), so only the body follows."""
         result = StreamResult()
         scanner = UsageScanner(self.strip_usage)
+        writer: BodyWriter | None = scope.get("extensions", {}).get(BODY_WRITER_EXTENSION)
         try:
-            await unless_client_leaves(scope, receive, self._relay(send, result, scanner, headers_sent))
+            relaying = self._relay(send, result, scanner, headers_sent, writer)
+            await unless_client_leaves(scope, receive, relaying)
         except (ClientGone, OSError):  # OSError: a send failed, the client went away mid-send
             result.outcome = CLIENT_GONE
         finally:
@@ -230,9 +235,37 @@ class RelayResponse(Response):
                 result.outcome = STREAM_ERROR  # a failure the client sees, though the status was 200
             self.on_done(result)
 
-    async def _relay(self, send: Send, result: StreamResult, scanner: UsageScanner, headers_sent: bool) -> None:
+    async def _relay(
+        self, send: Send, result: StreamResult, scanner: UsageScanner, headers_sent: bool, writer: BodyWriter | None
+    ) -> None:
         if not headers_sent:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        if writer is not None:
+            self.upstream.relay_to(partial(self._pass_on, writer, result, scanner))
+        try:
+            await self._relay_queued(send, result, scanner)
+        finally:
+            self.upstream.relay_to(None)
+
+    def _pass_on(self, writer: BodyWriter, result: StreamResult, scanner: UsageScanner, chunk: bytes) -> bool:
+        """A chunk relayed straight from the upstream connection's callback (the common case: per token, no task
+        switch, no ASGI message), when nothing waits to be sent before it and the client takes more at once;
+        False leaves it to _relay_queued, which sends through ASGI and so waits for a slow client."""
+        if self._sending or not writer.ready():
+            return False
+        if result.first_chunk_at is None:
+            result.first_chunk_at = time.perf_counter()
+            self.upstream.tighten(self.timeouts.idle)  # _relay_queued's wait: from now on, between chunks
+        if self.tap is not None:
+            self.tap(chunk)
+        relayed = scanner.feed(chunk)
+        if relayed:
+            writer.write(relayed)
+            result.done_relayed = scanner.saw_done
+        return True
+
+    async def _relay_queued(self, send: Send, result: StreamResult, scanner: UsageScanner) -> None:
+        """The chunks _pass_on did not take, the stream's end, and its timeouts."""
         ending = b""
         while True:
             wait = self.timeouts.first_byte if result.first_chunk_at is None else self.timeouts.idle
@@ -254,8 +287,13 @@ class RelayResponse(Response):
                 self.tap(chunk)
             relayed = scanner.feed(chunk)
             if relayed:
-                await send(_body(relayed))
+                self._sending = True
+                try:
+                    await send(_body(relayed))
+                finally:
+                    self._sending = False
                 result.done_relayed = scanner.saw_done
+        self.upstream.relay_to(None)  # the end follows through ASGI: nothing may be written after it
         # A held incomplete line goes first, where it would have been without the stripping.
         if rest := scanner.finish() + ending:
             await send(_body(rest))

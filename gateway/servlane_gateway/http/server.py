@@ -9,6 +9,9 @@ changes, both invisible to the ASGI app except through the extension below:
 - a disconnect callback (`DISCONNECT_EXTENSION` in the scope's extensions): the proxy registers a callback
   that the connection's loss calls, where it would otherwise run a watcher task per request that waits for
   `http.disconnect` (servlane_web.client_watch falls back to that under any other server).
+- a body writer (`BODY_WRITER_EXTENSION`): a relayed stream's chunks are written from the upstream connection's
+  callback straight to the client, where ASGI's send costs a task switch, a message and uvicorn's checks per
+  token (servlane_gateway.http.proxy falls back to send under any other server, and whenever it is not ready).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from servlane_web.client_watch import DISCONNECT_EXTENSION
+
+BODY_WRITER_EXTENSION = "servlane.body_writer"
 
 
 class HeadHoldingTransport:
@@ -66,6 +71,36 @@ class HeadHoldingTransport:
         return getattr(self._transport, name)
 
 
+class BodyWriter:
+    """Writes chunks of one response's chunked body to its connection, outside ASGI's send: for a caller that
+    is not a coroutine (a protocol callback), and only while `ready()`, i.e. the response is in the middle of a
+    chunked body (its head sent, its end not), the client is there and its transport takes more (not paused
+    for back-pressure); otherwise the caller sends through ASGI, which waits for the client to drain. Bound to
+    one request's cycle: with pipelined requests the protocol's current cycle may be another's."""
+
+    __slots__ = ("_cycle", "_flow", "_transport")
+
+    def __init__(self, cycle: Any, flow: Any, transport: Any) -> None:
+        self._cycle = cycle
+        self._flow = flow
+        self._transport = transport
+
+    def ready(self) -> bool:
+        cycle = self._cycle
+        return (
+            cycle.response_started
+            and not cycle.response_complete
+            and not cycle.disconnected
+            and cycle.chunked_encoding is True
+            and not self._flow.write_paused
+        )
+
+    def write(self, body: bytes) -> None:
+        """One chunk; the caller has just checked ready() (and an empty body is no chunk: it would end the body)."""
+        if body:
+            self._transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+
+
 class GatewayHttpProtocol(HttpToolsProtocol):
     """Pass as uvicorn's `http` (servlane_gateway.workers.server_options())."""
 
@@ -79,6 +114,13 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super().on_message_begin()
         extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
         extensions[DISCONNECT_EXTENSION] = self._on_disconnect
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:  # not for an upgrade, which makes no cycle
+            extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
+            extensions[BODY_WRITER_EXTENSION] = BodyWriter(cycle, self.flow, cycle.transport)
 
     def _on_disconnect(self, callback: Callable[[], None] | None) -> None:
         if callback is not None and self._lost:

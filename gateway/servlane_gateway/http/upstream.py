@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
+
+log = logging.getLogger(__name__)
 
 PAUSE_AT = 32  # buffered body chunks before reading from the backend pauses (back-pressure)
 MAX_IDLE_PER_HOST = 1024
@@ -96,6 +100,9 @@ class _Connection(asyncio.Protocol):
         self.paused = False
         self.framed = False
         self.keep_alive = False
+        # Takes body chunks as they arrive, from data_received, while nothing is queued before them; False: the
+        # chunk is queued for next_chunk instead (servlane_gateway.http.proxy's relay, when it can write at once).
+        self.sink: Callable[[bytes], bool] | None = None
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -133,6 +140,17 @@ class _Connection(asyncio.Protocol):
             self.head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
+        sink = self.sink
+        if sink is not None and not self.chunks:
+            try:
+                if sink(body):
+                    return
+            except Exception:  # a bug in the relay: said as such (inside the parser it would pass for bad HTTP)
+                log.exception("relaying a chunk failed; the stream is cut")
+                self.sink = None
+                self._fail(UpstreamBroken("the gateway failed to relay the stream"))
+                self.close()
+                return
         self.chunks.append(body)
         if len(self.chunks) >= PAUSE_AT and self.transport is not None and not self.paused:
             self.paused = True
@@ -194,6 +212,12 @@ class _Connection(asyncio.Protocol):
         if limit is not None and (self._idle_timer is None or due < self._timer_due):
             self._arm(due)  # none armed, or for later than this wait allows
 
+    def tighten(self, limit: float) -> None:
+        """The wait in progress (next_chunk's, the sink having taken its chunks) is bounded by `limit` from now
+        on, counted from the last bytes heard."""
+        if self.waiter is not None and not self.waiter.done():
+            self._bound(self.waiter, limit)
+
     async def answer_head(self, limit: float | None) -> None:
         """Waits for the whole head of the answer to the request just sent; TimeoutError `limit` seconds from
         now, however the backend trickles its head."""
@@ -239,6 +263,15 @@ class UpstreamResponse:
     async def next_chunk(self, limit: float | None = None) -> bytes | None:
         """The next chunk of the body, None at its end; TimeoutError after `limit` seconds without a byte."""
         return await self._connection.next_chunk(limit)
+
+    def relay_to(self, sink: Callable[[bytes], bool] | None) -> None:
+        """Hands body chunks to `sink` as they arrive, while none is queued before them and it takes them
+        (returns True); the others wait for next_chunk, in order. None: all wait for next_chunk."""
+        self._connection.sink = sink
+
+    def tighten(self, limit: float) -> None:
+        """The next_chunk in progress times out after `limit` seconds without a byte from now on."""
+        self._connection.tighten(limit)
 
     def whole_body(self) -> bytes | None:
         """The body when all of it has arrived already (a small answer comes with its headers), else None."""

@@ -217,7 +217,8 @@ class RelayResponse(Response):
         before its backend was up: servlane_gateway.http.held_stream), so only the body follows."""
         result = StreamResult()
         scanner = UsageScanner(self.strip_usage)
-        writer: BodyWriter | None = scope.get("extensions", {}).get(BODY_WRITER_EXTENSION)
+        writer_for: Callable[[Send], BodyWriter | None] | None = scope.get("extensions", {}).get(BODY_WRITER_EXTENSION)
+        writer = writer_for(send) if writer_for is not None else None
         try:
             relaying = self._relay(send, result, scanner, headers_sent, writer)
             await unless_client_leaves(scope, receive, relaying)

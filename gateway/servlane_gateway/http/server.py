@@ -9,9 +9,10 @@ changes, both invisible to the ASGI app except through the extension below:
 - a disconnect callback (`DISCONNECT_EXTENSION` in the scope's extensions): the proxy registers a callback
   that the connection's loss calls, where it would otherwise run a watcher task per request that waits for
   `http.disconnect` (servlane_web.client_watch falls back to that under any other server).
-- a body writer (`BODY_WRITER_EXTENSION`): a relayed stream's chunks are written from the upstream connection's
-  callback straight to the client, where ASGI's send costs a task switch, a message and uvicorn's checks per
-  token (servlane_gateway.http.proxy falls back to send under any other server, and whenever it is not ready).
+- a body writer (`BODY_WRITER_EXTENSION`, called with the app's `send`): a relayed stream's chunks are written
+  from the upstream connection's callback straight to the client, where ASGI's send costs a task switch, a
+  message and uvicorn's checks per token (servlane_gateway.http.proxy falls back to send under any other server,
+  and whenever the writer is not ready).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from servlane_web.client_watch import DISCONNECT_EXTENSION
 
@@ -114,13 +115,17 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super().on_message_begin()
         extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
         extensions[DISCONNECT_EXTENSION] = self._on_disconnect
+        extensions[BODY_WRITER_EXTENSION] = self._body_writer
 
-    def on_headers_complete(self) -> None:
-        super().on_headers_complete()
-        cycle = self.cycle
-        if cycle is not None and cycle.scope is self.scope:  # not for an upgrade, which makes no cycle
-            extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
-            extensions[BODY_WRITER_EXTENSION] = BodyWriter(cycle, self.flow, cycle.transport)
+    def _body_writer(self, send: Any) -> BodyWriter | None:
+        """The writer of the response that `send` (the ASGI send the app was given) belongs to, made only for a
+        relayed stream. Found through `send` itself, uvicorn's bound RequestResponseCycle.send, not the protocol's
+        current cycle: with pipelined requests that may be another's. None when `send` is not that (a middleware
+        wrapped it): the relay then sends through ASGI."""
+        cycle = getattr(send, "__self__", None)
+        if not isinstance(cycle, RequestResponseCycle) or cycle.flow is not self.flow:
+            return None
+        return BodyWriter(cycle, self.flow, cycle.transport)
 
     def _on_disconnect(self, callback: Callable[[], None] | None) -> None:
         if callback is not None and self._lost:

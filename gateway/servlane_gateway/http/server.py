@@ -1,7 +1,7 @@
 """The gateway's HTTP/1.1 server protocol: uvicorn's httptools one, with less work per proxied request.
 
-Profiles of the gateway under load put a good part of its CPU per request in uvicorn's protocol. Two
-changes, both invisible to the ASGI app except through the extension below:
+Profiles of the gateway under load put a good part of its CPU per request in uvicorn's protocol. Three
+changes, invisible to the ASGI app except through the two extensions below:
 - one write per whole response: uvicorn writes a response's head as soon as the app starts the response, and
   its body in a second write; a head that announces its Content-Length now waits for the body (or the
   response's end) and goes out with it. Streamed (chunked) responses write their head at once, as before:

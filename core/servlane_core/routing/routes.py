@@ -116,19 +116,11 @@ def _base_url(model: AIModel, cluster_domain: str | None) -> str:
     return model.status.endpoint.rstrip("/").removesuffix("/v1")
 
 
-def _backend(
-    model: AIModel,
-    weight: int,
-    adapter: str | None = None,
-    cluster_domain: str | None = None,
-    version: str | None = None,
-) -> Backend:
+def _backend(model: AIModel, weight: int, adapter: str | None, cluster_domain: str | None, version: str) -> Backend:
     """The model's pods; with `adapter`, the same pods answering as that LoRA adapter (the target
     `model:adapter` is its metrics label, so a canary between adapters is measured per adapter). `version`:
-    the model's answer_version when the caller has it already (a digest of the spec: the costly part)."""
+    the model's answer_version (build_route_table digests each spec once)."""
     listed = adapter is None or any(a.name == adapter for a in model.spec.adapters)
-    if version is None:
-        version = answer_version(model.spec)
     return Backend(
         model=str(Target(model.name, adapter)),
         namespace=model.namespace,
@@ -154,8 +146,8 @@ def feature_weights(feature: AIFeature) -> list[WeightedModel]:
 def _feature_route(
     feature: AIFeature,
     models: dict[tuple[str, str], AIModel],
-    cluster_domain: str | None = None,
-    versions: dict[tuple[str, str], str] | None = None,
+    cluster_domain: str | None,
+    versions: dict[tuple[str, str], str],
 ) -> Route:
     backends: list[Backend] = []
     for weighted in feature_weights(feature):
@@ -165,7 +157,7 @@ def _feature_route(
             # A weight on a missing AIModel still shows up (not ready) so the weights gauge tells the truth.
             backends.append(Backend(weighted.model, feature.namespace, "", weighted.model, False, weighted.weight))
         else:
-            version = versions.get((feature.namespace, target.model)) if versions is not None else None
+            version = versions[(feature.namespace, target.model)]
             backends.append(_backend(model, weighted.weight, target.adapter, cluster_domain, version))
     spec = feature.spec
     return Route(

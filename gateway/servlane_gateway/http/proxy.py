@@ -255,15 +255,20 @@ class RelayResponse(Response):
         if self._sending or not writer.ready():
             return False
         if result.first_chunk_at is None:
-            result.first_chunk_at = time.perf_counter()
             self.upstream.tighten(self.timeouts.idle)  # _relay_queued's wait: from now on, between chunks
-        if self.tap is not None:
-            self.tap(chunk)
-        relayed = scanner.feed(chunk)
+        relayed = self._scan(chunk, result, scanner)
         if relayed:
             writer.write(relayed)
             result.done_relayed = scanner.saw_done
         return True
+
+    def _scan(self, chunk: bytes, result: StreamResult, scanner: UsageScanner) -> bytes:
+        """A chunk from the backend, on either path: timed if first, recorded, scanned; what to relay of it."""
+        if result.first_chunk_at is None:
+            result.first_chunk_at = time.perf_counter()
+        if self.tap is not None:
+            self.tap(chunk)
+        return scanner.feed(chunk)
 
     async def _relay_queued(self, send: Send, result: StreamResult, scanner: UsageScanner) -> None:
         """The chunks _pass_on did not take, the stream's end, and its timeouts."""
@@ -282,11 +287,7 @@ class RelayResponse(Response):
                 break
             if chunk is None:
                 break
-            if result.first_chunk_at is None:
-                result.first_chunk_at = time.perf_counter()
-            if self.tap is not None:
-                self.tap(chunk)
-            relayed = scanner.feed(chunk)
+            relayed = self._scan(chunk, result, scanner)
             if relayed:
                 self._sending = True
                 try:

@@ -389,7 +389,15 @@ def main() -> None:
     parser.add_argument(
         "--one-at-a-time", action="store_true", help="one server alive at a time (our vLLM engine, vllm serve)"
     )
+    parser.add_argument(
+        "--batch-scale",
+        type=int,
+        default=1,
+        help="requests per batch times this (longer batches: less of a round's ratio is one stall's luck)",
+    )
     args = parser.parse_args()
+    for concurrency in REQUESTS_PER_BATCH:
+        REQUESTS_PER_BATCH[concurrency] *= args.batch_scale
     if args.table is not None:
         print(markdown_table(json.loads(args.table.read_text())))
         return
@@ -434,6 +442,7 @@ def main() -> None:
             "ignore_eos": True,
             "concurrencies": list(CONCURRENCIES),
             "requests_per_batch": REQUESTS_PER_BATCH,
+            "batch_scale": args.batch_scale,
             "rounds": args.rounds,
             "order": order,
             "settings": "shipped defaults (ours: dtype auto, eager and torch.compile off and the KV cache sized by "

@@ -54,6 +54,7 @@ CONCURRENCIES: tuple[int, ...] = (1, 8, 32)
 REQUESTS_PER_BATCH = {1: 8, 8: 32, 32: 64}
 ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
 OURS_VLLM, VLLM_SERVE, OURS_TRANSFORMERS = "servlane-vllm", "vllm-serve", "servlane-transformers"
+AA_TWIN = "vllm-serve-twin"  # --aa: the second vllm serve, in our runtime's place
 COLD_STREAMS = 8  # one at a time: the first batch of a fresh server
 # Reuse connections between requests (a bench may turn it off for a server that drops reused ones).
 KEEP_ALIVE = True
@@ -107,7 +108,7 @@ def our_target(name: str, model_dir: Path, engine: str, workdir: Path, shipped: 
     return Target(name, command, port, "/ready", env)
 
 
-def vllm_serve_target(model_dir: Path, shipped: bool = False) -> Target:
+def vllm_serve_target(model_dir: Path, shipped: bool = False, name: str = VLLM_SERVE) -> Target:
     """`shipped`: what our runtime's defaults give vLLM on CPU (eager, torch.compile off, dtype auto, the 1 GiB
     KV cache ours sizes for this model), else bfloat16 and --enforce-eager."""
     port = free_port()
@@ -119,7 +120,7 @@ def vllm_serve_target(model_dir: Path, shipped: bool = False) -> Target:
     if not shipped:
         command += ["--dtype", "bfloat16"]
     env = ENV | {"TORCH_COMPILE_DISABLE": "1"} if shipped else ENV
-    return Target(VLLM_SERVE, command, port, "/v1/models", env)
+    return Target(name, command, port, "/v1/models", env)
 
 
 @contextlib.contextmanager
@@ -395,6 +396,11 @@ def main() -> None:
         default=1,
         help="requests per batch times this (longer batches: less of a round's ratio is one stall's luck)",
     )
+    parser.add_argument(
+        "--aa",
+        action="store_true",
+        help="with --one-at-a-time: vllm serve against itself (an A/A run: the rig's own spread between rounds)",
+    )
     args = parser.parse_args()
     for concurrency in REQUESTS_PER_BATCH:
         REQUESTS_PER_BATCH[concurrency] *= args.batch_scale
@@ -402,15 +408,19 @@ def main() -> None:
         print(markdown_table(json.loads(args.table.read_text())))
         return
     alone = args.one_at_a_time
+    if args.aa and not alone:
+        parser.error("--aa needs --one-at-a-time")
     out = args.out or REPO / "bench" / "results" / ("runtime_alone.json" if alone else "runtime.json")
     facts = machine()
     model_dir = build_tiny_llama()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        targets = [
-            our_target(OURS_VLLM, model_dir, "vllm", workdir, shipped=alone),
-            vllm_serve_target(model_dir, shipped=alone),
-        ]
+        first = (
+            vllm_serve_target(model_dir, shipped=True, name=AA_TWIN)
+            if args.aa
+            else our_target(OURS_VLLM, model_dir, "vllm", workdir, shipped=alone)
+        )
+        targets = [first, vllm_serve_target(model_dir, shipped=alone)]
         if alone:
             measure_one_at_a_time(targets, args.rounds, workdir)
         else:
@@ -420,8 +430,9 @@ def main() -> None:
     results: dict[str, Any] = {}
     for concurrency in CONCURRENCIES:
         row: dict[str, Any] = {t.name: summary(t, concurrency) for t in targets}
-        row["servlane-vllm_vs_vllm-serve"] = ratios(row[OURS_VLLM], row[VLLM_SERVE])
-        row["servlane-vllm_vs_vllm-serve_paired"] = paired_ratios(targets[0], targets[1], concurrency)
+        pair = f"{targets[0].name}_vs_{VLLM_SERVE}"
+        row[pair] = ratios(row[targets[0].name], row[VLLM_SERVE])
+        row[f"{pair}_paired"] = paired_ratios(targets[0], targets[1], concurrency)
         row["same_work"] = same_work(row, [t.name for t in targets])
         row["ttft_shape"] = {t.name: ttft_shape(t, concurrency) for t in targets}
         results[str(concurrency)] = row
@@ -432,7 +443,7 @@ def main() -> None:
         else "interleaved: each round runs every concurrency on every target, target order rotated"
     )
     report = {
-        "benchmark": "runtime_alone" if alone else "runtime",
+        "benchmark": ("runtime_alone_aa" if args.aa else "runtime_alone") if alone else "runtime",
         "label": args.label,
         "model": "tiny-llama (hidden 128, 2 layers, 2 heads of 64, random weights; vLLM bf16, transformers fp32)",
         "load": {

@@ -410,7 +410,8 @@ def main() -> None:
     alone = args.one_at_a_time
     if args.aa and not alone:
         parser.error("--aa needs --one-at-a-time")
-    out = args.out or REPO / "bench" / "results" / ("runtime_alone.json" if alone else "runtime.json")
+    default_out = ("runtime_alone_aa.json" if args.aa else "runtime_alone.json") if alone else "runtime.json"
+    out = args.out or REPO / "bench" / "results" / default_out
     facts = machine()
     model_dir = build_tiny_llama()
     with tempfile.TemporaryDirectory() as tmp:

@@ -23,18 +23,13 @@ from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / layer) for layer in ("api", "core", "gateway")]
+sys.path[:0] = [str(ROOT)] + [str(ROOT / layer) for layer in ("api", "core", "gateway")]
 
+# What bench/stream_bench.py's stub sends: its stream's head, and each token's event, chunked.
+from bench.stream_bench import _EVENT, _STREAM_HEAD, _chunked  # noqa: E402
 from servlane_gateway.http.proxy import RelayResponse, StreamResult, Timeouts, UsageScanner  # noqa: E402
 from servlane_gateway.http.server import BodyWriter, HeadHoldingTransport  # noqa: E402
 from servlane_gateway.http.upstream import UpstreamPool, UpstreamResponse, _Connection  # noqa: E402
-
-# What bench/stream_bench.py's stub sends per token.
-EVENT = (
-    b'data: {"id":"chatcmpl-stub","object":"chat.completion.chunk","created":0,"model":"stub",'
-    b'"choices":[{"index":0,"delta":{"content":"t=%d "},"finish_reason":null}]}\n\n'
-)
-HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
 
 class _DroppingTransport:
@@ -69,14 +64,14 @@ class _Flow:
 async def per_token_us(tokens: int) -> float:
     connection = _Connection()
     connection.connection_made(_DroppingTransport())  # type: ignore[arg-type]
-    connection.data_received(HEAD)
+    connection.data_received(_STREAM_HEAD)
     upstream = UpstreamResponse(UpstreamPool(1.0), ("stub", 1), connection)
     relay = RelayResponse(upstream, Timeouts(1.0, 10.0, 10.0), {"content-type": "text/event-stream"}, lambda _: None)
     client = _DroppingTransport()
     writer = BodyWriter(_Cycle(), _Flow(), HeadHoldingTransport(client))  # type: ignore[arg-type]
     upstream.relay_to(partial(relay._pass_on, writer, StreamResult(), UsageScanner(strip_usage=False)))
     connection.waiter = asyncio.get_running_loop().create_future()  # the relay's wait for queued chunks
-    chunks = [b"%x\r\n%b\r\n" % (len(e), e) for e in (EVENT % (1_733_500_000_000_000_000 + i) for i in range(tokens))]
+    chunks = [_chunked(_EVENT % (1_733_500_000_000_000_000 + i)) for i in range(tokens)]
     started = time.perf_counter()
     for chunk in chunks:
         connection.data_received(chunk)

@@ -3,8 +3,9 @@
 Each gateway app owns a registry (so tests can run several side by side); `/metrics` serves it. Every
 series carries the route's namespace first, so the canary readers select on namespace and feature.
 
-With several worker processes (servlane_gateway.workers) the values live in prometheus_client's
-multiprocess files instead, and `/metrics` in any worker serves the whole pod's sums
+With several worker processes (servlane_gateway.workers) the values go to prometheus_client's multiprocess
+files too (in batches, and all workers' before a scrape: servlane_gateway.worker_metrics), and `/metrics` in
+any worker serves the whole pod's sums
 (`scrape_registry`). Each gauge says how its processes' values combine (`multiprocess_mode`; ignored with
 one process): weights and the limits store are the same in every worker (the most recent / the max), the
 in-flight gauges add up over the live ones.
@@ -59,7 +60,8 @@ def exemplar(trace_id: str | None) -> dict[str, str] | None:
 
 
 class _PodSums:
-    """What a scrape of any worker reports: the multiprocess files' sums, without the in-flight gauges of workers
+    """What a scrape of any worker reports: the multiprocess files' sums, once every worker has written its latest
+    values into them (worker_metrics.flush_pod), without the in-flight gauges of workers
     that died, and without the weight series of models no longer routed to: the files cannot drop a series, and a
     dashboard (or a check that the gateway sends a feature to one model only) must not see a rolled-back canary
     linger at 0. Every worker routes by the same table, so the answering worker's is it."""
@@ -69,6 +71,7 @@ class _PodSums:
         self.metrics = metrics
 
     def collect(self) -> Iterable[Metric]:
+        worker_metrics.FILES.flush_pod()  # every worker's counts so far written: a scrape counts them all
         worker_metrics.forget_dead_workers(os.environ["PROMETHEUS_MULTIPROC_DIR"])
         for family in self.collector.collect():
             if family.name == contract.WEIGHT:

@@ -8,9 +8,11 @@ across the processes, and how:
   the cluster watch), so they agree within that source's own delay;
 - rate limits and quotas: in Redis when one is set, shared by processes and replicas alike; limits kept in
   memory allow one process only (the settings refuse more; the automatic count picks 1);
-- metrics: prometheus_client's multiprocess mode (one file per process in a directory emptied at start), so
-  /metrics (on the metrics port, which every worker accepts on as on the API port) in any worker reports
-  the pod's sums (and drops the in-flight gauges of dead workers: servlane_gateway.worker_metrics).
+- metrics: prometheus_client's multiprocess files (one per process in a directory emptied at start), each
+  worker counting in its memory and writing its files in batches, and all of them just before a scrape
+  (servlane_gateway.worker_metrics), so /metrics (on the metrics port, which every worker accepts on as on
+  the API port) in any worker reports the pod's sums, every request answered before it counted (and drops
+  the in-flight gauges of dead workers).
   With several workers there are no exemplars (trace links),
   and the series of a removed route or pod stay until the gateway restarts (the weights are filtered to
   the models routed to now: gateway_metrics._PodSums).
@@ -194,8 +196,7 @@ def worker_app() -> FastAPI:
     die_with_the_supervisor()
     settings = GatewaySettings.model_validate(json.loads(os.environ[SETTINGS_ENV]))
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not worker_metrics.values_without_fork_check(os.environ[METRICS_DIR_ENV]):
-        log.warning("metrics values were made before the app: they keep prometheus_client's per-update pid check")
+    worker_metrics.FILES.start(os.environ[METRICS_DIR_ENV])  # before the app makes its metrics
     app = create_app(settings)
     tune_garbage_collection()
     return app

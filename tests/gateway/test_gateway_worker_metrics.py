@@ -1,19 +1,27 @@
-"""Gateway workers' metrics files (servlane_gateway.worker_metrics): a dead worker's in-flight gauges leave the
-sums, its counts stay, a running worker's files are kept. Each writer is a process of its own (files are named by
-pid)."""
+"""A gateway worker's metrics in memory, written to prometheus_client's multiprocess files in batches
+(servlane_gateway.worker_metrics): what a scrape sums must be what prometheus_client's own per-write files give,
+a scrape must count a sibling's values at once (it asks the sibling to write them), a sibling that never answers
+must neither hang the scrape nor be behind for longer than the flush interval, and a dead worker's in-flight
+gauges must go.
+
+Each side runs in a process of its own: the value class is chosen per process, and the files are named by pid."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from servlane_gateway import worker_metrics
+from tests.support.polling import wait_until
 
 # One of every kind the gateway uses: counters, histograms, gauges summed over live workers, the most recent,
 # the max. Then the operations `ops` lists, on the children `ops` names, by the gateway's own writers.
@@ -21,8 +29,11 @@ WRITER = """
 import json, os, sys
 from prometheus_client import Counter, Gauge, Histogram
 from servlane_gateway.gateway_metrics import Increment, Observe
+from servlane_gateway import worker_metrics
 
-ops = json.loads(sys.argv[1])
+mode, ops = sys.argv[1], json.loads(sys.argv[2])
+if mode == "batched":
+    worker_metrics.FILES.start(os.environ["PROMETHEUS_MULTIPROC_DIR"])
 counter = Counter("requests", "r", ["model"])
 histogram = Histogram("seconds", "s", ["model"], buckets=(0.1, 1.0, 10.0))
 live = Gauge("in_flight", "i", ["model"], multiprocess_mode="livesum")
@@ -39,7 +50,23 @@ for op, model, amount in ops:
         recent.labels(model).set(amount)
     else:
         top.set(amount)
+if mode == "batched":
+    worker_metrics.FILES.flush()
+if len(sys.argv) > 3:  # stay alive until told (the freshness test)
+    print("ready", flush=True)
+    sys.stdin.readline()
 """
+
+
+def random_ops(seed: int, count: int = 300) -> list[tuple[str, str, float]]:
+    rng = random.Random(seed)
+    ops = []
+    for _ in range(count):
+        op = rng.choice(["inc", "observe", "live", "set", "max"])
+        amount = {"inc": rng.choice([1, 1, 1, 2.5]), "observe": rng.choice([0.05, 0.1, 0.5, 3, 20]),
+                  "live": rng.choice([1, -1]), "set": rng.randint(0, 100), "max": rng.random()}[op]  # fmt: skip
+        ops.append((op, rng.choice(["a", "b", "c"]), float(amount)))
+    return ops
 
 
 def scrape(directory: Path) -> bytes:
@@ -49,15 +76,79 @@ def scrape(directory: Path) -> bytes:
     return b"\n".join(sorted(generate_latest(registry).splitlines()))
 
 
-def write(directory: Path, ops: list[tuple[str, str, float]]) -> None:
+def write(mode: str, directory: Path, ops: list[tuple[str, str, float]]) -> None:
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
-    done = subprocess.run([sys.executable, "-c", WRITER, json.dumps(ops)], env=env, capture_output=True)
+    done = subprocess.run([sys.executable, "-c", WRITER, mode, json.dumps(ops)], env=env, capture_output=True)
     assert done.returncode == 0, done.stderr.decode()
+
+
+def test_the_sums_are_those_of_prometheus_clients_own_files(tmp_path: Path) -> None:
+    for seed in range(3):
+        ops = random_ops(seed)
+        results = {}
+        for mode in ("library", "batched"):
+            directory = tmp_path / f"{mode}-{seed}"
+            directory.mkdir()
+            for half in (ops[: len(ops) // 2], ops[len(ops) // 2 :]):  # two workers, one after the other
+                write(mode, directory, half)
+            results[mode] = scrape(directory)
+        assert b"requests_total" in results["library"]
+        assert b"seconds_bucket" in results["library"]
+        assert results["batched"] == results["library"], seed
+
+
+def start_sibling(directory: Path, ops: list[tuple[str, str, float]]) -> subprocess.Popen[bytes]:
+    """A batched worker that made `ops` and wrote none of them itself: it stays alive until killed."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
+    script = WRITER.replace('if mode == "batched":\n    worker_metrics.FILES.flush()\n', "")
+    assert script != WRITER
+    sibling = subprocess.Popen(
+        [sys.executable, "-c", script, "batched", json.dumps(ops), "wait"],
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert sibling.stdout is not None
+    assert sibling.stdout.readline().strip() == b"ready"
+    return sibling
+
+
+def test_a_scrape_counts_a_siblings_values_at_once(tmp_path: Path) -> None:
+    # 3 flush intervals: a periodic write long before the ask would also pass, so the files are read right after
+    # the ask, and the sibling writes its first batch 1 s after its start (FLUSH_SECONDS) at the earliest.
+    sibling = start_sibling(tmp_path, [("inc", "a", 1.0)] * 7)
+    try:
+        started = time.monotonic()
+        late = worker_metrics.ask_siblings(tmp_path)
+        asked_within = time.monotonic() - started
+        assert late == []
+        assert b'requests_total{model="a"} 7.0' in scrape(tmp_path)
+        assert asked_within < worker_metrics.SIBLING_WAIT_SECONDS
+    finally:
+        sibling.kill()
+        sibling.wait(timeout=10)
+
+
+def test_a_sibling_that_does_not_answer_neither_hangs_the_scrape_nor_stays_behind(tmp_path: Path) -> None:
+    sibling = start_sibling(tmp_path, [("inc", "a", 1.0)] * 3)
+    try:
+        os.kill(sibling.pid, signal.SIGSTOP)  # alive, files and all, but answering nothing
+        started = time.monotonic()
+        assert worker_metrics.ask_siblings(tmp_path) == [sibling.pid]
+        assert time.monotonic() - started < worker_metrics.SIBLING_WAIT_SECONDS * 4
+        os.kill(sibling.pid, signal.SIGCONT)
+        wait_until(
+            "the sibling's 3 requests in the files by its own periodic write",
+            lambda: b'requests_total{model="a"} 3.0' in scrape(tmp_path),
+            timeout=worker_metrics.FLUSH_SECONDS * 5,
+            interval=0.05,
+        )
+    finally:
+        sibling.kill()
+        sibling.wait(timeout=10)
 
 
 def test_a_dead_workers_in_flight_requests_leave_the_sums_and_its_counts_stay(tmp_path: Path) -> None:
     ops = [("inc", "a", 1.0), ("live", "a", 1.0), ("live", "a", 1.0)]  # killed with two requests in flight
-    write(tmp_path, ops)
+    write("batched", tmp_path, ops)
     before = scrape(tmp_path)
     assert b'in_flight{model="a"} 2.0' in before
     removed = worker_metrics.forget_dead_workers(tmp_path)
@@ -80,62 +171,3 @@ def test_a_running_workers_files_are_kept(tmp_path: Path) -> None:
     finally:
         alive.kill()
         alive.wait(timeout=10)
-
-
-SWAPPED_WRITER = (
-    """
-import os, sys
-from servlane_gateway import worker_metrics
-assert worker_metrics.values_without_fork_check(os.environ["PROMETHEUS_MULTIPROC_DIR"])
-"""
-    + WRITER
-)
-
-
-def test_values_without_the_fork_check_write_the_same_files(tmp_path: Path) -> None:
-    ops = [("inc", "a", 1.0), ("inc", "b", 2.0), ("observe", "a", 0.5), ("observe", "a", 20.0)]
-    ops += [("live", "a", 1.0), ("set", "a", 3.0), ("max", "", 7.0)]
-    plain, swapped = tmp_path / "plain", tmp_path / "swapped"
-    plain.mkdir()
-    swapped.mkdir()
-    write(plain, ops)
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(swapped)}
-    done = subprocess.run([sys.executable, "-c", SWAPPED_WRITER, json.dumps(ops)], env=env, capture_output=True)
-    assert done.returncode == 0, done.stderr.decode()
-    assert scrape(swapped) == scrape(plain)
-    assert b'requests_total{model="b"} 2.0' in scrape(swapped)
-
-
-UPDATES_WITHOUT_GETPID = """
-import os, sys
-from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.multiprocess import MultiProcessCollector
-from servlane_gateway import worker_metrics
-
-directory = os.environ["PROMETHEUS_MULTIPROC_DIR"]
-assert worker_metrics.values_without_fork_check(directory)
-counter = Counter("requests", "r", ["model"])
-child = counter.labels("a")
-calls = []
-def count_getpid(frame, event, arg):  # prometheus_client holds os.getpid itself: counted as it is called
-    if event == "c_call" and arg is os.getpid:
-        calls.append(1)
-for n in range(1, 51):
-    sys.setprofile(count_getpid)
-    child.inc()
-    sys.setprofile(None)
-    registry = CollectorRegistry()
-    MultiProcessCollector(registry, directory)
-    # each update is in the file at once: a scrape by another worker counts it
-    assert f'requests_total{{model="a"}} {float(n)}' in generate_latest(registry).decode(), n
-print(len(calls))
-# a second call finds this process's files and changes nothing
-assert not worker_metrics.values_without_fork_check(directory)
-"""
-
-
-def test_updates_are_in_the_files_at_once_without_a_pid_lookup_each(tmp_path: Path) -> None:
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", UPDATES_WITHOUT_GETPID], env=env, capture_output=True)
-    assert done.returncode == 0, done.stderr.decode()
-    assert done.stdout.decode().split() == ["0"]

@@ -5,12 +5,15 @@ can tell how much of the gateway's CPU per request its server (uvicorn with the 
 what another server (Granian's RSGI, its Rust HTTP layer) would save.
 
 Run by the bench, never imported by the project: `MINIMAL_PROXY_UPSTREAM` is the stub's URL.
-- uvicorn: `python bench/minimal_proxy.py uvicorn PORT` (uvloop, the gateway's GatewayHttpProtocol);
+- uvicorn: `python bench/minimal_proxy.py uvicorn PORT` (uvloop, the gateway's own server settings:
+  GatewayHttpProtocol, no proxy-headers middleware, no access log);
+- raw: `python bench/minimal_proxy.py raw PORT` (uvloop, an asyncio protocol of its own, no ASGI);
 - Granian: `granian --interface rsgi --workers 1 --runtime-threads 1 --loop uvloop minimal_proxy:rsgi_app`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from typing import Any
@@ -63,10 +66,55 @@ class RsgiApp:
 
 rsgi_app = RsgiApp()
 
-if __name__ == "__main__":
+
+class RawProxyProtocol(asyncio.Protocol):
+    """No ASGI at all: httptools parses the request, a task forwards it, the answer goes out in one write.
+    Keep-alive only, no pipelining, no chunked request bodies: the least a server layer can do for this load."""
+
+    def __init__(self) -> None:
+        import httptools
+
+        self._parser = httptools.HttpRequestParser(self)
+        self._parts: list[bytes] = []
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self._parser.feed_data(data)
+
+    def on_body(self, body: bytes) -> None:
+        self._parts.append(body)
+
+    def on_message_complete(self) -> None:
+        body, self._parts = b"".join(self._parts), []
+        asyncio.get_running_loop().create_task(self._answer(body))
+
+    async def _answer(self, body: bytes) -> None:
+        status, whole = await forward(body)
+        head = b"HTTP/1.1 %d OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % (status, len(whole))
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(head + whole)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+
+
+async def serve_raw(port: int) -> None:
+    server = await asyncio.get_running_loop().create_server(RawProxyProtocol, "127.0.0.1", port)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__" and sys.argv[1] == "raw":
+    import uvloop
+
+    uvloop.run(serve_raw(int(sys.argv[2])))
+elif __name__ == "__main__":
     import uvicorn
 
-    from servlane_gateway.http.server import GatewayHttpProtocol
+    from servlane_gateway.workers import server_options
 
     port = int(sys.argv[2])
-    uvicorn.run(asgi_app, host="127.0.0.1", port=port, loop="uvloop", http=GatewayHttpProtocol, log_level="warning")
+    uvicorn.run(asgi_app, host="127.0.0.1", port=port, loop="uvloop", log_level="warning", **server_options())

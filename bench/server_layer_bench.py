@@ -5,6 +5,8 @@ Every target fronts the same stub (bench/gateway_bench.py --serve-stub) and gets
 (user and system, from /proc) is divided by the requests it answered:
   - minimal-uvicorn: bench/minimal_proxy.py on uvicorn with the gateway's own protocol (GatewayHttpProtocol) and
     its upstream client: the gateway's server layer with none of its features;
+  - minimal-raw: the same proxy with no ASGI server at all (bench/minimal_proxy.py's RawProxyProtocol: httptools
+    parses, one task per request, one write per answer): the least a Python server layer can cost;
   - minimal-granian: the same proxy on Granian's RSGI interface (its HTTP layer in Rust), when `--granian BIN`
     is given (`python3.11 -m venv /tmp/granian-venv && /tmp/granian-venv/bin/pip install granian uvloop
     httptools`); one worker, one runtime thread;
@@ -90,6 +92,9 @@ def start_targets(
     port = free_port()
     command = [sys.executable, str(BENCH / "minimal_proxy.py"), "uvicorn", str(port)]
     targets["minimal-uvicorn"] = (port, subprocess.Popen(command, env=env, stdout=NULL, stderr=NULL))
+    port = free_port()
+    command = [sys.executable, str(BENCH / "minimal_proxy.py"), "raw", str(port)]
+    targets["minimal-raw"] = (port, subprocess.Popen(command, env=env, stdout=NULL, stderr=NULL))
     if granian:
         port = free_port()
         command = [granian, "--interface", "rsgi", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",

@@ -175,9 +175,23 @@ def respond(state: GatewayState, call: Call, upstream: UpstreamResponse, content
         call.namespace, call.feature, call.model, upstream.status_code, elapsed, trace_id=call.trace_id
     )
     note(state, call, upstream.status_code, elapsed, ttft=elapsed if upstream.status_code < 400 else None)
-    response = Response(content, status_code=upstream.status_code, headers=headers)
+    response = WholeAnswer(content, upstream.status_code, headers)
     state.metrics.added.observe(call.gateway_seconds + time.perf_counter() - after_upstream)
     return response
+
+
+class WholeAnswer(Response):
+    """A backend's whole answer as the client gets it: what Starlette's Response makes of the same content, status
+    and headers, without its general header handling per request (the names here are lower-case already)."""
+
+    def __init__(self, content: bytes, status_code: int, headers: dict[str, str]) -> None:
+        self.status_code = status_code
+        self.background = None
+        self.body = content
+        raw = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
+        if status_code >= 200 and status_code not in (204, 304):  # as Response: no length for these
+            raw.append((b"content-length", b"%d" % len(content)))
+        self.raw_headers = raw
 
 
 def _usage_of(content: bytes) -> object:

@@ -323,11 +323,13 @@ class GatewayMetrics:
             )
             self._token_children[key] = children
         total = 0
-        for name, child in zip(("prompt_tokens", "completion_tokens"), children, strict=True):
-            value = usage.get(name)
-            if isinstance(value, int) and value > 0:
-                child.inc(value)
-                total += value
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if isinstance(prompt, int) and prompt > 0:
+            children[0].inc(prompt)
+            total = prompt
+        if isinstance(completion, int) and completion > 0:
+            children[1].inc(completion)
+            total += completion
         return total
 
     def set_weights(self, table: RouteTable) -> None:

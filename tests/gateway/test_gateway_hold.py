@@ -8,6 +8,7 @@ release latency from `/ready` answering 200 to the request reaching the upstream
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Iterator
@@ -244,7 +245,7 @@ def test_requests_held_during_a_canary_are_released_along_the_features_weights(
     gw = start_gateway(objects)
     ids = [f"req-{i}" for i in range(40)]
     route = route_in(gw.state.table, "chat")
-    as_ready = route.__class__(**{**route.__dict__, "backends": tuple(_ready(b) for b in route.backends)})
+    as_ready = dataclasses.replace(route, backends=tuple(_ready(b) for b in route.backends))
     expected = {i: pick_backend(as_ready, i).model for i in ids}  # type: ignore[union-attr]
     assert set(expected.values()) == {"v1", "v2"}
     with ThreadPoolExecutor(len(ids)) as pool:

@@ -101,6 +101,9 @@ def test_keep_alive_answers_arrive_whole_one_after_another(
     answer = exchange(gateway.url, get + get + b"GET /health HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
     assert answer.count(b"HTTP/1.1 200 OK\r\n") == 3
     assert answer.count(b'{"status":"ok"}') == 3
+    # Each answer dated, none naming the server software (uvicorn's default header, turned off).
+    assert answer.lower().count(b"\r\ndate: ") == 3
+    assert b"\r\nserver:" not in answer.lower()
 
 
 class FastStreamingBackend:

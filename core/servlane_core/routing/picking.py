@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from servlane_core.routing.routes import Backend, Route
 
@@ -24,6 +24,8 @@ def bucket_of(sticky_id: str) -> int:
 def ready_backends(route: Route, exclude: Collection[str] = ()) -> list[Backend]:
     """Ready backends with a positive weight; if all ready ones have weight 0, they share equally, so a
     feature whose weighted backends are all down still answers from whatever is up."""
+    if not exclude:
+        return list(route.candidates[0])
     ready = [b for b in route.backends if b.ready and b.model not in exclude]
     weighted = [b for b in ready if b.weight > 0]
     return weighted or ready
@@ -51,10 +53,13 @@ def pick_backend(
     rng: random.Random | None = None,
 ) -> Backend | None:
     """The backend for one request, or None when no backend is ready."""
-    candidates = ready_backends(route, exclude)
-    if not candidates:
-        return None
-    weights = _weights(candidates)
+    if exclude:
+        candidates: Sequence[Backend] = ready_backends(route, exclude)
+        weights: Sequence[int] = _weights(candidates)  # type: ignore[arg-type]
+    else:
+        candidates, weights = route.candidates  # worked out once per route
+    if len(candidates) <= 1:
+        return candidates[0] if candidates else None  # one: whatever the sticky id or the draw
     total = sum(weights)
     # Sticky: the bucket's midpoint, scaled onto the weights (bucket k covers [k, k+1) percent of the total).
     point = (bucket_of(sticky_id) + 0.5) * total / BUCKETS if sticky_id else (rng or random).random() * total

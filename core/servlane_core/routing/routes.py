@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from servlane_api import AIFeature, AIModel
 from servlane_api.aifeature import FeatureDefaults, ResponseCache, WeightedModel
@@ -52,6 +53,18 @@ class Route:
     is_feature: bool = True
     response_cache: ResponseCache = field(default_factory=ResponseCache)  # off unless the feature opts in
     routing: str = "least-load"  # how a pod of the picked backend is chosen (endpoint_pick)
+
+    @cached_property
+    def candidates(self) -> tuple[tuple[Backend, ...], tuple[int, ...]]:
+        """The backends a request may go to and their weights: the ready ones with a positive weight, or, when
+        every ready one has weight 0, all ready ones at 1 each (a feature whose weighted backends are all down
+        still answers from whatever is up). Worked out once per route (a route never changes: a new table
+        brings new ones), not per request (servlane_core.routing.picking)."""
+        ready = tuple(b for b in self.backends if b.ready)
+        weighted = tuple(b for b in ready if b.weight > 0)
+        if weighted:
+            return weighted, tuple(b.weight for b in weighted)
+        return ready, (1,) * len(ready)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from servlane_core.routing.picking import pick_backend
 from servlane_core.routing.routes import Backend, Route
@@ -36,21 +37,23 @@ class _Recent:
     counts: Counter[str | None] = field(default_factory=Counter)
 
     def add(self, client: str | None) -> None:
-        self.order.append(client)
-        self.counts[client] += 1
-        if len(self.order) > self.size:
-            gone = self.order.popleft()
-            self.counts[gone] -= 1
-            if self.counts[gone] <= 0:
-                del self.counts[gone]
+        order, counts = self.order, self.counts
+        order.append(client)
+        counts[client] = counts.get(client, 0) + 1
+        if len(order) > self.size:
+            gone = order.popleft()
+            left = counts[gone] - 1
+            if left > 0:
+                counts[gone] = left
+            else:
+                del counts[gone]
 
     def share(self, client: str, extra: int = 0) -> float:
         total = len(self.order) + extra
         return 0.0 if total == 0 else (self.counts[client] + extra) / total
 
 
-@dataclass(frozen=True)
-class Pick:
+class Pick(NamedTuple):  # made per request: a tuple, not a frozen dataclass's setattr per field
     backend: Backend | None
     unpinned: bool  # a sticky id was not honoured because its client was over its share
 

@@ -22,6 +22,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from servlane_gateway import worker_metrics
 from tests.support.polling import wait_until
+from tests.support.stopped import freeze
 
 # One of every kind the gateway uses: counters, histograms, gauges summed over live workers, the most recent,
 # the max. Then the operations `ops` lists, on the children `ops` names, by the gateway's own writers.
@@ -97,11 +98,18 @@ def test_the_sums_are_those_of_prometheus_clients_own_files(tmp_path: Path) -> N
         assert results["batched"] == results["library"], seed
 
 
-def start_sibling(directory: Path, ops: list[tuple[str, str, float]]) -> subprocess.Popen[bytes]:
-    """A batched worker that made `ops` and wrote none of them itself: it stays alive until killed."""
+def start_sibling(
+    directory: Path, ops: list[tuple[str, str, float]], flush_seconds: float = worker_metrics.FLUSH_SECONDS
+) -> subprocess.Popen[bytes]:
+    """A batched worker that made `ops` and wrote none of them itself (its periodic write every `flush_seconds`
+    aside): it stays alive until killed."""
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
     script = WRITER.replace('if mode == "batched":\n    worker_metrics.FILES.flush()\n', "")
-    assert script != WRITER
+    script = script.replace(
+        "    worker_metrics.FILES.start(",
+        f"    worker_metrics.FLUSH_SECONDS = {flush_seconds!r}\n    worker_metrics.FILES.start(",
+    )
+    assert script.count("FLUSH_SECONDS = ") == 1
     sibling = subprocess.Popen(
         [sys.executable, "-c", script, "batched", json.dumps(ops), "wait"],
         env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -112,10 +120,10 @@ def start_sibling(directory: Path, ops: list[tuple[str, str, float]]) -> subproc
 
 
 def test_a_scrape_counts_a_siblings_values_at_once(tmp_path: Path) -> None:
-    # 3 flush intervals: a periodic write long before the ask would also pass, so the files are read right after
-    # the ask, and the sibling writes its first batch 1 s after its start (FLUSH_SECONDS) at the earliest.
-    sibling = start_sibling(tmp_path, [("inc", "a", 1.0)] * 7)
+    # The sibling's periodic write an hour away: only the ask can bring its counts into the files.
+    sibling = start_sibling(tmp_path, [("inc", "a", 1.0)] * 7, flush_seconds=3600.0)
     try:
+        assert b"requests_total" not in scrape(tmp_path)
         started = time.monotonic()
         late = worker_metrics.ask_siblings(tmp_path)
         asked_within = time.monotonic() - started
@@ -130,7 +138,7 @@ def test_a_scrape_counts_a_siblings_values_at_once(tmp_path: Path) -> None:
 def test_a_sibling_that_does_not_answer_neither_hangs_the_scrape_nor_stays_behind(tmp_path: Path) -> None:
     sibling = start_sibling(tmp_path, [("inc", "a", 1.0)] * 3)
     try:
-        os.kill(sibling.pid, signal.SIGSTOP)  # alive, files and all, but answering nothing
+        freeze(sibling.pid)  # alive, files and all, but answering nothing
         started = time.monotonic()
         assert worker_metrics.ask_siblings(tmp_path) == [sibling.pid]
         assert time.monotonic() - started < worker_metrics.SIBLING_WAIT_SECONDS * 4

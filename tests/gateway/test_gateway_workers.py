@@ -34,6 +34,7 @@ from servlane_gateway.workers import MAX_AUTO_WORKERS, cpu_limit, settings_json,
 from tests.support.gateway_harness import ServedApp, Upstream, aifeature, aimodel
 from tests.support.polling import wait_until
 from tests.support.shared_limits import GatewayProcess, RedisServer, prefix, redis_server  # noqa: F401 - fixture
+from tests.support.stopped import freeze
 
 # --- pure ----------------------------------------------------------------------------------------------------
 
@@ -136,7 +137,7 @@ def only(workers: list[int], serving: int) -> Iterator[None]:
     workers and kills one silent for 5 s, so a block stays short."""
     stopped = [pid for pid in workers if pid != serving]
     for pid in stopped:
-        os.kill(pid, signal.SIGSTOP)
+        freeze(pid)  # stopped indeed, not about to take one more connection
     try:
         yield
     finally:

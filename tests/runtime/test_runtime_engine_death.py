@@ -18,6 +18,7 @@ import pytest
 from servlane_api.runtime_exit import ENGINE_DIED
 from tests.support.polling import wait_until
 from tests.support.sse import sse_lines
+from tests.support.stopped import freeze
 from tests.support.vllm import MODEL, vllm_config, vllm_runtime
 
 pytestmark = pytest.mark.slow
@@ -52,7 +53,7 @@ def test_a_dead_engine_core_fails_requests_with_503_and_ends_the_process(tiny_ll
     with vllm_runtime(vllm_config(tiny_llama_dir), start_seconds=300) as server, ThreadPoolExecutor(2) as pool:
         core = wait_until("vLLM's engine core process", lambda: engine_core_pid(server.pid), 30)
         # Frozen first, so that two requests are surely in flight (waiting on the engine) when it dies.
-        os.kill(core, signal.SIGSTOP)
+        freeze(core)
         plain = pool.submit(httpx.post, server.v1 + "/chat/completions", json=CHAT, timeout=60)
         streamed = pool.submit(stream_events, server.v1 + "/chat/completions", CHAT)
         wait_until("two requests in flight", lambda: server.metric("servlane_runtime_in_flight") == 2, 30)

@@ -31,7 +31,7 @@ def ready_backends(route: Route, exclude: Collection[str] = ()) -> list[Backend]
     return weighted or ready
 
 
-def _weights(candidates: list[Backend]) -> list[int]:
+def _weights(candidates: Sequence[Backend]) -> list[int]:
     return [b.weight for b in candidates] if any(b.weight > 0 for b in candidates) else [1] * len(candidates)
 
 
@@ -55,7 +55,7 @@ def pick_backend(
     """The backend for one request, or None when no backend is ready."""
     if exclude:
         candidates: Sequence[Backend] = ready_backends(route, exclude)
-        weights: Sequence[int] = _weights(candidates)  # type: ignore[arg-type]
+        weights: Sequence[int] = _weights(candidates)
     else:
         candidates, weights = route.candidates  # worked out once per route
     if len(candidates) <= 1:

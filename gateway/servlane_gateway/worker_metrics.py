@@ -127,24 +127,36 @@ class BatchedFiles:
         self._directory = directory
         values.ValueClass = BatchedValue  # read by every metric when it makes a child
         atexit.register(self.flush)
-        asks = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        asks.bind(flush_address(directory, os.getpid()))
-        (Path(directory) / f"{_WORKER_MARK}{os.getpid()}").touch()  # siblings find it by this, files or none yet
+        asks: socket.socket | None = None
+        bound = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            bound.bind(flush_address(directory, os.getpid()))
+            asks = bound
+        except OSError as exc:  # the name taken (by whom? nothing of ours): write periodically, answer no ask
+            bound.close()
+            log.warning("metrics: no flush socket (%s): a scrape may see this worker's counts up to %.0fs late",
+                        exc, FLUSH_SECONDS)  # fmt: skip
+        else:
+            (Path(directory) / f"{_WORKER_MARK}{os.getpid()}").touch()  # siblings find it so, files or none yet
         threading.Thread(target=self._answer_asks, args=(asks,), name="metrics-flush", daemon=True).start()
 
-    def _answer_asks(self, asks: socket.socket) -> None:
-        asks.settimeout(FLUSH_SECONDS)
+    def _answer_asks(self, asks: socket.socket | None) -> None:
+        if asks is not None:
+            asks.settimeout(FLUSH_SECONDS)
         while True:
             ask: bytes | None = None
             sender: Any = None
-            with contextlib.suppress(TimeoutError):  # no ask within FLUSH_SECONDS: the periodic write
-                ask, sender = asks.recvfrom(64)
+            if asks is None:
+                time.sleep(FLUSH_SECONDS)
+            else:
+                with contextlib.suppress(TimeoutError):  # no ask within FLUSH_SECONDS: the periodic write
+                    ask, sender = asks.recvfrom(64)
             try:
                 self.flush()
             except Exception:  # a full disk must not end the flushes for good, nor the worker
                 log.exception("writing this worker's metrics failed")
                 continue  # no answer: the asker must not count on files that were not written
-            if ask is not None and sender:
+            if asks is not None and ask is not None and sender:
                 with contextlib.suppress(OSError):  # the asker gave up waiting and closed its socket
                     asks.sendto(ask, sender)  # the ask itself back (its nonce, this pid): "written"
 

@@ -154,6 +154,43 @@ def test_a_sibling_that_does_not_answer_neither_hangs_the_scrape_nor_stays_behin
         sibling.wait(timeout=10)
 
 
+SQUATTED = """
+import os, socket, sys
+from prometheus_client import Counter
+from servlane_gateway import worker_metrics
+
+directory = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+squatter = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+squatter.bind(worker_metrics.flush_address(directory, os.getpid()))  # this worker's flush socket name, taken
+worker_metrics.FLUSH_SECONDS = 0.05
+worker_metrics.FILES.start(directory)
+Counter("requests", "r", ["model"]).labels("a").inc(4)
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_worker_whose_flush_socket_name_is_taken_still_serves_and_writes_its_counts(tmp_path: Path) -> None:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    worker = subprocess.Popen(
+        [sys.executable, "-c", SQUATTED], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert worker.stdout is not None
+        assert worker.stdout.readline().strip() == b"ready"  # started, not crashed on the taken name
+        assert worker_metrics.ask_siblings(tmp_path) == []  # not listed as one to ask: nobody waits for it
+        wait_until(
+            "its count in the files by its periodic write",
+            lambda: b'requests_total{model="a"} 4.0' in scrape(tmp_path),
+            timeout=10,
+            interval=0.05,
+        )
+    finally:
+        worker.kill()
+        _, stderr = worker.communicate(timeout=10)
+    assert b"no flush socket" in stderr
+
+
 def test_a_dead_workers_in_flight_requests_leave_the_sums_and_its_counts_stay(tmp_path: Path) -> None:
     ops = [("inc", "a", 1.0), ("live", "a", 1.0), ("live", "a", 1.0)]  # killed with two requests in flight
     write("batched", tmp_path, ops)

@@ -100,7 +100,12 @@ class BatchedFiles:
         found = self._files.get(prefix)
         if found is None:
             assert self._directory is not None
-            found = MmapedDict(os.path.join(self._directory, f"{prefix}_{os.getpid()}.db"))  # type: ignore[no-untyped-call]
+            # Made under a name the collector does not read (it reads *.db), then renamed: a sibling's scrape
+            # summing the files while this one is made would otherwise read it empty, before its header is
+            # written, and fail (prometheus_client's struct.error). The mapping follows the file, not its name.
+            final = os.path.join(self._directory, f"{prefix}_{os.getpid()}.db")
+            found = MmapedDict(final + ".new")  # type: ignore[no-untyped-call]
+            os.replace(final + ".new", final)
             self._files[prefix] = found
         return found
 

@@ -16,7 +16,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -216,3 +218,24 @@ def test_a_running_workers_files_are_kept(tmp_path: Path) -> None:
     finally:
         alive.kill()
         alive.wait(timeout=10)
+
+
+def test_a_workers_file_is_read_by_a_scrape_only_once_it_is_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A scrape that read a sibling's file while it was being made found it empty and failed (struct.error).
+    visible_while_made: list[list[str]] = []
+    made: Any = worker_metrics.MmapedDict  # type: ignore[attr-defined]
+
+    def making(path: str) -> Any:
+        mapped = made(path)  # the file exists from here on, but is not yet where a collector reads
+        visible_while_made.append(sorted(p.name for p in tmp_path.glob("*.db")))
+        return mapped
+
+    monkeypatch.setattr(worker_metrics, "MmapedDict", making)
+    files = worker_metrics.BatchedFiles()
+    files._directory = str(tmp_path)
+    files._file("counter")
+    assert visible_while_made == [[]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"counter_{os.getpid()}.db"]
+    assert scrape(tmp_path) == b""  # read whole: a header, no series yet

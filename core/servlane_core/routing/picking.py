@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 
-from servlane_core.routing.routes import Backend, Route
+from servlane_core.routing.routes import Backend, Route, weighted_candidates
 
 BUCKETS = 100
 
@@ -21,24 +21,21 @@ def bucket_of(sticky_id: str) -> int:
     return int.from_bytes(digest[:8], "big") % BUCKETS
 
 
+def _candidates(route: Route, exclude: Collection[str]) -> tuple[tuple[Backend, ...], tuple[int, ...]]:
+    if not exclude:
+        return route.candidates  # worked out once per route
+    return weighted_candidates(b for b in route.backends if b.model not in exclude)
+
+
 def ready_backends(route: Route, exclude: Collection[str] = ()) -> list[Backend]:
     """Ready backends with a positive weight; if all ready ones have weight 0, they share equally, so a
     feature whose weighted backends are all down still answers from whatever is up."""
-    if not exclude:
-        return list(route.candidates[0])
-    ready = [b for b in route.backends if b.ready and b.model not in exclude]
-    weighted = [b for b in ready if b.weight > 0]
-    return weighted or ready
-
-
-def _weights(candidates: Sequence[Backend]) -> list[int]:
-    return [b.weight for b in candidates] if any(b.weight > 0 for b in candidates) else [1] * len(candidates)
+    return list(_candidates(route, exclude)[0])
 
 
 def effective_weights(route: Route) -> dict[str, float]:
     """Each backend's share in percent after renormalising over the ready ones (0 for the others)."""
-    ready = ready_backends(route)
-    weights = _weights(ready)
+    ready, weights = route.candidates
     total = sum(weights)
     shares = {b.model: 0.0 for b in route.backends}
     for backend, weight in zip(ready, weights, strict=True):
@@ -53,11 +50,7 @@ def pick_backend(
     rng: random.Random | None = None,
 ) -> Backend | None:
     """The backend for one request, or None when no backend is ready."""
-    if exclude:
-        candidates: Sequence[Backend] = ready_backends(route, exclude)
-        weights: Sequence[int] = _weights(candidates)
-    else:
-        candidates, weights = route.candidates  # worked out once per route
+    candidates, weights = _candidates(route, exclude)
     if len(candidates) <= 1:
         return candidates[0] if candidates else None  # one: whatever the sticky id or the draw
     total = sum(weights)

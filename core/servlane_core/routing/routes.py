@@ -60,11 +60,16 @@ class Route:
         every ready one has weight 0, all ready ones at 1 each (a feature whose weighted backends are all down
         still answers from whatever is up). Worked out once per route (a route never changes: a new table
         brings new ones), not per request (servlane_core.routing.picking)."""
-        ready = tuple(b for b in self.backends if b.ready)
-        weighted = tuple(b for b in ready if b.weight > 0)
-        if weighted:
-            return weighted, tuple(b.weight for b in weighted)
-        return ready, (1,) * len(ready)
+        return weighted_candidates(self.backends)
+
+
+def weighted_candidates(backends: Iterable[Backend]) -> tuple[tuple[Backend, ...], tuple[int, ...]]:
+    """Of `backends`, the ones a request may go to and their weights (the rule Route.candidates states)."""
+    ready = tuple(b for b in backends if b.ready)
+    weighted = tuple(b for b in ready if b.weight > 0)
+    if weighted:
+        return weighted, tuple(b.weight for b in weighted)
+    return ready, (1,) * len(ready)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from servlane_gateway.forwarding import handle
 from servlane_gateway.gateway_metrics import GatewayMetrics
 from servlane_gateway.http.metrics_listener import MetricsEndpoint, arrived_on
 from servlane_gateway.http.proxy import Timeouts
+from servlane_gateway.http.server import ClientTimeouts
 from servlane_gateway.http.upstream import UpstreamPool
 from servlane_gateway.limits.rates import Limiter, Limits, RateLimiter
 from servlane_gateway.limits.redis_limiter import RedisLimiter
@@ -180,6 +181,7 @@ class GatewayApp(FastAPI):
 
     traced: TracingMiddleware | None = None  # set when tracing is on: a server span around each OpenAI request
     metrics_listener: tuple[int, MetricsEndpoint] | None = None  # (port, what it answers): see create_app
+    client_timeouts = ClientTimeouts()  # what the server's protocol gives a client to send its request
 
     def trace_with(self, tracer: Any, trust_traceparent: bool = False) -> None:
         self.traced = TracingMiddleware(self._serve, tracer, trust_incoming=trust_traceparent)
@@ -377,6 +379,7 @@ def create_app(
                 stop_tracing()
 
     app = GatewayApp(title="Servlane gateway", lifespan=lifespan)
+    app.client_timeouts = ClientTimeouts(settings.client_head_timeout, settings.client_body_timeout)
     if tracer is not None:
         app.trace_with(tracer, settings.trust_traceparent)
     app.state.gateway = state

@@ -141,6 +141,12 @@ class GatewaySettings(BaseModel):
     connect_timeout: float = Field(default=5.0, gt=0)
     first_byte_timeout: float = Field(default=300.0, gt=0)
     idle_timeout: float = Field(default=60.0, gt=0)
+    client_head_timeout: float = Field(
+        default=30.0, gt=0, description="A request's head must arrive whole within this of its first byte; else 408."
+    )
+    client_body_timeout: float = Field(
+        default=60.0, gt=0, description="Longest pause while a request's body arrives; else 408."
+    )
     upstream_max_idle_seconds: float = Field(
         default=DEFAULT_MAX_IDLE_SECONDS, gt=0, description="A pooled backend connection idle longer is closed."
     )

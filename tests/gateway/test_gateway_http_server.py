@@ -3,6 +3,7 @@ and of bodiless answers still sent, over real sockets; and the transport wrapper
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -180,3 +181,121 @@ def test_a_stream_faster_than_its_client_reads_arrives_whole_and_in_order(
     head, _, chunked = b"".join(pieces).partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 "), head
     assert dechunk(chunked) == b"".join(backend.events)
+
+
+# Deadlines for the client's side of a request (ClientTimeouts), short here: 0.5 s for a head, 0.5 s of silence
+# in a body. uvicorn alone waits for good, so a client that trickles bytes holds a connection as long as it likes.
+
+
+def timed_gateway(upstreams: dict[str, Upstream], start_gateway: StartGateway) -> Gateway:
+    model, feature = aimodel("chat-v1", upstreams["v1"].url), aifeature("chat", [("chat-v1", 100)])
+    return start_gateway([model, feature], client_head_timeout=0.5, client_body_timeout=0.5)
+
+
+def connect(gateway: Gateway) -> socket.socket:
+    host, port = gateway.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def read_until_closed(conn: socket.socket) -> bytes:
+    received = b""
+    while chunk := conn.recv(65536):
+        received += chunk
+    return received
+
+
+def chat_post(body: bytes, extra: bytes = b"") -> bytes:
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n%b\r\n" % (len(body), extra)
+    )
+
+
+CHAT_BODY = b'{"model": "chat", "messages": [{"role": "user", "content": "hi"}]}'
+
+
+def assert_timed_out(answer: bytes, what: bytes) -> None:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 "), answer
+    assert b"\r\nconnection: close" in head
+    error = json.loads(body)["error"]
+    assert error["code"] == "request_timeout", error
+    assert what in error["message"].encode(), error
+
+
+def test_a_connection_that_sends_nothing_is_closed_after_the_head_timeout(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway
+) -> None:
+    gateway = timed_gateway(upstreams, start_gateway)
+    with connect(gateway) as conn:
+        opened = time.monotonic()
+        assert read_until_closed(conn) == b""  # closed without an answer: there was no request to answer
+        assert 0.4 < time.monotonic() - opened < 5
+
+
+def test_a_head_trickled_byte_by_byte_gets_a_408_once_its_time_is_up(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway
+) -> None:
+    # Slowloris: every byte comes well within any per-read timeout; the head as a whole does not.
+    gateway = timed_gateway(upstreams, start_gateway)
+    head = chat_post(CHAT_BODY)
+    with connect(gateway) as conn:
+        began = time.monotonic()
+        sent = 0
+        while time.monotonic() - began < 5 and sent < len(head) - 1:
+            try:
+                conn.sendall(head[sent : sent + 1])
+            except OSError:  # the gateway closed: reading tells why
+                break
+            sent += 1
+            time.sleep(0.05)
+        answer = read_until_closed(conn)
+    assert_timed_out(answer, b"headers")
+    assert time.monotonic() - began < 5
+    assert sent < len(head) - 1  # cut off before the head was whole
+
+
+def test_a_body_that_stops_coming_gets_a_408_and_the_gateway_serves_on(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway
+) -> None:
+    gateway = timed_gateway(upstreams, start_gateway)
+    with connect(gateway) as conn:
+        conn.sendall(chat_post(CHAT_BODY) + CHAT_BODY[:10])  # the head, and a tenth of the body
+        began = time.monotonic()
+        answer = read_until_closed(conn)
+        assert 0.4 < time.monotonic() - began < 5
+    assert_timed_out(answer, b"body")
+    with connect(gateway) as conn:  # the next client is served as ever
+        conn.sendall(chat_post(CHAT_BODY, b"Connection: close\r\n") + CHAT_BODY)
+        assert read_until_closed(conn).startswith(b"HTTP/1.1 200 ")
+
+
+def test_slow_requests_within_their_deadlines_and_slow_answers_are_served(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway
+) -> None:
+    gateway = timed_gateway(upstreams, start_gateway)
+    # A body in pieces 0.2 s apart: a second in all, twice the body timeout, but never silent for as long.
+    with connect(gateway) as conn:
+        conn.sendall(chat_post(CHAT_BODY, b"Connection: close\r\n"))
+        for at in range(0, len(CHAT_BODY), 14):
+            time.sleep(0.2)
+            conn.sendall(CHAT_BODY[at : at + 14])
+        assert read_until_closed(conn).startswith(b"HTTP/1.1 200 ")
+    # The backend taking 1.5 s to answer, and to stream, is no client's delay: neither is cut.
+    for body in (
+        b'{"model": "chat", "messages": [{"role": "user", "content": "delay=1.5"}]}',
+        b'{"model": "chat", "stream": true, "messages": [{"role": "user", "content": "chunks=3 gap=0.5"}]}',
+    ):
+        with connect(gateway) as conn:
+            conn.sendall(chat_post(body, b"Connection: close\r\n") + body)
+            answer = read_until_closed(conn)
+        assert answer.startswith(b"HTTP/1.1 200 "), answer
+        assert b"v1" in answer
+    # Keep-alive: a second request 0.3 s after the first answer, a third after another 0.3 s (0.6 s in all since
+    # the connection's first request: a head's deadline counts from its own first byte, not the connection's).
+    with connect(gateway) as conn:
+        for last in (False, False, True):
+            time.sleep(0.3)
+            conn.sendall(chat_post(CHAT_BODY, b"Connection: close\r\n" if last else b"") + CHAT_BODY)
+            answer = conn.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200 "), answer

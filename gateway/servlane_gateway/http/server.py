@@ -1,7 +1,8 @@
-"""The gateway's HTTP/1.1 server protocol: uvicorn's httptools one, with less work per proxied request.
+"""The gateway's HTTP/1.1 server protocol: uvicorn's httptools one, with less work per proxied request and
+deadlines for slow clients.
 
 Profiles of the gateway under load put a good part of its CPU per request in uvicorn's protocol. Three
-changes, invisible to the ASGI app except through the two extensions below:
+changes, invisible to the ASGI app except through the two extensions below, and a fourth for safety:
 - one write per whole response: uvicorn writes a response's head as soon as the app starts the response, and
   its body in a second write; a head that announces its Content-Length now waits for the body (or the
   response's end) and goes out with it. Streamed (chunked) responses write their head at once, as before:
@@ -13,19 +14,86 @@ changes, invisible to the ASGI app except through the two extensions below:
   from the upstream connection's callback straight to the client, where ASGI's send costs a task switch, a
   message and uvicorn's checks per token (servlane_gateway.http.proxy falls back to send under any other server,
   and whenever the writer is not ready).
+- deadlines for the client's side of a request (`ClientTimeouts`): uvicorn waits as long as a client likes for a
+  request's head, and for the rest of its body, so a client (a tenant's app, a scanner) that opens connections
+  and trickles bytes holds each open for good, and enough of them exhaust the gateway for every tenant. A head
+  must arrive whole within `head` seconds of its first byte, and a body may pause at most `body_idle` seconds
+  between two reads; otherwise the client gets a 408 in the OpenAI error shape and the connection closes. A new
+  connection that sends nothing for `head` seconds is closed. One timer per server checks every connection
+  (`_Sweeper`), not a timer per request: the per-request cost is a clock read per socket read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from servlane_core.protocol.errors import OpenAIError
 from servlane_web.client_watch import DISCONNECT_EXTENSION
 
+log = logging.getLogger(__name__)
+
 BODY_WRITER_EXTENSION = "servlane.body_writer"
+_SWEEPER = "servlane_sweeper"  # the server's _Sweeper, kept on uvicorn's per-server state
+
+
+@dataclass(frozen=True)
+class ClientTimeouts:
+    """How long a client may take to send its request (see the module's docstring). The app served says its own
+    as a `client_timeouts` attribute (servlane_gateway.app sets the gateway's from its settings)."""
+
+    head: float = 30.0
+    body_idle: float = 60.0
+
+
+def _client_timeouts(app: Any) -> ClientTimeouts:
+    """The served app's timeouts, looked for through the wrappers uvicorn may put around it."""
+    for _ in range(8):
+        found = getattr(app, "client_timeouts", None)
+        if isinstance(found, ClientTimeouts):
+            return found
+        app = getattr(app, "app", None)
+        if app is None:
+            break
+    return ClientTimeouts()
+
+
+def _timed_out_answer(message: str) -> bytes:
+    body = json.dumps(OpenAIError(408, message, code="request_timeout").body()).encode()
+    head = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    return head + b"content-length: %d\r\n\r\n%b" % (len(body), body)
+
+
+class _Sweeper:
+    """Every `interval` seconds, while the server has connections, closes those whose client is overdue with
+    its request (GatewayHttpProtocol.close_if_overdue): one timer per server, started by its connections."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, connections: set[Any], timeouts: ClientTimeouts) -> None:
+        self.loop = loop
+        self.connections = connections  # uvicorn's set of the server's open connections (protocols)
+        self.timeouts = timeouts
+        # A deadline is kept to within a quarter of itself (and a second).
+        self.interval = max(0.01, min(1.0, timeouts.head / 4, timeouts.body_idle / 4))
+        self._timer: asyncio.TimerHandle | None = None
+
+    def ensure_running(self) -> None:
+        if self._timer is None:
+            self._timer = self.loop.call_later(self.interval, self._sweep)
+
+    def _sweep(self) -> None:
+        self._timer = None
+        now = self.loop.time()
+        for connection in list(self.connections):
+            if isinstance(connection, GatewayHttpProtocol):
+                connection.close_if_overdue(now, self.timeouts)
+        if self.connections:
+            self.ensure_running()
 
 
 class HeadHoldingTransport:
@@ -107,12 +175,57 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     _on_lost: Callable[[], None] | None = None
     _lost = False
+    _heard_at = 0.0  # loop time of the connection's last read
+    _head_began = 0.0  # loop time the current request's head began: the read with its first byte
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(HeadHoldingTransport(transport))  # type: ignore[arg-type]
+        self._head_began = self._heard_at = self.loop.time()  # the first request's head is waited for from now
+        sweeper = getattr(self.server_state, _SWEEPER, None)
+        if sweeper is None:
+            sweeper = _Sweeper(self.loop, self.connections, _client_timeouts(self.app))
+            setattr(self.server_state, _SWEEPER, sweeper)
+        sweeper.ensure_running()
+
+    def data_received(self, data: bytes) -> None:
+        self._heard_at = self.loop.time()
+        super().data_received(data)
+
+    def close_if_overdue(self, now: float, timeouts: ClientTimeouts) -> None:
+        """Answers 408 and closes when the client is late with the current request: its head not whole within
+        `timeouts.head` of its first byte, or its body silent for `timeouts.body_idle` while the app waits for
+        it. Never while the client waits for us: a response under way (the next head, pipelined, waits for its
+        end), a 100 Continue not sent yet, reading paused because the app has not taken what came."""
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        if cycle is None or cycle.scope is not self.scope:  # the current request's head is not whole
+            if cycle is not None and not cycle.response_complete:
+                return
+            if now - self._head_began < timeouts.head:
+                return
+            if self.scope is None:  # not a byte since the connection opened: nothing to answer
+                log.debug("closing a connection that sent no request in %.0f s", timeouts.head)
+                self.transport.close()
+                return
+            self._time_out("The request's headers did not arrive in time.")
+        elif (
+            cycle.more_body
+            and not cycle.response_started
+            and not cycle.waiting_for_100_continue
+            and not self.flow.read_paused
+            and now - self._heard_at >= timeouts.body_idle
+        ):
+            self._time_out("The request's body stopped arriving.")
+
+    def _time_out(self, message: str) -> None:
+        log.debug("closing a connection: %s", message)
+        self.transport.write(_timed_out_answer(message))
+        self.transport.close()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._head_began = self._heard_at  # called from data_received: this read brought the head's first byte
         extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
         extensions[DISCONNECT_EXTENSION] = self._on_disconnect
         extensions[BODY_WRITER_EXTENSION] = self._body_writer
@@ -135,6 +248,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         self.transport.flush()  # type: ignore[attr-defined]
+        if self.scope is not self.cycle.scope:  # a pipelined head began meanwhile: its deadline counts from now
+            self._head_began = self.loop.time()
         super().on_response_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:

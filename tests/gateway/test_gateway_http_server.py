@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from servlane_gateway.http.server import HeadHoldingTransport
+from servlane_gateway.http.server import MAX_HEAD_BYTES, HeadHoldingTransport
 from tests.support.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-type: text/plain\r\n\r\n"
@@ -299,3 +299,27 @@ def test_slow_requests_within_their_deadlines_and_slow_answers_are_served(
             conn.sendall(chat_post(CHAT_BODY, b"Connection: close\r\n" if last else b"") + CHAT_BODY)
             answer = conn.recv(65536)
             assert answer.startswith(b"HTTP/1.1 200 "), answer
+
+
+def test_a_head_too_large_gets_a_431_and_a_large_one_within_the_bound_is_served(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway
+) -> None:
+    """httptools keeps an unfinished header line whole in memory: without a bound a client grows the gateway by
+    whatever it sends, before any key is checked. Past MAX_HEAD_BYTES the head is refused."""
+    gateway = served(upstreams, start_gateway)
+    with connect(gateway) as conn:
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nX-Padding: ")
+        time.sleep(0.3)  # the head's first read, on its own: the bound counts what comes after it
+        conn.sendall(b"a" * (MAX_HEAD_BYTES + 32 * 1024))  # read whole before the refusal: nothing left unread
+        answer = read_until_closed(conn)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 "), answer
+    assert json.loads(body)["error"]["code"] == "headers_too_large"
+    # Headers of 40 kB (well within the bound), sent in pieces: an ordinary answer.
+    padding = b"X-Padding: " + b"b" * 40_000 + b"\r\n"
+    post = chat_post(CHAT_BODY, padding + b"Connection: close\r\n") + CHAT_BODY
+    with connect(gateway) as conn:
+        for at in range(0, len(post), 8_000):
+            conn.sendall(post[at : at + 8_000])
+            time.sleep(0.02)
+        assert read_until_closed(conn).startswith(b"HTTP/1.1 200 ")

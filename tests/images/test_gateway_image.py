@@ -14,6 +14,8 @@ import hashlib
 import json
 import re
 import secrets
+import socket
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -169,6 +171,19 @@ def test_starts_under_the_charts_pod_spec_with_every_toggle_on(gateway_image: st
         console = urllib.request.Request(base + "/console/api/state", headers={"Authorization": f"Bearer {key}"})
         with urllib.request.urlopen(console, timeout=10) as response:
             assert response.status == 200
+        # Half a request's head, and nothing more: the chart's deadline for a head (30 s) answers it with a 408.
+        deadline = float(
+            next(e["value"] for e in container["env"] if e["name"] == "SERVLANE_GATEWAY_CLIENT_HEAD_TIMEOUT")
+        )
+        with socket.create_connection(("127.0.0.1", port), timeout=deadline + 30) as conn:
+            conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n")
+            began = time.monotonic()
+            answer = b""
+            while chunk := conn.recv(65536):
+                answer += chunk
+            waited = time.monotonic() - began
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+        assert deadline - 1 < waited < deadline + 10, (waited, deadline)
         gateway.assert_running("serving with every toggle on")
         logs = gateway.logs()
         assert "tracing on" in logs, logs

@@ -21,6 +21,9 @@ changes, invisible to the ASGI app except through the two extensions below, and 
   between two reads; otherwise the client gets a 408 in the OpenAI error shape and the connection closes. A new
   connection that sends nothing for `head` seconds is closed. One timer per server checks every connection
   (`_Sweeper`), not a timer per request: the per-request cost is a clock read per socket read.
+- a bound on a request head's size (`MAX_HEAD_BYTES` beyond the read that began it): httptools keeps an
+  unfinished header line in memory however long it grows, so one client could fill the gateway's memory
+  before any key is checked (a 200 MB header took 200 MB). A longer head gets a 431 and the connection closes.
 """
 
 from __future__ import annotations
@@ -64,9 +67,15 @@ def _client_timeouts(app: Any) -> ClientTimeouts:
     return ClientTimeouts()
 
 
-def _timed_out_answer(message: str) -> bytes:
-    body = json.dumps(OpenAIError(408, message, code="request_timeout").body()).encode()
-    head = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+# Of a request's head, beyond the read its first byte came in. httptools holds an unfinished header line whole in
+# memory, however long: without a bound, a client (before any key check) grows the gateway by what it sends.
+MAX_HEAD_BYTES = 64 * 1024
+
+
+def _refusal(status: bytes, message: str, code: str) -> bytes:
+    """A whole answer in the OpenAI error shape, for a request the app never saw: it closes the connection."""
+    body = json.dumps(OpenAIError(int(status[:3]), message, code=code).body()).encode()
+    head = b"HTTP/1.1 %b\r\ncontent-type: application/json\r\nconnection: close\r\n" % status
     return head + b"content-length: %d\r\n\r\n%b" % (len(body), body)
 
 
@@ -177,6 +186,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     _lost = False
     _heard_at = 0.0  # loop time of the connection's last read
     _head_began = 0.0  # loop time the current request's head began: the read with its first byte
+    _head_bytes = 0  # bytes of the current head read after the read that began it
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(HeadHoldingTransport(transport))  # type: ignore[arg-type]
@@ -189,7 +199,16 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         self._heard_at = self.loop.time()
+        scope = self.scope
+        # A head begun by an earlier read and still not whole: this read is all head if it leaves it unfinished.
+        continued = scope is not None and (self.cycle is None or self.cycle.scope is not scope)
         super().data_received(data)
+        if continued and self.scope is scope and (self.cycle is None or self.cycle.scope is not scope):
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+                self._refuse(
+                    b"431 Request Header Fields Too Large", "The request's headers are too large.", "headers_too_large"
+                )
 
     def close_if_overdue(self, now: float, timeouts: ClientTimeouts) -> None:
         """Answers 408 and closes when the client is late with the current request: its head not whole within
@@ -208,7 +227,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 log.debug("closing a connection that sent no request in %.0f s", timeouts.head)
                 self.transport.close()
                 return
-            self._time_out("The request's headers did not arrive in time.")
+            self._refuse(b"408 Request Timeout", "The request's headers did not arrive in time.", "request_timeout")
         elif (
             cycle.more_body
             and not cycle.response_started
@@ -216,16 +235,17 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             and not self.flow.read_paused
             and now - self._heard_at >= timeouts.body_idle
         ):
-            self._time_out("The request's body stopped arriving.")
+            self._refuse(b"408 Request Timeout", "The request's body stopped arriving.", "request_timeout")
 
-    def _time_out(self, message: str) -> None:
+    def _refuse(self, status: bytes, message: str, code: str) -> None:
         log.debug("closing a connection: %s", message)
-        self.transport.write(_timed_out_answer(message))
+        self.transport.write(_refusal(status, message, code))
         self.transport.close()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_began = self._heard_at  # called from data_received: this read brought the head's first byte
+        self._head_bytes = 0
         extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
         extensions[DISCONNECT_EXTENSION] = self._on_disconnect
         extensions[BODY_WRITER_EXTENSION] = self._body_writer

@@ -98,9 +98,12 @@ class _Sweeper:
     def _sweep(self) -> None:
         self._timer = None
         now = self.loop.time()
-        for connection in list(self.connections):
-            if isinstance(connection, GatewayHttpProtocol):
-                connection.close_if_overdue(now, self.timeouts)
+        try:
+            for connection in list(self.connections):
+                if isinstance(connection, GatewayHttpProtocol):
+                    connection.close_if_overdue(now, self.timeouts)
+        except Exception:  # a bug here must not end the sweeps: the next one tries again
+            log.exception("checking the connections' deadlines failed")
         if self.connections:
             self.ensure_running()
 
@@ -214,28 +217,31 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         """Answers 408 and closes when the client is late with the current request: its head not whole within
         `timeouts.head` of its first byte, or its body silent for `timeouts.body_idle` while the app waits for
         it. Never while the client waits for us: a response under way (the next head, pipelined, waits for its
-        end), a 100 Continue not sent yet, reading paused because the app has not taken what came."""
+        end), a 100 Continue not sent yet, reading paused because the app has not taken what came. The common
+        cases (answering, idle between requests) return after a few attribute reads: a sweep visits every
+        connection of the process once a second, streams included."""
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:  # the current request's head is whole
+            if (
+                not cycle.more_body
+                or cycle.response_started
+                or cycle.waiting_for_100_continue
+                or self.flow.read_paused
+                or now - self._heard_at < timeouts.body_idle
+            ):
+                return
+            message = "The request's body stopped arriving."
+        else:
+            if (cycle is not None and not cycle.response_complete) or now - self._head_began < timeouts.head:
+                return
+            message = "The request's headers did not arrive in time."
         if self.transport.is_closing():
             return
-        cycle = self.cycle
-        if cycle is None or cycle.scope is not self.scope:  # the current request's head is not whole
-            if cycle is not None and not cycle.response_complete:
-                return
-            if now - self._head_began < timeouts.head:
-                return
-            if self.scope is None:  # not a byte since the connection opened: nothing to answer
-                log.debug("closing a connection that sent no request in %.0f s", timeouts.head)
-                self.transport.close()
-                return
-            self._refuse(b"408 Request Timeout", "The request's headers did not arrive in time.", "request_timeout")
-        elif (
-            cycle.more_body
-            and not cycle.response_started
-            and not cycle.waiting_for_100_continue
-            and not self.flow.read_paused
-            and now - self._heard_at >= timeouts.body_idle
-        ):
-            self._refuse(b"408 Request Timeout", "The request's body stopped arriving.", "request_timeout")
+        if self.scope is None:  # not a byte since the connection opened: nothing to answer
+            log.debug("closing a connection that sent no request in %.0f s", timeouts.head)
+            self.transport.close()
+            return
+        self._refuse(b"408 Request Timeout", message, "request_timeout")
 
     def _refuse(self, status: bytes, message: str, code: str) -> None:
         log.debug("closing a connection: %s", message)

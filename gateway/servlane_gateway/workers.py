@@ -45,6 +45,7 @@ from servlane_gateway.app import create_app
 from servlane_gateway.http.metrics_listener import APP_FACTORY, bind_listeners
 from servlane_gateway.http.server import GatewayHttpProtocol
 from servlane_gateway.settings import GatewaySettings
+from servlane_web.open_files import raise_open_files_limit
 
 STARTUP_FAILURE = 3  # uvicorn's own exit status for an app that failed to start
 
@@ -148,6 +149,7 @@ def tune_garbage_collection() -> None:
 
 
 def serve(settings: GatewaySettings) -> None:
+    raise_open_files_limit()  # before the workers start: they inherit it
     count, why = worker_count(settings, read_cpu_limit(), usable_cpus())
     log.info(
         "serving on %s:%d (/metrics on port %d) from %d process(es): %s",

@@ -74,9 +74,12 @@ def serve(config: RuntimeConfig, log_level: str) -> int:
     process ends with the host's exit code, see `_serve_until_fatal`)."""
     import uvicorn
 
+    from servlane_web.open_files import raise_open_files_limit
+
     from .app import create_app
     from .metrics_port import bind_listeners
 
+    raise_open_files_limit()
     app = create_app(config)
     host: ModelHost = app.state.host
     # The API port and /metrics's own port (metrics_port): sockets of the one server, told apart by the app.

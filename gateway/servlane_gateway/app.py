@@ -379,7 +379,9 @@ def create_app(
                 stop_tracing()
 
     app = GatewayApp(title="Servlane gateway", lifespan=lifespan)
-    app.client_timeouts = ClientTimeouts(settings.client_head_timeout, settings.client_body_timeout)
+    app.client_timeouts = ClientTimeouts(
+        settings.client_head_timeout, settings.client_body_timeout, settings.client_read_stall_timeout
+    )
     if tracer is not None:
         app.trace_with(tracer, settings.trust_traceparent)
     app.state.gateway = state

@@ -147,6 +147,12 @@ class GatewaySettings(BaseModel):
     client_body_timeout: float = Field(
         default=60.0, gt=0, description="Longest pause while a request's body arrives; else 408."
     )
+    client_read_stall_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        description="Longest a client may leave its answer unread with the socket's buffers full; else the "
+        "connection is cut (and the request upstream with it).",
+    )
     upstream_max_idle_seconds: float = Field(
         default=DEFAULT_MAX_IDLE_SECONDS, gt=0, description="A pooled backend connection idle longer is closed."
     )

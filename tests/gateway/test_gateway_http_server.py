@@ -3,6 +3,8 @@ and of bodiless answers still sent, over real sockets; and the transport wrapper
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import socket
 import threading
@@ -13,6 +15,7 @@ import pytest
 
 from servlane_gateway.http.server import MAX_HEAD_BYTES, HeadHoldingTransport
 from tests.support.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
+from tests.support.polling import wait_until
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-type: text/plain\r\n\r\n"
 
@@ -109,13 +112,15 @@ def test_keep_alive_answers_arrive_whole_one_after_another(
 
 class FastStreamingBackend:
     """A backend that answers any request with `events` SSE events of ~1 kB as fast as its socket takes them
-    (blocking writes: when the gateway stops reading, it waits); `sent` counts the events its socket took."""
+    (blocking writes: when the gateway stops reading, it waits); `sent` counts the events its socket took, and
+    `cut` says the gateway closed the connection before the answer's end."""
 
     def __init__(self, events: int) -> None:
         pad = "x" * 1000
         self.events = [f'data: {{"i": {i}, "pad": "{pad}"}}\n\n'.encode() for i in range(events)]
         self.events.append(b"data: [DONE]\n\n")
         self.sent = 0
+        self.cut = False
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         self.thread = threading.Thread(target=self._serve, daemon=True)
@@ -123,19 +128,26 @@ class FastStreamingBackend:
 
     def _serve(self) -> None:
         with self.listener:
-            conn, _ = self.listener.accept()
-            with conn:
-                request = b""
-                while b"\r\n\r\n" not in request:
-                    request += conn.recv(65536)
-                conn.sendall(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-                )
-                for event in self.events:
-                    conn.sendall(b"%x\r\n%b\r\n" % (len(event), event))
-                    self.sent += 1
-                conn.sendall(b"0\r\n\r\n")
-                conn.recv(1)  # until the gateway closes or reuses it
+            while True:  # one connection after another
+                conn, _ = self.listener.accept()
+                with conn:
+                    self._answer(conn)
+
+    def _answer(self, conn: socket.socket) -> None:
+        request = b""
+        while b"\r\n\r\n" not in request:
+            request += conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        try:
+            for event in self.events:
+                conn.sendall(b"%x\r\n%b\r\n" % (len(event), event))
+                self.sent += 1
+            conn.sendall(b"0\r\n\r\n")
+        except OSError:
+            self.cut = True
+            return
+        with contextlib.suppress(OSError):
+            conn.recv(1)  # until the gateway closes or reuses it
 
 
 def dechunk(data: bytes) -> bytes:
@@ -181,6 +193,120 @@ def test_a_stream_faster_than_its_client_reads_arrives_whole_and_in_order(
     head, _, chunked = b"".join(pieces).partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 "), head
     assert dechunk(chunked) == b"".join(backend.events)
+
+
+STREAM_POST_BODY = b'{"model": "chat", "stream": true, "messages": [{"role": "user", "content": "hi"}]}'
+STREAM_POST = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%b" % (len(STREAM_POST_BODY), STREAM_POST_BODY)
+)
+
+
+def stream_client(gateway: Gateway) -> socket.socket:
+    """A connection whose receive buffer is small (a client may choose it), that has asked for a stream."""
+    host, port = gateway.url.removeprefix("http://").split(":")
+    conn = socket.socket()
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    conn.settimeout(10)
+    conn.connect((host, int(port)))
+    conn.sendall(STREAM_POST)
+    return conn
+
+
+def read_into(conn: socket.socket, received: list[bytes]) -> None:
+    while chunk := conn.recv(1 << 20):
+        received.append(chunk)
+
+
+def test_a_client_that_stops_reading_is_cut_off_and_the_backend_freed(start_gateway: StartGateway) -> None:
+    """A client that reads nothing of its stream: the buffers fill, the gateway stops reading the backend (the
+    test above), and without a deadline all three waited for good. After the read-stall deadline the gateway
+    aborts the client's connection and closes the backend's, which ends the request there."""
+    backend = FastStreamingBackend(40_000)
+    gateway = start_gateway(
+        [aimodel("chat-v1", backend.url), aifeature("chat", [("chat-v1", 100)])], client_read_stall_timeout=0.5
+    )
+    with stream_client(gateway) as conn:
+        began = time.monotonic()
+        wait_until("the gateway to close the backend's connection", lambda: backend.cut, 10)
+        assert 0.4 < time.monotonic() - began < 10
+        assert backend.sent < len(backend.events) // 2, backend.sent
+        received: list[bytes] = []
+        with pytest.raises(ConnectionResetError):  # reset: what the gateway had not sent is not coming
+            read_into(conn, received)
+        assert sum(map(len, received)) < sum(len(event) for event in backend.events) // 2
+    # The gateway serves on: the next stream arrives whole.
+    with stream_client(gateway) as conn:
+        conn.settimeout(30)
+        pieces = []
+        while chunk := conn.recv(1 << 20):
+            pieces.append(chunk)
+    head, _, chunked = b"".join(pieces).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    assert dechunk(chunked) == b"".join(backend.events)
+
+
+class BigAnswerBackend:
+    """A backend whose answer to any request is one JSON body of `size` bytes with a Content-Length."""
+
+    def __init__(self, size: int) -> None:
+        self.body = b'{"pad": "' + b"x" * (size - 11) + b'"}'
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with self.listener:
+            while True:
+                conn, _ = self.listener.accept()
+                with conn, contextlib.suppress(OSError):
+                    request = b""
+                    while b"\r\n\r\n" not in request:
+                        request += conn.recv(65536)
+                    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+                    conn.sendall(head % len(self.body) + self.body)
+                    conn.recv(1)
+
+
+def test_a_whole_answer_its_client_never_reads_is_dropped_once_the_client_stalls(start_gateway: StartGateway) -> None:
+    """An 8 MB answer, whole from the backend, to a client that reads none of it: the response ends in the app
+    and uvicorn would close the connection after its flush, which never comes. The deadline resets it."""
+    backend = BigAnswerBackend(8_000_000)
+    gateway = start_gateway(
+        [aimodel("chat-v1", backend.url), aifeature("chat", [("chat-v1", 100)])], client_read_stall_timeout=0.5
+    )
+    host, port = gateway.url.removeprefix("http://").split(":")
+    with socket.socket() as conn:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        conn.connect((host, int(port)))
+        conn.sendall(chat_post(CHAT_BODY, b"Connection: close\r\n") + CHAT_BODY)
+        began = time.monotonic()
+        wait_until(
+            "the gateway to reset the connection",
+            lambda: conn.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNRESET,
+            10,
+        )
+        assert time.monotonic() - began > 0.4
+
+
+def test_a_client_that_reads_slowly_but_steadily_gets_its_whole_stream(start_gateway: StartGateway) -> None:
+    """The deadline counts while the client takes nothing at all: one that reads 64 kB every 0.1 s, far slower
+    than the backend sends, is held back many times over 0.5 s, and its stream arrives whole."""
+    backend = FastStreamingBackend(2_000)
+    gateway = start_gateway(
+        [aimodel("chat-v1", backend.url), aifeature("chat", [("chat-v1", 100)])], client_read_stall_timeout=0.5
+    )
+    with stream_client(gateway) as conn:
+        began = time.monotonic()
+        pieces: list[bytes] = []
+        while chunk := conn.recv(64 * 1024):
+            pieces.append(chunk)
+            time.sleep(0.1)
+        assert time.monotonic() - began > 1.0  # slow indeed: past the deadline several times over
+    head, _, chunked = b"".join(pieces).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    assert dechunk(chunked) == b"".join(backend.events)
+    assert not backend.cut
 
 
 # Deadlines for the client's side of a request (ClientTimeouts), short here: 0.5 s for a head, 0.5 s of silence

@@ -496,11 +496,23 @@ def test_gateway_client_deadlines_reach_the_gateway(helm: Helm) -> None:
     from servlane_gateway.flags import parse_settings
 
     defaults = parse_settings(["--watch"], env_of(one(helm.template(), "Deployment", "mp-servlane-gateway")))
-    assert (defaults.client_head_timeout, defaults.client_body_timeout) == (30, 60)
-    deadlines = ("gateway.timeouts.clientHeadSeconds=10", "gateway.timeouts.clientBodyIdleSeconds=3")
+    assert (defaults.client_head_timeout, defaults.client_body_timeout, defaults.client_read_stall_timeout) == (
+        30,
+        60,
+        60,
+    )
+    deadlines = (
+        "gateway.timeouts.clientHeadSeconds=10",
+        "gateway.timeouts.clientBodyIdleSeconds=3",
+        "gateway.timeouts.clientReadStallSeconds=7",
+    )
     env = env_of(one(helm.template(set_values=deadlines), "Deployment", "mp-servlane-gateway"))
     settings = parse_settings(["--watch"], env)
-    assert (settings.client_head_timeout, settings.client_body_timeout) == (10, 3)
+    assert (settings.client_head_timeout, settings.client_body_timeout, settings.client_read_stall_timeout) == (
+        10,
+        3,
+        7,
+    )
     result = helm.run("template", "mp", str(CHART), "--set", "gateway.timeouts.clientHeadSeconds=0", check=False)
     assert result.returncode != 0
     assert "at '/gateway/timeouts/clientHeadSeconds'" in result.stderr

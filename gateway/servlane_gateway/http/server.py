@@ -21,6 +21,13 @@ changes, invisible to the ASGI app except through the two extensions below, and 
   between two reads; otherwise the client gets a 408 in the OpenAI error shape and the connection closes. A new
   connection that sends nothing for `head` seconds is closed. One timer per server checks every connection
   (`_Sweeper`), not a timer per request: the per-request cost is a clock read per socket read.
+- a deadline for the client's reading (`ClientTimeouts.read_stall`): a client that stops reading its answer
+  fills the socket's buffers, and then uvicorn waits for good (to drain before the next write, or to flush
+  before it closes), holding the connection and, through the relay's back-pressure, the upstream connection
+  and the request at the runtime. When writing has been paused (the buffers full) for `read_stall` seconds
+  without resuming, the connection is aborted: what was unsent is dropped, and the relay's disconnect
+  callback closes the upstream connection, which ends the request at the runtime. A slow client is not
+  stalled: writing resumes each time it takes a few tens of kB (asyncio's low water mark).
 - a bound on a request head's size (`MAX_HEAD_BYTES` beyond the read that began it): httptools keeps an
   unfinished header line in memory however long it grows, so one client could fill the gateway's memory
   before any key is checked (a 200 MB header took 200 MB). A longer head gets a 431 and the connection closes.
@@ -29,8 +36,11 @@ changes, invisible to the ASGI app except through the two extensions below, and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import socket
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +63,7 @@ class ClientTimeouts:
 
     head: float = 30.0
     body_idle: float = 60.0
+    read_stall: float = 60.0
 
 
 def _client_timeouts(app: Any) -> ClientTimeouts:
@@ -88,7 +99,7 @@ class _Sweeper:
         self.connections = connections  # uvicorn's set of the server's open connections (protocols)
         self.timeouts = timeouts
         # A deadline is kept to within a quarter of itself (and a second).
-        self.interval = max(0.01, min(1.0, timeouts.head / 4, timeouts.body_idle / 4))
+        self.interval = max(0.01, min(1.0, timeouts.head / 4, timeouts.body_idle / 4, timeouts.read_stall / 4))
         self._timer: asyncio.TimerHandle | None = None
 
     def ensure_running(self) -> None:
@@ -190,6 +201,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     _heard_at = 0.0  # loop time of the connection's last read
     _head_began = 0.0  # loop time the current request's head began: the read with its first byte
     _head_bytes = 0  # bytes of the current head read after the read that began it
+    _write_paused_at = 0.0  # loop time writing paused (the client not taking what is sent); 0.0: not paused
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(HeadHoldingTransport(transport))  # type: ignore[arg-type]
@@ -213,13 +225,29 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                     b"431 Request Header Fields Too Large", "The request's headers are too large.", "headers_too_large"
                 )
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._write_paused_at = self.loop.time()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._write_paused_at = 0.0
+
     def close_if_overdue(self, now: float, timeouts: ClientTimeouts) -> None:
         """Answers 408 and closes when the client is late with the current request: its head not whole within
         `timeouts.head` of its first byte, or its body silent for `timeouts.body_idle` while the app waits for
         it. Never while the client waits for us: a response under way (the next head, pipelined, waits for its
-        end), a 100 Continue not sent yet, reading paused because the app has not taken what came. The common
-        cases (answering, idle between requests) return after a few attribute reads: a sweep visits every
-        connection of the process once a second, streams included."""
+        end), a 100 Continue not sent yet, reading paused because the app has not taken what came. Aborts the
+        connection when the client has taken nothing of what was sent for `timeouts.read_stall` (writing paused
+        that long), whatever the response's state, closing included. The common cases (answering, idle between
+        requests) return after a few attribute reads: a sweep visits every connection of the process once a
+        second, streams included."""
+        paused_at = self._write_paused_at
+        if paused_at and now - paused_at >= timeouts.read_stall:
+            self._write_paused_at = 0.0
+            log.debug("resetting a connection whose client read nothing for %.0f s", timeouts.read_stall)
+            self._reset_connection()
+            return
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:  # the current request's head is whole
             if (
@@ -242,6 +270,15 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self.transport.close()
             return
         self._refuse(b"408 Request Timeout", message, "request_timeout")
+
+    def _reset_connection(self) -> None:
+        """Ends the connection at once with a reset: what is unsent is dropped, in our buffer and in the kernel's
+        (a plain close would leave the kernel trying to deliver its buffer to a client that takes nothing)."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()
 
     def _refuse(self, status: bytes, message: str, code: str) -> None:
         log.debug("closing a connection: %s", message)

@@ -25,9 +25,9 @@ changes, invisible to the ASGI app except through the two extensions below, and 
   fills the socket's buffers, and then uvicorn waits for good (to drain before the next write, or to flush
   before it closes), holding the connection and, through the relay's back-pressure, the upstream connection
   and the request at the runtime. When writing has been paused (the buffers full) for `read_stall` seconds
-  without resuming, the connection is aborted: what was unsent is dropped, and the relay's disconnect
-  callback closes the upstream connection, which ends the request at the runtime. A slow client is not
-  stalled: writing resumes each time it takes a few tens of kB (asyncio's low water mark).
+  without resuming, the connection is reset: what was unsent is dropped, and the relay's disconnect callback
+  closes the upstream connection, which ends the request at the runtime. A slow reader is not cut: writing
+  resumes, and the clock starts over, each time it takes a few tens of kB (the transport's low water mark).
 - a bound on a request head's size (`MAX_HEAD_BYTES` beyond the read that began it): httptools keeps an
   unfinished header line in memory however long it grows, so one client could fill the gateway's memory
   before any key is checked (a 200 MB header took 200 MB). A longer head gets a 431 and the connection closes.
@@ -237,9 +237,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         """Answers 408 and closes when the client is late with the current request: its head not whole within
         `timeouts.head` of its first byte, or its body silent for `timeouts.body_idle` while the app waits for
         it. Never while the client waits for us: a response under way (the next head, pipelined, waits for its
-        end), a 100 Continue not sent yet, reading paused because the app has not taken what came. Aborts the
-        connection when the client has taken nothing of what was sent for `timeouts.read_stall` (writing paused
-        that long), whatever the response's state, closing included. The common cases (answering, idle between
+        end), a 100 Continue not sent yet, reading paused because the app has not taken what came. Resets the
+        connection when writing has stayed paused for `timeouts.read_stall` (the client took too little to bring
+        the buffer below its low water mark), whatever the response's state, closing included. The common cases (answering, idle between
         requests) return after a few attribute reads: a sweep visits every connection of the process once a
         second, streams included."""
         paused_at = self._write_paused_at

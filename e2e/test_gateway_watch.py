@@ -113,8 +113,11 @@ def test_gateway_routes_from_the_cluster_and_follows_changes(
         f"weight change applied after {time.monotonic() - changed:.3f}s\n"
     )
 
-    # A model that is not Ready gets no traffic: the split renormalises over ready backends.
+    # A model that is not Ready gets no traffic: the split renormalises over ready backends. The split is seen
+    # first (v1 answers again): the feature and the models come by separate watches, so a v2 not ready seen
+    # before the new split would leave chat, for that moment, with no ready backend (a 503, rightly).
     set_weights(kube, namespace, "chat", {"v1": 50, "v2": 50})
+    wait_until("the 50/50 split", lambda: answered_by(client, chat) == "v1", timeout=10, interval=0.01)
     set_model_status(kube, namespace, "v2", ready=False)
     wait_until("v2 excluded", lambda: all(answered_by(client, chat) == "v1" for _ in range(10)), timeout=10)
 

@@ -239,9 +239,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         it. Never while the client waits for us: a response under way (the next head, pipelined, waits for its
         end), a 100 Continue not sent yet, reading paused because the app has not taken what came. Resets the
         connection when writing has stayed paused for `timeouts.read_stall` (the client took too little to bring
-        the buffer below its low water mark), whatever the response's state, closing included. The common cases (answering, idle between
-        requests) return after a few attribute reads: a sweep visits every connection of the process once a
-        second, streams included."""
+        the buffer below its low water mark), whatever the response's state, closing included. The common
+        cases (answering, idle between requests) return after a few attribute reads: a sweep visits every
+        connection of the process once a second, streams included."""
         paused_at = self._write_paused_at
         if paused_at and now - paused_at >= timeouts.read_stall:
             self._write_paused_at = 0.0

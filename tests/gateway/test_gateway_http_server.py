@@ -163,6 +163,13 @@ def dechunk(data: bytes) -> bytes:
         at = line_end + 2 + size + 2
 
 
+STREAM_POST_BODY = b'{"model": "chat", "stream": true, "messages": [{"role": "user", "content": "hi"}]}'
+STREAM_POST = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%b" % (len(STREAM_POST_BODY), STREAM_POST_BODY)
+)
+
+
 @pytest.mark.parametrize("server", ["start_gateway", "start_gateway_on_plain_uvicorn"])
 def test_a_stream_faster_than_its_client_reads_arrives_whole_and_in_order(
     server: str, request: pytest.FixtureRequest
@@ -175,16 +182,11 @@ def test_a_stream_faster_than_its_client_reads_arrives_whole_and_in_order(
     backend = FastStreamingBackend(40_000)
     start: StartGateway = request.getfixturevalue(server)
     gateway = start([aimodel("chat-v1", backend.url), aifeature("chat", [("chat-v1", 100)])])
-    body = b'{"model": "chat", "stream": true, "messages": [{"role": "user", "content": "hi"}]}'
-    post = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
-        b"Connection: close\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body)
-    )
     host, port = gateway.url.removeprefix("http://").split(":")
     with socket.socket() as conn:
         conn.settimeout(30)
         conn.connect((host, int(port)))
-        conn.sendall(post)
+        conn.sendall(STREAM_POST)
         time.sleep(1.0)  # the client reads nothing: the gateway's writes back up (the point of the test)
         assert backend.sent < len(backend.events) // 2, backend.sent
         pieces: list[bytes] = []
@@ -193,13 +195,6 @@ def test_a_stream_faster_than_its_client_reads_arrives_whole_and_in_order(
     head, _, chunked = b"".join(pieces).partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 "), head
     assert dechunk(chunked) == b"".join(backend.events)
-
-
-STREAM_POST_BODY = b'{"model": "chat", "stream": true, "messages": [{"role": "user", "content": "hi"}]}'
-STREAM_POST = (
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
-    b"Connection: close\r\nContent-Length: %d\r\n\r\n%b" % (len(STREAM_POST_BODY), STREAM_POST_BODY)
-)
 
 
 def stream_client(gateway: Gateway) -> socket.socket:

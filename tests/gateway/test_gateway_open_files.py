@@ -19,24 +19,10 @@ import pytest
 from servlane_web.open_files import raise_open_files_limit
 from tests.support.polling import wait_until
 from tests.support.ports import free_port
+from tests.support.worker_processes import worker_pids
 
 STARTED_WITH = 256  # the gateway's soft limit at its start
 CONNECTIONS = 700  # held at once: more than two workers could hold at STARTED_WITH
-
-
-def worker_pids(supervisor: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (entry / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == supervisor and b"spawn_main" in cmdline:
-            found.append(int(entry.name))
-    return found
 
 
 def soft_open_files(pid: int) -> int:

@@ -35,6 +35,7 @@ from tests.support.gateway_harness import ServedApp, Upstream, aifeature, aimode
 from tests.support.polling import wait_until
 from tests.support.shared_limits import GatewayProcess, RedisServer, prefix, redis_server  # noqa: F401 - fixture
 from tests.support.stopped import freeze
+from tests.support.worker_processes import worker_pids
 
 # --- pure ----------------------------------------------------------------------------------------------------
 
@@ -113,22 +114,6 @@ def test_two_workers_with_limits_in_memory_refuse_to_start(tmp_path: Path) -> No
 
 
 # --- processes -----------------------------------------------------------------------------------------------
-
-
-def worker_pids(supervisor: int) -> list[int]:
-    """The supervisor's spawned workers (not multiprocessing's resource tracker, also its child)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (entry / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == supervisor and b"spawn_main" in cmdline:
-            found.append(int(entry.name))
-    return sorted(found)
 
 
 @contextmanager

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import ssl
 import subprocess
 import time
@@ -19,6 +20,8 @@ from typing import Any
 import pytest
 
 from localcluster.cluster import LocalCluster
+from localcluster.docker_layers import chain_ids
+from tests.support.cluster_harness import OPERATOR_IMAGE, unavailable
 from tests.support.pod_netns import blocked, get_in_pod, netns_of
 from tests.support.polling import wait_until
 
@@ -469,3 +472,85 @@ def test_network_policy_admits_only_the_selected_pods(cluster: LocalCluster) -> 
         for ns in NETPOL_NAMESPACES:
             with contextlib.suppress(urllib.error.HTTPError):
                 c.api("DELETE", f"/api/v1/namespaces/{ns}")
+
+
+# A layer that deletes a file (an overlayfs whiteout) and replaces a folder (an opaque folder), over our
+# operator image's layers: what linking Docker's layer folders into the node's snapshots must keep.
+LINKED_PROBE_DOCKERFILE = f"""FROM {OPERATOR_IMAGE}
+USER root
+RUN mkdir -p /probe/replaced && echo old > /probe/replaced/old && echo gone > /probe/gone && echo kept > /probe/kept
+RUN rm /probe/gone && rm -rf /probe/replaced && mkdir /probe/replaced && echo new > /probe/replaced/new
+USER 10001:10001
+"""
+
+
+def test_a_docker_image_linked_into_the_node_runs_with_its_deletions_and_its_removal_frees_its_snapshots(
+    cluster: LocalCluster,
+) -> None:
+    """`import_docker_image` links Docker's overlay2 layers (localcluster/docker_layers.py): a pod sees the
+    image's files as Docker built them, deleted files and replaced folders included, and removing the image
+    lets containerd's garbage collector take its snapshots."""
+    node = cluster.node
+    assert node is not None
+    if subprocess.run(["docker", "image", "inspect", OPERATOR_IMAGE], capture_output=True).returncode != 0:
+        unavailable(f"{OPERATOR_IMAGE} is not built (scripts/build-images.sh all)")
+    ref = f"servlane.local/linked-probe:{uuid.uuid4().hex[:8]}"
+    subprocess.run(
+        ["docker", "build", "--quiet", "-t", ref, "-"],
+        input=LINKED_PROBE_DOCKERFILE.encode(),
+        env={**os.environ, "DOCKER_BUILDKIT": "0"},  # the classic builder: any client, no buildx
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    try:
+        linkable = node.docker_image_to_link(ref)
+        assert linkable is not None, "Docker's overlay2 layers on the node's filesystem are linked, not copied"
+        node.import_docker_image(ref)
+        top = chain_ids(linkable.diff_ids)[-1]
+        assert top in node.ctr("snapshots", "ls").stdout
+        assert node.ctr("content", "ls", "-q").stdout.count(linkable.diff_ids[-1]) == 0, "no layer blob written"
+
+        _namespace(cluster)
+        name = f"linked-{uuid.uuid4().hex[:6]}"
+        path = f"/api/v1/namespaces/{NAMESPACE}/pods/{name}"
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "nodeSelector": {"servlane.dev/real-node": "true"},
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "probe",
+                        "image": ref,
+                        "imagePullPolicy": "Never",
+                        "command": ["sh", "-c", "cd /probe && ls -A . replaced && cat kept"],
+                    }
+                ],
+            },
+        }
+        cluster.api("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod)
+        _wait(f"pod {name} Succeeded", lambda: cluster.api("GET", path)["status"].get("phase") == "Succeeded", 120)
+        listing = _text(cluster, f"{path}/log").split()
+        assert "kept" in listing, listing
+        assert "new" in listing, listing
+        assert "gone" not in listing, f"the deleted file shows through: {listing}"
+        assert "old" not in listing, f"the replaced folder's old file shows through: {listing}"
+        cluster.api("DELETE", path)
+        _wait(f"pod {name} deleted", lambda: _absent(cluster, path), 60)
+        # A container's snapshot is a child of the image's top one and would keep it.
+        _wait("its container gone from containerd", lambda: ref not in node.ctr("containers", "ls").stdout, 60)
+    finally:
+        node.remove_image(ref)
+        subprocess.run(["docker", "rmi", ref], capture_output=True, check=False)
+    assert top not in node.ctr("snapshots", "ls").stdout, "removing the image frees its snapshots"
+
+
+def _absent(c: LocalCluster, path: str) -> bool:
+    try:
+        c.api("GET", path)
+    except urllib.error.HTTPError as exc:
+        return exc.code == 404
+    return False

@@ -36,6 +36,7 @@ import ipaddress
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -55,6 +56,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
 from localcluster.build_scripts import run_build_script
+from localcluster.docker_layers import DockerImage, chain_ids, layout_without_layers, read_docker_image
+from localcluster.mount_view import link_tree_command, mount_of
 
 if TYPE_CHECKING:
     from localcluster.cluster import LocalCluster
@@ -298,6 +301,23 @@ def _blob(layout: tarfile.TarFile, data: bytes) -> str:
     info.size = len(data)
     layout.addfile(info, io.BytesIO(data))
     return f"sha256:{digest}"
+
+
+# The label by which content keeps a snapshot from containerd's garbage collector; containerd's unpacking
+# puts it on an image's config, naming the top layer's snapshot.
+SNAPSHOT_REF_LABEL = "containerd.io/gc.ref.snapshot.overlayfs"
+
+
+def _snapshot_folder(mounts: list[dict[str, Any]]) -> Path:
+    """The folder an active overlayfs snapshot's own files go in: its bind mount's source (no parent) or its
+    overlay's upperdir (`ctr snapshots prepare --mounts` prints these mounts as JSON)."""
+    (mount,) = mounts  # Go's mount.Mount, printed without JSON tags
+    if mount.get("Type") == "bind":
+        return Path(mount["Source"])
+    for option in mount.get("Options") or []:
+        if option.startswith("upperdir="):
+            return Path(option.removeprefix("upperdir="))
+    raise RealNodeError(f"no folder to fill in the snapshot's mounts: {mounts}")
 
 
 def oci_archive(dest: Path, name: str, binary: Path, entrypoint: list[str]) -> Path:
@@ -628,14 +648,35 @@ class RealNode:
             check=False,
         )
 
+    def docker_image_to_link(self, ref: str) -> DockerImage | None:
+        """`ref` as Docker holds it, where its layers can be hard-linked into this node's snapshots (Docker's
+        overlay2 driver, on the node's filesystem); None where the image must be copied (`import_docker_image`
+        then streams it, which needs about twice the unpacked image's size free)."""
+        try:
+            image = read_docker_image(ref)
+            if image is None:
+                return None
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            node_mount = mount_of(self.workdir)
+            for layer_dir in image.layer_dirs:
+                link_tree_command(layer_dir, mount_of(layer_dir), self.workdir, node_mount)
+        except (ValueError, OSError, subprocess.SubprocessError):
+            return None
+        return image
+
     def import_docker_image(self, ref: str, timeout: float = 1200) -> float:
-        """Streams `docker save ref | ctr images import -` into the node's containerd (namespace k8s.io,
-        unpacked for the CRI's overlayfs snapshotter), so pods run `ref` with imagePullPolicy IfNotPresent or
-        Never; returns the seconds it took. Both processes are killed at the deadline. The unpacked image
-        stays on disk (under the node's workdir) until `remove_image`."""
+        """Puts Docker's image `ref` into the node's containerd (namespace k8s.io, unpacked for the CRI's
+        overlayfs snapshotter), so pods run `ref` with imagePullPolicy IfNotPresent or Never; returns the
+        seconds it took. Linked from Docker's own layers where it can be (`link_docker_image`), else streamed
+        through `docker save ref | ctr images import -` (both processes killed at the deadline). The image
+        stays under the node's workdir until `remove_image`."""
         if shutil.which("docker") is None:
             raise RealNodeError("docker is not installed: no local image to import")
         started = time.monotonic()
+        linkable = self.docker_image_to_link(ref)
+        if linkable is not None:
+            self.link_docker_image(linkable, timeout=timeout)
+            return time.monotonic() - started
         save = subprocess.Popen(
             ["docker", "save", ref], stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
         )
@@ -679,12 +720,81 @@ class RealNode:
             raise RealNodeError(f"{ref} not in containerd after import: {load_out.decode(errors='replace')[-2000:]}")
         return time.monotonic() - started
 
+    def link_docker_image(self, image: DockerImage, timeout: float = 1200) -> None:
+        """Puts `image` into the node's containerd without copying a byte of its layers: an image record whose
+        manifest names layers that are not in the content store (as `--discard-unpacked-layers` leaves one),
+        and, bottom layer first, a snapshot per layer named by its chain ID and filled with hard links to
+        Docker's unpacked files (`cp -a --link`: folders made anew with their modes, owners and xattrs, such
+        as overlayfs's opaque mark; files, whiteouts included, linked; see localcluster/docker_layers.py, and
+        localcluster/mount_view.py for linking past Docker's bind mount of its own folder).
+
+        Containerd's garbage collector deletes what nothing refers to: ctr marks each snapshot it prepares or
+        commits as a root (`containerd.io/gc.root`), which keeps them while the image is put together; then
+        the image's config is labelled with the top snapshot (as containerd's own unpacking leaves it), whose
+        parents it keeps, and the root marks go, so removing the image frees them."""
+        deadline = time.monotonic() + timeout
+        layout = self.workdir / "images" / f"linked-{secrets.token_hex(4)}.tar"
+        layout.parent.mkdir(parents=True, exist_ok=True)
+        layout.write_bytes(layout_without_layers(image))
+        try:
+            platform = f"{image.os}/{image.architecture}"
+            self._ctr_ok("images", "import", "--local", "--no-unpack", "--platform", platform, str(layout))
+        finally:
+            layout.unlink(missing_ok=True)
+        snapshots = ("snapshots", "--snapshotter", "overlayfs")
+        chains = chain_ids(image.diff_ids)
+        made: list[str] = []
+        parent: list[str] = []
+        for chain, layer_dir in zip(chains, image.layer_dirs, strict=True):
+            if self.ctr(*snapshots, "info", chain).returncode != 0:  # another image may have linked it already
+                key = f"servlane-link-{secrets.token_hex(6)}"
+                folder = _snapshot_folder(json.loads(self._ctr_ok(*snapshots, "prepare", "--mounts", key, *parent)))
+                copied = subprocess.run(
+                    link_tree_command(layer_dir, mount_of(layer_dir), folder, mount_of(folder)),
+                    capture_output=True,
+                    text=True,
+                    timeout=max(1.0, deadline - time.monotonic()),
+                    check=False,
+                )
+                if copied.returncode != 0:
+                    self.ctr(*snapshots, "rm", key)
+                    raise RealNodeError(f"linking {image.ref}'s layer {layer_dir}: {copied.stderr.strip()[-2000:]}")
+                self._ctr_ok(*snapshots, "commit", chain, key)
+                made.append(chain)
+            parent = [chain]
+        self._ctr_ok("content", "label", image.config_digest, f"{SNAPSHOT_REF_LABEL}={chains[-1]}")
+        for chain in made:
+            self._ctr_ok(*snapshots, "label", chain, "containerd.io/gc.root=")
+        if image.ref not in self.ctr("images", "ls", "-q").stdout.split():
+            raise RealNodeError(f"{image.ref} not in containerd after linking it")
+
+    def _ctr_ok(self, *args: str, timeout: float = 120) -> str:
+        result = self.ctr(*args, timeout=timeout)
+        if result.returncode != 0:
+            raise RealNodeError(f"ctr {' '.join(args[:3])}: {result.stderr.strip()[-2000:]}")
+        return result.stdout
+
     def remove_image(self, ref: str, timeout: float = 300) -> None:
         """Deletes `ref` from the node's containerd and waits for its garbage collection (content and
-        snapshots), giving the disk back while the node keeps running."""
-        result = self.ctr("images", "rm", "--sync", ref, timeout=timeout)
-        if result.returncode != 0 and "not found" not in result.stderr:
-            raise RealNodeError(f"ctr images rm {ref}: {result.stderr.strip()}")
+        snapshots), giving the disk back while the node keeps running. The CRI names each image it learns of
+        also by its ID (`sha256:<config digest>`), a second record that would keep it all: that one goes too
+        (as `crictl rmi` does) unless another name still points at the image."""
+        targets = self._image_targets()
+        names = [ref]
+        if ref in targets:
+            config = json.loads(self._ctr_ok("content", "get", targets[ref])).get("config", {}).get("digest")
+            others = [n for n, t in targets.items() if t == targets[ref] and n not in (ref, config)]
+            if config in targets and not others:
+                names.append(config)
+        for name in names:
+            result = self.ctr("images", "rm", "--sync", name, timeout=timeout)
+            if result.returncode != 0 and "not found" not in result.stderr:
+                raise RealNodeError(f"ctr images rm {name}: {result.stderr.strip()}")
+
+    def _image_targets(self) -> dict[str, str]:
+        """Each image's name and the digest of what it points at (its manifest)."""
+        lines = self._ctr_ok("images", "ls").splitlines()[1:]  # REF TYPE DIGEST SIZE PLATFORMS LABELS
+        return {fields[0]: fields[2] for fields in (line.split() for line in lines) if len(fields) >= 3}
 
     # --- up ---
     def up(self, timeout: float = 180) -> None:

@@ -4,7 +4,8 @@ It answers with its own name as the content, so a test sees which backend answer
 body it received. Words in the last message (or the prompt) steer it:
   status=500   answer with that HTTP status       delay=0.5  wait before answering (seconds)
   chunks=3     stream that many content chunks     gap=0.01   wait between chunks
-  cut=2        abort the connection after 2 chunks hold      after the first chunk, wait for release()
+  cut=2        abort the connection after 2 chunks hold      after the first chunk (a stream) or before
+                                                                answering (otherwise), wait for `released`
   retry_after=7  with status=: send that Retry-After header (the runtime's 429/503 overload answers)
   linger=1      stream: end the body that long after `data: [DONE]`
 It records each request's headers too (lower-case names), e.g. to see what the gateway forwards.
@@ -113,6 +114,8 @@ def create_upstream(name: str) -> tuple[FastAPI, UpstreamState]:
                     state.abandoned += 1
                     return Response(status_code=499)
                 await asyncio.sleep(0.01)
+        if "hold" in steer and not body.get("stream"):
+            await asyncio.to_thread(state.released.wait, 30)  # bounded: a test that forgot to release still ends
         if "status" in steer:
             error = {"message": f"{name} failed on purpose", "type": "server_error", "param": None, "code": None}
             retry = {"Retry-After": steer["retry_after"]} if "retry_after" in steer else None

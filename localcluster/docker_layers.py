@@ -70,6 +70,8 @@ def read_docker_image(ref: str, docker: str = "docker") -> DockerImage | None:
     if driver.get("Name") != "overlay2":
         return None
     data = driver.get("Data") or {}
+    if not data.get("UpperDir"):
+        return None
     # UpperDir is the top layer's folder, LowerDir the others from the nearest parent down to the base.
     top_down = [data["UpperDir"], *filter(None, (data.get("LowerDir") or "").split(":"))]
     layer_dirs = tuple(Path(d) for d in reversed(top_down))

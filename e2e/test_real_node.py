@@ -24,6 +24,7 @@ from localcluster.docker_layers import chain_ids
 from tests.support.cluster_harness import OPERATOR_IMAGE, unavailable
 from tests.support.pod_netns import blocked, get_in_pod, netns_of
 from tests.support.polling import wait_until
+from tests.support.real_pods import gone
 
 pytestmark = [
     pytest.mark.e2e,
@@ -153,15 +154,7 @@ def test_pod_runs_on_the_real_node(cluster: LocalCluster) -> None:
         assert r.read().decode().strip() == "hello from hello"
 
     c.api("DELETE", path)
-
-    def gone() -> bool:
-        try:
-            c.api("GET", path)
-        except urllib.error.HTTPError as exc:
-            return exc.code == 404
-        return False
-
-    _wait("pod hello deleted", gone, 60)
+    _wait("pod hello deleted", lambda: gone(c, path), 60)
     assert c.node is not None
     _wait("no containers left in containerd", lambda: c.node.ctr("tasks", "ls", "-q").stdout.split() == [], 30)
 
@@ -539,18 +532,10 @@ def test_a_docker_image_linked_into_the_node_runs_with_its_deletions_and_its_rem
         assert "gone" not in listing, f"the deleted file shows through: {listing}"
         assert "old" not in listing, f"the replaced folder's old file shows through: {listing}"
         cluster.api("DELETE", path)
-        _wait(f"pod {name} deleted", lambda: _absent(cluster, path), 60)
+        _wait(f"pod {name} deleted", lambda: gone(cluster, path), 60)
         # A container's snapshot is a child of the image's top one and would keep it.
         _wait("its container gone from containerd", lambda: ref not in node.ctr("containers", "ls").stdout, 60)
     finally:
         node.remove_image(ref)
         subprocess.run(["docker", "rmi", ref], capture_output=True, check=False)
     assert top not in node.ctr("snapshots", "ls").stdout, "removing the image frees its snapshots"
-
-
-def _absent(c: LocalCluster, path: str) -> bool:
-    try:
-        c.api("GET", path)
-    except urllib.error.HTTPError as exc:
-        return exc.code == 404
-    return False

@@ -26,6 +26,7 @@ from servlane_api import metric_names as contract
 from servlane_core.routing.picking import effective_weights
 from servlane_core.routing.routes import Route, RouteTable
 from servlane_gateway import worker_metrics
+from servlane_gateway.limits.rates import charged_tokens
 
 # The response cache's counters (read by people and dashboards, not by the operator: so named here).
 CACHE_HITS = "servlane_gateway_response_cache_hits_total"
@@ -324,10 +325,13 @@ class GatewayMetrics:
             self._token_children[key] = children
         total = 0
         prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        # A backend's JSON integer may be of any size; the counters (floats) take up to MAX_CHARGED_TOKENS.
         if isinstance(prompt, int) and prompt > 0:
+            prompt = charged_tokens(prompt)
             children[0].inc(prompt)
             total = prompt
         if isinstance(completion, int) and completion > 0:
+            completion = charged_tokens(completion)
             children[1].inc(completion)
             total += completion
         return total

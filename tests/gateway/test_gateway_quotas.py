@@ -11,7 +11,7 @@ import pytest
 
 from servlane_api import metric_names as m
 from servlane_gateway.http.proxy import UsageScanner
-from servlane_gateway.limits.rates import Limits, RateLimiter, estimate_tokens
+from servlane_gateway.limits.rates import MAX_CHARGED_TOKENS, Limits, RateLimiter, estimate_tokens
 from tests.support.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
 from tests.support.polling import wait_until
 from tests.support.quotas import CHAT, events, open_held, released_at_end
@@ -216,3 +216,52 @@ def test_the_reservation_is_an_estimate_settled_once() -> None:
     assert estimate_tokens(chat, 400, "chat/completions", 256) == 100 + 30 * 2
     assert estimate_tokens({"prompt": "hi"}, 40, "completions", 256) == 10 + 256
     assert estimate_tokens({"input": "hi", "max_tokens": 5}, 40, "embeddings", 256) == 10
+
+
+def test_a_reservation_is_at_most_one_minute_of_the_smallest_token_limit() -> None:
+    clock = Clock()
+    per_key, per_feature = Limits(tokens_per_minute=600), Limits(tokens_per_minute=1000)
+    limiter = RateLimiter(per_key=per_key, per_feature=per_feature, clock=clock)
+    # The client's numbers, of any size: the estimate never overflows, the reservation is one minute of the key's.
+    huge = {"messages": say("hi"), "max_tokens": 10**400, "n": 10**400}
+    estimate = estimate_tokens(huge, 40, "chat/completions", 256)
+    assert estimate > 10**20
+    admission = limiter.admit("a", "prod", "chat", reserve_tokens=estimate)
+    assert admission.reserved == 600
+    admission.settle(None)  # the client left: the reservation stands as the charge
+    assert limiter.tokens_left("key", "a") == 0
+    assert limiter.tokens_left("feature", "prod/chat") == 400
+    clock.now += 60  # a minute later the key's budget is whole again, not in debt until the heat death
+    assert limiter.tokens_left("key", "a") == 600
+    reported = limiter.admit("a", "prod", "chat", reserve_tokens=10)
+    reported.settle(10**400)  # a backend's usage of any size is charged as the most there is, not an OverflowError
+    assert limiter.tokens_left("key", "a") == 600 - MAX_CHARGED_TOKENS
+
+
+def test_a_huge_max_tokens_holds_back_the_features_other_callers_for_a_minute_at_most(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway
+) -> None:
+    """A key with a feature's model shared to it sends max_tokens of 10**300 and leaves before any usage: the
+    feature's bucket, shared with every key that calls it, owes at most one minute, and nothing is a 500."""
+    gw = start_gateway(objects(upstreams), keys=KEYS)
+    clock = Clock()
+    gw.state.limiter = RateLimiter(
+        per_key=Limits(max_in_flight=1), per_feature=Limits(tokens_per_minute=1000), clock=clock
+    )
+    alpha, bravo = "sk-alpha-00000000000000000000000", "sk-bravo-00000000000000000000000"
+    with httpx.Client(base_url=gw.url, timeout=10) as client:
+        for max_tokens in (10**300, 10**400):  # beyond a float too
+            clock.now += 60
+            body = {"model": "chat", "messages": say("hold chunks=2"), "stream": True, "max_tokens": max_tokens}
+            with released_at_end(upstreams["v1"]):
+                held = open_held(client, body, bravo)
+                assert held.status_code == 200, held.first
+                held.response.close()  # gone before the usage chunk
+            wait_until("bravo's place freed", lambda: in_memory(gw).in_flight("key", "team-b") == 0, 10)
+            assert in_memory(gw).tokens_left("feature", "default/chat") == 0  # one minute's allowance, no more
+            refused = client.post(CHAT, json={"model": "chat", "messages": say("hi")}, headers=bearer(alpha))
+            assert refused.status_code == 429
+            assert int(refused.headers["Retry-After"]) <= 1
+            clock.now += 60
+            served = client.post(CHAT, json={"model": "chat", "messages": say("hi")}, headers=bearer(alpha))
+            assert served.status_code == 200, served.text

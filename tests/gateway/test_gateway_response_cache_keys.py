@@ -77,6 +77,9 @@ def key(body: dict[str, Any], **where: Any) -> str:
         ({"seed": 1, "functions": [{"name": "f"}]}, CHAT, "tools"),
         ({"temperature": 0, "n": 2}, CHAT, "several samples"),
         ({"temperature": 0, "best_of": 3}, "completions", "several samples"),
+        # JSON integers beyond a float's range: looked at as numbers, never converted (that was a 500)
+        ({"temperature": 10**400}, CHAT, "sampled"),
+        ({"temperature": 1, "seed": 10**400}, CHAT, None),
     ],
 )
 def test_only_deterministic_requests_are_cacheable(body: dict[str, Any], endpoint: str, why: str | None) -> None:

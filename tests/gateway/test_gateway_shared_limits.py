@@ -311,6 +311,10 @@ async def test_the_shared_store_settles_exactly_like_the_in_memory_limiter(
             more = await limiter.acquire("a", "prod", "chat", reserve_tokens=100)
             more.settle(300)  # used more than reserved: the difference taken
             await _settled(limiter, 50)
+            huge = await limiter.acquire("a", "prod", "chat", reserve_tokens=10**400)  # max_tokens past a double
+            assert huge.reserved == 600  # one minute's allowance at most, not the client's number
+            huge.settle(None)  # the client left: the bounded reservation stands
+            await _settled(limiter, 50 - 600)
     finally:
         await shared.aclose()
 

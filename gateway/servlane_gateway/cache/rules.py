@@ -78,8 +78,9 @@ class Entry:
         return cls(stream, content_type, body)
 
 
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+def _number(value: object) -> int | float | None:
+    """A JSON number as parsed (not converted: an integer may be too large for a float), else None."""
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def refusal(body: dict[str, Any], endpoint: str) -> str | None:

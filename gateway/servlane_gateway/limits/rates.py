@@ -12,6 +12,14 @@ report, it stands (see `Admission.settle`). A bucket may go negative, which hold
 requests until it refills. A bucket holds at most one minute's allowance, so a limit of N per minute
 allows a burst of N, then N/60 per second.
 
+The estimate is the client's to inflate (`max_tokens`, `n`), and a feature's bucket is shared by every key
+that calls the feature: so a reservation is at most one minute's allowance of the smallest token limit it
+is taken from (`bounded_reservation`). A reservation that stands (the client left) then holds back the
+feature's other callers for at most a minute, as a request that really used its whole budget would, and not
+for as long as the client asked (a `max_tokens` of 10**300 did so until the gateway restarted). Usage is
+charged as reported, up to `MAX_CHARGED_TOKENS`: the buckets count in floats (Redis in doubles), and a JSON
+integer may be of any size.
+
 `RateLimiter` keeps all of it in this process's memory: each gateway replica limits on its own.
 `servlane_gateway.limits.redis_limiter.RedisLimiter` keeps the same buckets, reservations and in-flight places in
 a Redis shared by the replicas, with the same semantics; both answer the `Limiter` protocol the request
@@ -167,6 +175,26 @@ DEFAULT_RESERVED_COMPLETION_TOKENS = 256  # for a completion without max_tokens;
 BYTES_PER_PROMPT_TOKEN = 4  # text is rarely denser; the JSON around it makes the estimate larger, not smaller
 
 
+# More tokens than any request uses (a float counts integers exactly up to 2**53): what a reservation's estimate
+# and a reported usage are cut to, so that arithmetic on buckets never overflows or loses the count.
+MAX_CHARGED_TOKENS = 1 << 50
+
+
+def bounded_reservation(checks: list[Check], estimate: int) -> int:
+    """What a request reserves of its token buckets: its estimate, at most the smallest token limit among
+    `checks` (one minute's allowance: see the module's docstring), and at most MAX_CHARGED_TOKENS."""
+    reservation = min(estimate, MAX_CHARGED_TOKENS)
+    for check in checks:
+        if check.kind == "tokens":
+            reservation = min(reservation, int(check.limit))
+    return max(reservation, 0)
+
+
+def charged_tokens(tokens: int) -> int:
+    """A reported usage as it is charged: a backend's number, never more than MAX_CHARGED_TOKENS."""
+    return min(max(tokens, 0), MAX_CHARGED_TOKENS)
+
+
 def estimate_tokens(body: dict[str, Any], body_bytes: int, endpoint: str, default_completion: int) -> int:
     """The tokens reserved for a request at admission: its prompt, estimated from the body's size in bytes
     (the real count needs the backend's tokenizer), plus its completion allowance: `max_completion_tokens`
@@ -182,7 +210,8 @@ def estimate_tokens(body: dict[str, Any], body_bytes: int, endpoint: str, defaul
             break
     n = body.get("n")
     choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
-    return prompt + allowance * choices
+    # Cut before multiplying: the client's numbers may have thousands of digits.
+    return prompt + min(allowance, MAX_CHARGED_TOKENS) * min(choices, MAX_CHARGED_TOKENS)
 
 
 class Admission:
@@ -207,7 +236,7 @@ class Admission:
             self._limiter._leave(place)
         if tokens is None:
             return
-        difference = tokens - self.reserved
+        difference = charged_tokens(tokens) - self.reserved
         for bucket in self._buckets:
             if difference > 0:
                 bucket.take(difference)
@@ -275,7 +304,9 @@ class RateLimiter:
             return Admission(self, [], [], reserve_tokens)  # nothing to take, count or settle
         waits: list[tuple[float, str]] = []
         scopes = self._scopes(key_name, namespace, feature)
-        for check in plan_checks(self.per_key, self.per_feature, key_name, namespace, feature):
+        checks = plan_checks(self.per_key, self.per_feature, key_name, namespace, feature)
+        reserve_tokens = bounded_reservation(checks, reserve_tokens)
+        for check in checks:
             buckets = self._get(check.scope, check.name)
             if check.kind == "requests" and buckets.requests is not None:
                 waits.append((buckets.requests.wait_for(1), check.describe()))
@@ -310,6 +341,7 @@ class RateLimiter:
         pass
 
     def charge_tokens(self, key_name: str | None, namespace: str, feature: str, tokens: int) -> None:
+        tokens = charged_tokens(tokens)
         for _, _, buckets in self._scopes(key_name, namespace, feature):
             if buckets.tokens is not None and tokens > 0:
                 buckets.tokens.take(tokens)

@@ -29,7 +29,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from servlane_core.protocol.errors import OpenAIError
-from servlane_gateway.limits.rates import Check, Kind, Limits, Scope, plan_checks
+from servlane_gateway.limits.rates import Check, Kind, Limits, Scope, bounded_reservation, charged_tokens, plan_checks
 from servlane_gateway.limits.shared import (
     RENEW_FRACTION,
     ScriptCall,
@@ -188,7 +188,8 @@ class RedisAdmission:
         if self.settled:
             return
         self.settled = True
-        self._limiter._release(self._checks, self._member, 0 if tokens is None else tokens - self.reserved)
+        charge = 0 if tokens is None else charged_tokens(tokens) - self.reserved
+        self._limiter._release(self._checks, self._member, charge)
 
 
 class RedisLimiter:
@@ -256,6 +257,7 @@ class RedisLimiter:
         checks = plan_checks(self.per_key, self.per_feature, key_name, namespace, feature)
         if not checks:  # no limit applies: nothing to ask, so a store outage does not matter here
             return RedisAdmission(self, [], "", reserve_tokens)
+        reserve_tokens = bounded_reservation(checks, reserve_tokens)
         member = f"{self._replica}:{next(self._ids)}"
         call = admit_call(self.prefix, checks, reserve_tokens, member, self.lease)
         try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from servlane_api import AIFeature, AIModel
 from servlane_core.routing.routes import build_route_table, resolve_plain_names
 from servlane_gateway.access import parse_keys
@@ -72,6 +74,38 @@ def test_the_ring_keeps_the_latest_slow_or_failed_requests_newest_first() -> Non
     assert [r.trace_id for r in log.recent()] == ["d", "c"]  # bounded: "b" fell out
     assert log.recent()[1].slow
     assert not log.recent()[1].failed
+
+
+def test_one_features_failures_never_push_anothers_out_of_the_ring() -> None:
+    clock = Clock()
+    log = RequestLog(slow_seconds=2.0, size=3, clock=clock)
+    log.add("team-a", "chat", "v1", 500, 0.1, trace_id="a")
+    for i in range(100):  # another team fails its own requests, as many as it likes
+        clock.now += 1
+        log.add("team-b", "chat", "v1", 500, 0.1, trace_id=f"b{i}")
+    clock.now += 1
+    log.add("", "", "", 500, 0.1, trace_id="unrouted")
+    team_a = log.recent(lambda namespace, feature: namespace == "team-a")
+    assert [r.trace_id for r in team_a] == ["a"]
+    # Who sees everything sees the newest across the features (and the unrouted), still `size` of them.
+    assert [r.trace_id for r in log.recent()] == ["unrouted", "b99", "b98"]
+    assert [r.trace_id for r in log.recent(lambda namespace, feature: True)] == ["b99", "b98", "b97"]
+
+
+def test_a_models_stats_count_only_the_features_the_reader_sees() -> None:
+    clock = Clock()
+    log = RequestLog(window=60.0, clock=clock)
+    clock.now += 120
+    for _ in range(2):
+        log.add("default", "chat", "v1", 200, 0.1, ttft=0.1)
+    for _ in range(3):  # the same AIModel through a feature the reader may not see
+        log.add("default", "secret", "v1", 500, 0.1)
+    seen = log.stats("default", "v1", lambda namespace, feature: feature == "chat")
+    assert (seen.requests, seen.error_rate, seen.ttft_p95_seconds) == (2, 0.0, 0.1)
+    assert seen.requests_per_second == 2 / 60
+    everything = log.stats("default", "v1")
+    assert (everything.requests, everything.error_rate) == (5, 3 / 5)
+    assert everything.requests_per_second == pytest.approx(5 / 60)  # summed over the two features' windows
 
 
 def test_model_stats_cover_the_window_only() -> None:
@@ -168,6 +202,9 @@ def test_a_scoped_key_sees_only_its_features_their_models_and_their_requests() -
     assert names(direct["features"]) == set()
     assert names(direct["models"]) == {"other/s1"}
     assert [r["traceId"] for r in direct["recent"]] == []  # its requests went through the feature
+    # ... and so did its traffic: the model's figures for this key count none of the feature's requests.
+    assert [(m["name"], m["requests"]) for m in direct["models"]] == [("s1", 0)]
+    assert [(m["name"], m["requests"]) for m in view_for(None, log)["models"] if m["name"] == "s1"] == [("s1", 1)]
 
 
 def test_features_carry_weights_and_canary_history() -> None:

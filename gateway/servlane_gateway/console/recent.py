@@ -1,12 +1,19 @@
 """What this gateway replica saw of its requests, for the console: the latest slow or failed ones (a bounded
 ring) and, per model, a sliding window of outcomes for request rate, error rate and TTFT p95.
 
+Both are kept per feature (namespace and name, as routed): a key sees only its features' requests, and one
+feature's traffic never pushes another's out. With one ring for all, a team that failed 100 requests of its
+own flushed every other team's recent failures from their consoles; with one window per AIModel, a key given
+one feature of a model saw the traffic of the model's other features too.
+
 In this process's memory only: every replica sees its own share of the traffic, and the console says so.
 Pure (no framework); the forwarding code calls add() once per finished request.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import time
 from array import array
@@ -115,6 +122,10 @@ def p95(values: list[float]) -> float | None:
     return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
 
 
+# Which features a reader may see: (namespace, feature name) -> bool; None sees all.
+Visible = Callable[[str, str], bool] | None
+
+
 class RequestLog:
     def __init__(
         self,
@@ -128,9 +139,12 @@ class RequestLog:
         self.window = window
         self.clock = clock
         self.started = clock()
-        self._ring: deque[RecentRequest] = deque(maxlen=size)
+        self.size = size
+        # Per (namespace, feature); ("", "") holds the requests that never resolved to a route.
+        self._rings: dict[tuple[str, str], deque[RecentRequest]] = {}
         self.max_outcomes = max_outcomes
-        self._outcomes: dict[tuple[str, str], OutcomeWindow] = {}
+        # Per (namespace, feature, AIModel).
+        self._outcomes: dict[tuple[str, str, str], OutcomeWindow] = {}
 
     def add(
         self,
@@ -147,36 +161,58 @@ class RequestLog:
         failed = is_failure(status, error)
         slow = seconds >= self.slow_seconds
         if failed or slow:
-            self._ring.append(
-                RecentRequest(now, namespace, feature, model, status, seconds, error, trace_id, failed, slow)
-            )
+            where = (namespace, feature) if feature else ("", "")
+            ring = self._rings.get(where)
+            if ring is None:
+                ring = self._rings[where] = deque(maxlen=self.size)
+            ring.append(RecentRequest(now, namespace, feature, model, status, seconds, error, trace_id, failed, slow))
         if model:
             # An adapter's traffic (`model:adapter`) is its AIModel's: the console lists AIModels.
-            key = (namespace, parse_target(model).model)
+            key = (namespace, feature, parse_target(model).model)
             outcomes = self._outcomes.get(key)
             if outcomes is None:
                 outcomes = self._outcomes[key] = OutcomeWindow(self.max_outcomes)
             outcomes.add(now, failed, ttft if not failed else None)
             outcomes.expire(now - self.window)
 
-    def recent(self) -> list[RecentRequest]:
-        """Newest first."""
-        return list(reversed(self._ring))
+    def recent(self, visible: Visible = None) -> list[RecentRequest]:
+        """The newest `size` of the features `visible` allows (the unresolved ones only to a reader who sees
+        all), newest first."""
+        rings = [
+            ring
+            for (namespace, feature), ring in self._rings.items()
+            if visible is None or (feature and visible(namespace, feature))
+        ]
+        newest = heapq.merge(*(reversed(ring) for ring in rings), key=lambda r: r.time, reverse=True)
+        return list(itertools.islice(newest, self.size))
 
-    def stats(self, namespace: str, model: str) -> ModelStats:
+    def stats(self, namespace: str, model: str, visible: Visible = None) -> ModelStats:
+        """The AIModel's outcomes in the window, through the features `visible` allows."""
         now = self.clock()
-        outcomes = self._outcomes.get((namespace, model)) or OutcomeWindow(1)
-        outcomes.expire(now - self.window)
+        windows = [
+            outcomes
+            for (of_namespace, feature, of_model), outcomes in self._outcomes.items()
+            if of_namespace == namespace and of_model == model and (visible is None or visible(namespace, feature))
+        ]
         # A replica up for less than the window has seen less than the window: rates over what it saw.
-        span = max(1e-9, min(self.window, now - self.started))
-        oldest = outcomes.oldest_time()
-        if outcomes.full() and oldest is not None:
-            span = max(1e-9, now - oldest)
-        count = len(outcomes)
+        seen = max(1e-9, min(self.window, now - self.started))
+        count = failures = 0
+        rate, span, ttfts = 0.0, seen, []
+        for outcomes in windows:
+            outcomes.expire(now - self.window)
+            covered = seen
+            oldest = outcomes.oldest_time()
+            if outcomes.full() and oldest is not None:  # a busy feature's window holds less than the window
+                covered = max(1e-9, now - oldest)
+            count += len(outcomes)
+            failures += outcomes.failures()
+            rate += len(outcomes) / covered
+            span = min(span, covered)
+            ttfts += outcomes.ttfts()
         return ModelStats(
             requests=count,
-            requests_per_second=count / span,
-            error_rate=outcomes.failures() / count if count else None,
-            ttft_p95_seconds=p95(outcomes.ttfts()),
+            requests_per_second=rate,
+            error_rate=failures / count if count else None,
+            ttft_p95_seconds=p95(ttfts),
             window_seconds=span,
         )

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from servlane_api import AIFeature, AIModel
 from servlane_api.targets import parse_target
 from servlane_core.routing.routes import RouteTable, feature_weights
 from servlane_gateway.access import ApiKey
-from servlane_gateway.console.recent import RequestLog
+from servlane_gateway.console.recent import RequestLog, Visible
 
 TRACE_ID_PLACEHOLDER = "{trace_id}"
 REPLICA_NOTE = (
@@ -93,9 +94,9 @@ def _cold_start(model: AIModel) -> dict[str, Any] | None:
     }
 
 
-def _model(model: AIModel, log: RequestLog) -> dict[str, Any]:
+def _model(model: AIModel, log: RequestLog, visible: Visible) -> dict[str, Any]:
     status = model.status
-    stats = log.stats(model.namespace, model.name)
+    stats = log.stats(model.namespace, model.name, visible)  # its traffic through the features the key sees
     return {
         "namespace": model.namespace,
         "name": model.name,
@@ -153,7 +154,6 @@ def build_view(
 ) -> dict[str, Any]:
     """The page's state for `key` (None: access control off). `batches`: the Batch API's newest batches of
     batches_owner(key), or None when the Batch API is off or unavailable."""
-    """The page's state for `key` (None: access control off)."""
     shown_features = sorted(
         (f for f in features if _route_visible(key, table, f.namespace, f.name)), key=lambda f: (f.namespace, f.name)
     )
@@ -167,6 +167,9 @@ def build_view(
         ),
         key=lambda m: (m.namespace, m.name),
     )
+    visible: Visible = None
+    if key is not None and key.scopes is not None:
+        visible = partial(_route_visible, key, table)
     recent = [
         {
             "time": iso(r.time),
@@ -181,9 +184,7 @@ def build_view(
             "traceId": r.trace_id,
             "traceUrl": trace_url(trace_url_template, r.trace_id),
         }
-        for r in log.recent()
-        # Requests that never resolved to a route have no feature: only the unrestricted see them.
-        if key is None or key.scopes is None or (r.feature and _route_visible(key, table, r.namespace, r.feature))
+        for r in log.recent(visible)  # requests that never resolved to a route: only the unrestricted see them
     ]
     return {
         "generatedAt": iso(log.clock()),
@@ -193,7 +194,7 @@ def build_view(
         "windowSeconds": log.window,
         "traces": bool(trace_url_template),
         "features": [_feature(f) for f in shown_features],
-        "models": [_model(m, log) for m in shown_models],
+        "models": [_model(m, log, visible) for m in shown_models],
         "recent": recent,
         "batches": None if batches is None else [_batch(b, log.clock()) for b in batches],
     }

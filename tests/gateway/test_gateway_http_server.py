@@ -444,3 +444,28 @@ def test_a_head_too_large_gets_a_431_and_a_large_one_within_the_bound_is_served(
             conn.sendall(post[at : at + 8_000])
             time.sleep(0.02)
         assert read_until_closed(conn).startswith(b"HTTP/1.1 200 ")
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nX-Bad: a\x01b\r\nContent-Length: 2\r\n\r\n{}",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: -1\r\n\r\n{}",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{}",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+        b"GET /v1/models HTTP/9.x\r\n\r\n",
+    ],
+    ids=["control-character", "negative-length", "length-and-chunked", "bad-chunk-size", "bad-version"],
+)
+def test_a_request_that_is_not_http_gets_a_400_in_the_openai_shape(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, request_bytes: bytes
+) -> None:
+    gateway = served(upstreams, start_gateway)
+    answer = exchange(gateway.url, request_bytes)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), answer
+    assert b"\r\ncontent-type: application/json" in head
+    assert b"\r\nconnection: close" in head
+    assert json.loads(body)["error"]["code"] == "invalid_http_request"
+    served_after = exchange(gateway.url, chat_post(CHAT_BODY, b"Connection: close\r\n") + CHAT_BODY)
+    assert served_after.startswith(b"HTTP/1.1 200 ")

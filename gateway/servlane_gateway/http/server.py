@@ -280,6 +280,13 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.transport.abort()
 
+    def send_400_response(self, msg: str) -> None:
+        """A request httptools cannot parse (a control character in a header, a malformed Content-Length, both
+        it and Transfer-Encoding, a request line over its limit): uvicorn answers in text/plain, and the
+        gateway's callers read OpenAI's error shape everywhere. The connection closes, as uvicorn's does: what
+        follows an unparsable request cannot be told apart."""
+        self._refuse(b"400 Bad Request", "The request is not valid HTTP/1.1.", "invalid_http_request")
+
     def _refuse(self, status: bytes, message: str, code: str) -> None:
         log.debug("closing a connection: %s", message)
         self.transport.write(_refusal(status, message, code))

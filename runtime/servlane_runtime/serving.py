@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -47,6 +48,8 @@ from .responses import (
 )
 from .streams import SSE_DONE, ContentChunkFrames, merge_generations, sse
 from .tool_calls import ChoiceOutput
+
+log = logging.getLogger(__name__)
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -311,6 +314,9 @@ class OpenAIServing:
                 yield chunk([], usage)
         except (OpenAIError, EngineError) as exc:
             yield _error_frame(exc)
+        except Exception as exc:  # a bug: the stream still ends with an error event and [DONE], never cut
+            log.exception("unexpected error while streaming %s", ask.request_id)
+            yield _error_frame(exc)
         finally:
             await merged.aclose()
             self.metrics.count_tokens(prompt_tokens, sum(completion))
@@ -385,6 +391,9 @@ class OpenAIServing:
                 yield response([], usage)
         except (OpenAIError, EngineError) as exc:
             yield _error_frame(exc)
+        except Exception as exc:  # a bug: the stream still ends with an error event and [DONE], never cut
+            log.exception("unexpected error while streaming %s", ask.request_id)
+            yield _error_frame(exc)
         finally:
             await merged.aclose()
             self.metrics.count_tokens(sum(prompt_by_choice[::n]), sum(completion))
@@ -434,9 +443,18 @@ async def _traced(
         generation.end()
 
 
-def _error_frame(exc: OpenAIError | EngineError) -> str:
-    """A failure midway through a stream, as its last data frame (the 200 status line is long sent)."""
-    error = exc if isinstance(exc, OpenAIError) else OpenAIError(500, str(exc), type="server_error")
+def _error_frame(exc: Exception) -> str:
+    """A failure midway through a stream, as its last data frame (the 200 status line is long sent): the
+    client's (RequestNotSupported: a 400's error, e.g. a JSON schema that admits nothing more), the engine's
+    (its message), or a bug's (a generic message; the log has the rest)."""
+    if isinstance(exc, OpenAIError):
+        error = exc
+    elif isinstance(exc, RequestNotSupported):
+        error = OpenAIError(400, str(exc), param=exc.param, code="invalid_request")
+    elif isinstance(exc, EngineError):
+        error = OpenAIError(500, str(exc), type="server_error")
+    else:
+        error = OpenAIError(500, "The runtime had an error while generating.", type="server_error")
     return sse(error.body())
 
 

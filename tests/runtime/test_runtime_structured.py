@@ -3,6 +3,10 @@ random model answer JSON that parses and validates against the schema. Helpers s
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+import httpx
 import openai
 import pytest
 
@@ -48,3 +52,58 @@ def test_text_format_is_plain_generation(client: openai.OpenAI) -> None:
 
 def test_a_schema_guided_decoding_cannot_enforce_is_400(chat_server: InProcessServer) -> None:
     check_unenforceable_schema_is_400(chat_server.v1)
+
+
+def _schema_body(schema: dict[str, Any], stream: bool, temperature: float) -> dict[str, Any]:
+    response_format = {"type": "json_schema", "json_schema": {"name": "none", "schema": schema}}
+    return {
+        "model": MODEL,
+        "messages": ASK,
+        "max_tokens": 8,
+        "temperature": temperature,
+        "stream": stream,
+        "response_format": response_format,
+    }
+
+
+# Compiled by xgrammar, matched by no value: every token is forbidden from the first one.
+NOTHING_AT_ALL = [
+    {"$ref": "#/definitions/a", "definitions": {"a": {"$ref": "#/definitions/a"}}},
+    {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}},
+]
+
+
+@pytest.mark.parametrize("schema", NOTHING_AT_ALL, ids=["self", "mutual"])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_a_schema_no_value_matches_is_400_before_anything_is_generated(
+    chat_server: InProcessServer, schema: dict[str, Any], stream: bool, temperature: float
+) -> None:
+    """It was a 500 (sampling drew from NaN), a stream cut after its first chunk, or under greedy decoding a
+    200 with tokens the schema does not allow."""
+    body = _schema_body(schema, stream, temperature)
+    response = httpx.post(chat_server.v1 + "/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "response_format"
+    assert "no value can match" in error["message"]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_a_schema_that_dead_ends_after_its_first_token_is_a_400_or_an_error_event(
+    chat_server: InProcessServer, temperature: float
+) -> None:
+    """A string no text matches: the opening quote is allowed, then nothing. Found while generating: a whole
+    answer is a 400, a stream ends with the 400's error event and [DONE], never cut."""
+    schema = {"type": "string", "pattern": "[^\\s\\S]"}
+    url = chat_server.v1 + "/chat/completions"
+    whole = httpx.post(url, json=_schema_body(schema, False, temperature), timeout=60)
+    assert whole.status_code == 400, whole.text
+    assert whole.json()["error"]["param"] == "response_format"
+    streamed = httpx.post(url, json=_schema_body(schema, True, temperature), timeout=60)
+    assert streamed.status_code == 200, streamed.text
+    events = [line.removeprefix("data: ") for line in streamed.text.split("\n\n") if line]
+    assert events[-1] == "[DONE]", streamed.text
+    error = json.loads(events[-2])["error"]
+    assert error["type"] == "invalid_request_error"
+    assert (error["code"], error["param"]) == ("invalid_request", "response_format")

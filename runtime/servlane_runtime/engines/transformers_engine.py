@@ -105,7 +105,8 @@ class TransformersEngine(InferenceEngine):
         return self._chat.render(messages, tools)
 
     def check_json_schema(self, schema: str) -> None:
-        self._compile(schema)
+        if Guide(self._compile(schema)).allows_nothing():
+            raise RequestNotSupported("no value can match this JSON schema", param="response_format")
 
     def _compile(self, schema: str) -> Any:
         """xgrammar's compiled grammar for `schema` (cached by its compiler), or RequestNotSupported."""

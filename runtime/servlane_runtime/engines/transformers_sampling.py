@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .base import SamplingOptions, TokenLogprob
+from .base import RequestNotSupported, SamplingOptions, TokenLogprob
 
 # vLLM raises a temperature in (0, 0.01) to 0.01: below it logits / temperature overflows to inf and NaN.
 MIN_TEMPERATURE = 1e-2
@@ -141,10 +141,24 @@ class Guide:
         self._matcher = xgrammar.GrammarMatcher(compiled)
         self._bitmask = xgrammar.allocate_token_bitmask(1, compiled.tokenizer_info.vocab_size)
 
+    def allows_nothing(self) -> bool:
+        """Whether the grammar forbids every token next: a schema no value matches (a `$ref` to itself, a
+        pattern no string matches) compiles, and then leaves nothing to sample."""
+        if self._matcher.is_terminated():
+            return False
+        self._matcher.fill_next_token_bitmask(self._bitmask)
+        return not bool(self._bitmask.any())
+
     def mask(self, logits: torch.Tensor) -> None:
+        """Sets what the grammar forbids next to -inf; RequestNotSupported when it forbids every token: sampling
+        all -inf drew from NaN (an error the client could not act on) and greedy decoding took token 0."""
+        if self.allows_nothing():
+            raise RequestNotSupported(
+                "the JSON schema admits no continuation of the output so far: no value can match it",
+                param="response_format",
+            )
         if self._matcher.is_terminated():
             return
-        self._matcher.fill_next_token_bitmask(self._bitmask)
         self._xgr.apply_token_bitmask_inplace(logits.view(1, -1), self._bitmask.to(logits.device))
 
     def accept(self, token: int) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import math
 import time
 from collections.abc import Mapping, Sequence
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -38,6 +39,7 @@ class PrometheusReader:
         scrape_interval_seconds: float = 15.0,
     ) -> None:
         self._base_url = base_url.rstrip("/")
+        self._server = _origin(base_url)
         self._client = client or httpx.AsyncClient(timeout=timeout_seconds)
         self._owns_client = client is None
         if not job:
@@ -94,7 +96,7 @@ class PrometheusReader:
             response.raise_for_status()
             body = response.json()
         except (httpx.HTTPError, ValueError) as exc:
-            raise MetricsUnavailableError(f"Prometheus query failed: {exc}") from exc
+            raise MetricsUnavailableError(f"Prometheus query failed: {_what_failed(exc)} ({self._server})") from exc
         if body.get("status") != "success":
             raise MetricsUnavailableError(f"Prometheus query failed: {body.get('error', body)}")
         values: dict[str, float | None] = {}
@@ -102,6 +104,31 @@ class PrometheusReader:
             value = float(series["value"][1])
             values[series["metric"].get("model", "")] = None if math.isnan(value) else value
         return values
+
+
+# A failed query's message reaches every tenant with a canary (its AIFeature's status, the operator's log, a
+# Warning Event): it names the server by scheme, host and port and the failure by its kind, never by httpx's
+# text, which quotes the whole URL, with a password in SERVLANE_PROMETHEUS_URL's userinfo.
+
+
+def _origin(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:
+        return "an unparseable Prometheus URL"
+    host = f"[{parts.hostname}]" if parts.hostname and ":" in parts.hostname else (parts.hostname or "")
+    return f"{parts.scheme}://{host}{port}"
+
+
+def _what_failed(exc: Exception) -> str:
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"HTTP {exc.response.status_code} {exc.response.reason_phrase}".rstrip()
+    if isinstance(exc, httpx.TimeoutException):
+        return "no answer in time"
+    if isinstance(exc, httpx.HTTPError):
+        return f"{type(exc).__name__}"  # ConnectError, RemoteProtocolError, ...: their text may quote the URL
+    return "the answer is not JSON"
 
 
 def _selector(labels: Mapping[str, str], *more: str) -> str:

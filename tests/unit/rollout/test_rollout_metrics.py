@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -91,3 +93,39 @@ async def test_prometheus_reader_unreachable_raises() -> None:
     reader = PrometheusReader("http://127.0.0.1:9", client=httpx.AsyncClient(timeout=2), job="gateway")
     with pytest.raises(MetricsUnavailableError, match="Prometheus query failed"):
         await reader.read("prod", "chat", ["b"], 60)
+
+
+class _Refusing(BaseHTTPRequestHandler):
+    """A Prometheus that refuses every query (a wrong password, an overload, a query timeout)."""
+
+    status = 401
+
+    def do_GET(self) -> None:  # http.server's name for it
+        self.send_response(self.status)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None: ...
+
+
+@pytest.mark.parametrize("status", [401, 503, 422])
+async def test_a_refused_query_names_the_server_and_status_never_the_urls_password(status: int) -> None:
+    """The message goes to every tenant's AIFeature status, the log and Events: httpx's own text quoted the URL
+    with the password of SERVLANE_PROMETHEUS_URL's userinfo."""
+    handler = type("Refusing", (_Refusing,), {"status": status})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://canary:S3cr3tPassw0rd@127.0.0.1:{server.server_port}/prom"
+        reader = PrometheusReader(url, client=httpx.AsyncClient(timeout=5), job="gateway")
+        with pytest.raises(MetricsUnavailableError) as failed:
+            await reader.read("prod", "chat", ["b"], 60)
+        message = str(failed.value)
+        assert "S3cr3tPassw0rd" not in message
+        assert "canary" not in message
+        assert f"HTTP {status}" in message
+        assert f"http://127.0.0.1:{server.server_port}" in message
+        await reader.aclose()
+    finally:
+        server.shutdown()
+        server.server_close()

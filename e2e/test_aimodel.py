@@ -334,3 +334,29 @@ def test_operator_reports_its_own_metrics(kube: Kube, operator: OperatorProcess,
     text = operator.metrics()
     assert 'servlane_operator_reconciles_total{kind="AIModel",result="ok",trigger="change"}' in text
     assert "servlane_operator_reconcile_duration_seconds_bucket" in text
+
+
+def test_a_spec_the_api_server_refuses_a_child_of_is_reported_in_status_until_fixed(
+    kube: Kube, operator: OperatorProcess, namespace: str
+) -> None:
+    """A value the CRD's schema passes and the Deployment's API refuses (a node selector's key with a space): it
+    was a PermanentError in the operator's log, with no status at all (kubectl, Argo CD: nothing)."""
+    cpu = {"source": {"uri": "hf://org/tiny"}, "engine": "transformers", "resources": {"gpus": 0, "cpu": "1"}}
+    kube.create_model(namespace, "refused", {**cpu, "scheduling": {"nodeSelector": {"bad key!": "x"}}})
+
+    def rejected() -> dict[str, Any] | None:
+        cond = kube.condition(namespace, "refused", "Degraded")
+        return cond if cond and cond["reason"] == "ChildRejected" else None
+
+    cond = wait_until("the refusal in status", rejected, timeout=60)
+    assert cond["status"] == "True"
+    assert "The API server refused an object made from this spec" in cond["message"]
+    assert "nodeSelector" in cond["message"], cond["message"]
+    model = kube.get_model(namespace, "refused")
+    assert model["status"]["phase"] == "Failed"  # nothing ran before: nothing serves
+    assert model["status"]["observedGeneration"] == model["metadata"]["generation"]
+    assert kube.condition(namespace, "refused", "Ready")["status"] == "False"  # type: ignore[index]
+    # Fixed: applied, and the refusal leaves status.
+    kube.patch_model(namespace, "refused", {"spec": {"scheduling": {"nodeSelector": None}}})
+    wait_until("the refusal to clear", lambda: rejected() is None, timeout=60)
+    wait_until("the Deployment", lambda: kube.apps.read_namespaced_deployment("model-refused", namespace), timeout=60)

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from servlane_api._base import ApiModel, ApiObject
 from servlane_api.autoscaling import AutoscalerStatus, Autoscaling
-from servlane_api.cel import CelRule, CelValidated, max_name_length
+from servlane_api.cel import CelRule, CelValidated, dns_label_name, max_name_length
 from servlane_api.cold_start import ColdStartStatus
 from servlane_api.conditions import Condition
 from servlane_api.pod_env import RESERVED_ENV_NAMES
@@ -395,7 +395,7 @@ class AIModelStatus(ApiModel):
 
 class AIModel(ApiObject, CelValidated):
     # The root of the CRD schema; crdgen writes these next to spec and status.
-    cel_rules = (max_name_length(MAX_MODEL_NAME),)
+    cel_rules = (max_name_length(MAX_MODEL_NAME), dns_label_name("model's Service and Deployment"))
 
     kind: str = "AIModel"
     spec: AIModelSpec

@@ -12,6 +12,7 @@ true for a nested object that has a default.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Self, TypeVar
@@ -67,6 +68,23 @@ def max_name_length(limit: int) -> CelRule[ApiObject]:
         f"self.metadata.name.size() <= {limit}",
         f"metadata.name must be at most {limit} characters",
         lambda obj: len(str(obj.metadata.get("name", ""))) <= limit,
+    )
+
+
+# A DNS-1035 label, as a Service's name must be: lowercase letters, digits and '-', a letter first, no '-' last.
+DNS_LABEL = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+
+def dns_label_name(what: str) -> CelRule[ApiObject]:
+    """A rule for the root of a resource's schema: metadata.name is a DNS-1035 label, as the name of the
+    objects made from it (`what`) must be. A custom resource's name may hold dots (a DNS subdomain), so without
+    this rule the resource was admitted and its Service then refused. The twin lets an object without a name
+    pass (one built in memory, never sent): the API server always has one."""
+    return CelRule(
+        f"self.metadata.name.matches('{DNS_LABEL}')",
+        f"metadata.name must consist of lowercase letters, digits and '-', start with a letter and end with a "
+        f"letter or digit (it names the {what})",
+        lambda obj: not obj.metadata.get("name") or re.fullmatch(DNS_LABEL, str(obj.metadata["name"])) is not None,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast, get_args
@@ -21,7 +22,7 @@ from servlane_operator.kube import Kube
 from servlane_operator.labels import REPLICAS_HANDOVER_MANAGER, child_name
 from servlane_operator.observed import DeploymentView, PodView
 from servlane_operator.settings import OperatorSettings
-from servlane_operator.status import build_status, carried_conflicts
+from servlane_operator.status import build_status, carried_conflicts, carried_rejection
 
 ModelKey = tuple[str, str]
 AIMODEL_PHASES = get_args(Phase)
@@ -47,6 +48,7 @@ def _status_body(
     observed_generation: int | None,
     settings: OperatorSettings,
     conflicts: Sequence[str],
+    rejected: str | None = None,
 ) -> dict[str, Any]:
     status = build_status(
         model,
@@ -56,6 +58,7 @@ def _status_body(
         endpoint=endpoint_url(model, settings.cluster_domain),
         now=now_rfc3339(),
         conflicts=conflicts,
+        rejected=rejected,
     )
     body = status.model_dump(by_alias=True, mode="json")
     if observed_generation is None:
@@ -102,6 +105,7 @@ async def reconcile(
     started = time.perf_counter()
     model = parse_model(body)
     uid = str(model.metadata.get("uid", ""))
+    ours: dict[str, Any] | None = None
     try:
         # The periodic resync asks the API server again about children known absent (someone may have
         # created one since).
@@ -125,7 +129,20 @@ async def reconcile(
     except ApiException as exc:
         operator_metrics.RECONCILES.labels("AIModel", trigger, "error").inc()
         if exc.status == 422:
-            raise kopf.PermanentError(f"the API server rejected a child of {model.name}: {exc.body}") from exc
+            # Not retried until the spec changes; status says why, where `kubectl get` and Argo CD look.
+            refusal = refusal_message(exc)
+            generation = int(model.metadata.get("generation", 0))
+            status = _status_body(
+                model,
+                DeploymentView.parse(ours) if ours is not None else None,
+                pods,
+                observed_generation=generation,
+                settings=settings,
+                conflicts=(),
+                rejected=f"The API server refused an object made from this spec: {refusal}",
+            )
+            await write_status(kube, body, model, status)
+            raise kopf.PermanentError(f"the API server rejected a child of {model.name}: {refusal}") from exc
         raise kopf.TemporaryError(f"applying children failed ({exc.status} {exc.reason})", delay=5) from exc
     deployment = DeploymentView.parse(applied["Deployment"]) if "Deployment" in applied else None
     # Our apply changed the Deployment's spec (a new generation) although the AIModel did not change:
@@ -149,6 +166,20 @@ async def reconcile(
     await write_status(kube, body, model, status)
     operator_metrics.RECONCILES.labels("AIModel", trigger, "ok").inc()
     operator_metrics.RECONCILE_SECONDS.labels("AIModel").observe(time.perf_counter() - started)
+
+
+# A refusal in status is read by people: the API server's own sentence, not its whole Status object.
+MAX_REFUSAL_CHARS = 1000
+
+
+def refusal_message(exc: ApiException) -> str:
+    """The API server's message in a 422 (its Status object's `message`), else its reason."""
+    try:
+        message = json.loads(exc.body).get("message") if exc.body else None
+    except (ValueError, AttributeError):
+        message = None
+    text = message if isinstance(message, str) and message else f"{exc.status} {exc.reason}"
+    return text if len(text) <= MAX_REFUSAL_CHARS else text[: MAX_REFUSAL_CHARS - 3] + "..."
 
 
 async def _read_children(
@@ -195,5 +226,8 @@ async def refresh_status(
     event's own copy), so whichever arrives last settles the status: writes race, the last event wins."""
     model = parse_model(body)
     conflicts = carried_conflicts(model.status)
-    status = _status_body(model, deployment, pods, observed_generation=None, settings=settings, conflicts=conflicts)
+    rejected = carried_rejection(model.status)
+    status = _status_body(
+        model, deployment, pods, observed_generation=None, settings=settings, conflicts=conflicts, rejected=rejected
+    )
     await write_status(kube, body, model, status)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from servlane_api.aimodel import AIModel, AIModelStatus, Phase
-from servlane_api.conditions import CHILD_CONFLICT, Condition, merge_conditions
+from servlane_api.conditions import CHILD_CONFLICT, CHILD_REJECTED, Condition, merge_conditions
 from servlane_api.runtime_exit import ENGINE_DIED, MODEL_LOAD_FAILED, MODEL_SOURCE_FAILED
 from servlane_operator.labels import MODEL_LABEL
 from servlane_operator.observed import ContainerExit, DeploymentView, PodView
@@ -98,6 +98,13 @@ def carried_conflicts(status: AIModelStatus) -> list[str]:
     return [ready.message] if ready is not None and ready.reason == CHILD_CONFLICT else []
 
 
+def carried_rejection(status: AIModelStatus) -> str | None:
+    """The API server's refusal of a child that the last reconcile reported: status refreshes between reconciles
+    keep it (the spec is refused until it changes, and a change brings a reconcile that applies it anew)."""
+    degraded = next((c for c in status.conditions if c.type == "Degraded"), None)
+    return degraded.message if degraded is not None and degraded.reason == CHILD_REJECTED else None
+
+
 def template_current(deployment: DeploymentView, pods: Sequence[PodView]) -> bool:
     """Whether the Deployment's pods run its current template. Seen by the controller (observedGeneration), or
     every pod carries the template hash the Deployment does: a new generation that changed no template (the
@@ -110,11 +117,19 @@ def template_current(deployment: DeploymentView, pods: Sequence[PodView]) -> boo
 
 
 def decide(
-    model: AIModel, deployment: DeploymentView | None, pods: Sequence[PodView], conflicts: Sequence[str] = ()
+    model: AIModel,
+    deployment: DeploymentView | None,
+    pods: Sequence[PodView],
+    conflicts: Sequence[str] = (),
+    rejected: str | None = None,
 ) -> Verdict:
     if conflicts:
         # Someone else's object holds a child's name: the model cannot be served as specified until it goes.
         return Verdict("Degraded", CHILD_CONFLICT, "; ".join(conflicts), False, False, True)
+    if rejected is not None:
+        # The spec cannot be applied as it is; what ran before (an earlier spec's Deployment) may still serve.
+        serving = deployment is not None and deployment.ready > 0
+        return Verdict("Degraded" if serving else "Failed", CHILD_REJECTED, rejected, serving, False, True)
     if deployment is None:
         return Verdict("Pending", "Creating", "The Deployment is being created.", False, True, False)
     rolled_out = template_current(deployment, pods) and deployment.updated >= deployment.desired
@@ -145,10 +160,12 @@ def build_status(
     endpoint: str,
     now: str,
     conflicts: Sequence[str] = (),
+    rejected: str | None = None,
 ) -> AIModelStatus:
     """The new status; conditions keep their transition time when their status did not change.
-    `conflicts`: children left alone because someone else's object holds their name (builders.ownership)."""
-    verdict = decide(model, deployment, pods, conflicts)
+    `conflicts`: children left alone because someone else's object holds their name (builders.ownership).
+    `rejected`: the API server's refusal of a child made from the spec."""
+    verdict = decide(model, deployment, pods, conflicts, rejected)
 
     def cond(kind: str, on: bool, reason_when_on: str, reason_when_off: str) -> Condition:
         return Condition(

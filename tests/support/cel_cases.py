@@ -182,6 +182,13 @@ CEL_CASES: tuple[RuleCases, ...] = (
         bad=(ai_model(model_spec(), name="m" * 58),),
     ),
     RuleCases(
+        "model-name-dns-label",
+        "metadata.name must consist of lowercase letters, digits and '-', start with a letter and end with a letter "
+        "or digit (it names the model's Service and Deployment)",
+        good=(ai_model(model_spec(), name="llama-v2"), ai_model(model_spec(), name="m")),
+        bad=tuple(ai_model(model_spec(), name=name) for name in ("llama.v2", "2llama", "llama-")),
+    ),
+    RuleCases(
         "source-uri",
         "source.uri must be hf://org/name[@revision], pvc://claim/path, s3://bucket/path, "
         "oci://registry.host/repository[:tag|@sha256:digest], or an absolute path in the image, each path segment "

@@ -6,7 +6,7 @@ what another server (Granian's RSGI, its Rust HTTP layer) would save.
 
 Run by the bench, never imported by the project: `MINIMAL_PROXY_UPSTREAM` is the stub's URL.
 - uvicorn: `python bench/minimal_proxy.py uvicorn PORT` (uvloop, the gateway's own server settings:
-  GatewayHttpProtocol, no proxy-headers middleware, no access log);
+  ServlaneHttpProtocol, no proxy-headers middleware, no access log);
 - raw: `python bench/minimal_proxy.py raw PORT` (uvloop, an asyncio protocol of its own, no ASGI);
 - Granian: `granian --interface rsgi --workers 1 --runtime-threads 1 --loop uvloop minimal_proxy:rsgi_app`.
 """

@@ -28,8 +28,8 @@ sys.path[:0] = [str(ROOT)] + [str(ROOT / layer) for layer in ("api", "core", "ga
 # What bench/stream_bench.py's stub sends: its stream's head, and each token's event, chunked.
 from bench.stream_bench import _EVENT, _STREAM_HEAD, _chunked  # noqa: E402
 from servlane_gateway.http.proxy import RelayResponse, StreamResult, Timeouts, UsageScanner  # noqa: E402
-from servlane_gateway.http.server import BodyWriter, HeadHoldingTransport  # noqa: E402
 from servlane_gateway.http.upstream import UpstreamPool, UpstreamResponse, _Connection  # noqa: E402
+from servlane_web.http_server import BodyWriter, HeadHoldingTransport  # noqa: E402
 
 
 class _DroppingTransport:

@@ -3,7 +3,7 @@
 Every target fronts the same stub (bench/gateway_bench.py --serve-stub) and gets the same closed-loop load
 (bench/loadgen.py, `--connections` keep-alive connections). For each, the CPU time its process tree used
 (user and system, from /proc) is divided by the requests it answered:
-  - minimal-uvicorn: bench/minimal_proxy.py on uvicorn with the gateway's own protocol (GatewayHttpProtocol) and
+  - minimal-uvicorn: bench/minimal_proxy.py on uvicorn with the gateway's own protocol (ServlaneHttpProtocol) and
     its upstream client: the gateway's server layer with none of its features;
   - minimal-raw: the same proxy with no ASGI server at all (bench/minimal_proxy.py's RawProxyProtocol: httptools
     parses, one task per request, one write per answer): the least a Python server layer can cost;

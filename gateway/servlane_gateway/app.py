@@ -31,7 +31,6 @@ from servlane_gateway.forwarding import handle
 from servlane_gateway.gateway_metrics import GatewayMetrics
 from servlane_gateway.http.metrics_listener import MetricsEndpoint, arrived_on
 from servlane_gateway.http.proxy import Timeouts
-from servlane_gateway.http.server import ClientTimeouts
 from servlane_gateway.http.upstream import UpstreamPool
 from servlane_gateway.limits.rates import Limiter, Limits, RateLimiter
 from servlane_gateway.limits.redis_limiter import RedisLimiter
@@ -45,6 +44,7 @@ from servlane_gateway.settings import GatewaySettings, plain_name_namespaces
 from servlane_gateway.state import GatewayState
 from servlane_web.bodies import drain_unread_body
 from servlane_web.errors import install_error_handlers
+from servlane_web.http_server import ClientTimeouts
 from servlane_web.tracing import TracingMiddleware, start_tracing, stop_tracing
 
 log = logging.getLogger(__name__)

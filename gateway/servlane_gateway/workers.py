@@ -43,8 +43,8 @@ from uvicorn.supervisors import Multiprocess
 from servlane_gateway import worker_metrics
 from servlane_gateway.app import create_app
 from servlane_gateway.http.metrics_listener import APP_FACTORY, bind_listeners
-from servlane_gateway.http.server import GatewayHttpProtocol
 from servlane_gateway.settings import GatewaySettings
+from servlane_web.http_server import ServlaneHttpProtocol
 from servlane_web.open_files import raise_open_files_limit
 
 STARTUP_FAILURE = 3  # uvicorn's own exit status for an app that failed to start
@@ -129,13 +129,13 @@ def fresh_metrics_dir() -> Path:
 
 def server_options() -> dict[str, Any]:
     """uvicorn's settings for the gateway, single process or workers alike.
-    - the gateway's protocol: one write per response, no watcher task per request (http.server);
+    - the gateway's protocol: one write per response, no watcher task per request (servlane_web.http_server);
     - no X-Forwarded-* rewriting of the client address: the gateway never uses it, and it cost a middleware
       call per request;
     - no access log: a line per request; the metrics count requests instead;
     - no `server: uvicorn` header: it tells a caller what to attack, and is one header line more per response
       (its Date header stays)."""
-    return {"http": GatewayHttpProtocol, "proxy_headers": False, "access_log": False, "server_header": False}
+    return {"http": ServlaneHttpProtocol, "proxy_headers": False, "access_log": False, "server_header": False}
 
 
 def tune_garbage_collection() -> None:

@@ -78,13 +78,14 @@ def serve(config: RuntimeConfig, log_level: str) -> int:
 
     from .app import create_app
     from .metrics_port import bind_listeners
+    from .server_options import server_options
 
     raise_open_files_limit()
     app = create_app(config)
     host: ModelHost = app.state.host
     # The API port and /metrics's own port (metrics_port): sockets of the one server, told apart by the app.
     sockets = bind_listeners(app, config.host, config.port, config.metrics_port)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level))
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, **server_options()))
 
     def stop_for_good() -> None:
         server.config.timeout_graceful_shutdown = FATAL_DRAIN_SECONDS

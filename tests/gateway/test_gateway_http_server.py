@@ -1,4 +1,4 @@
-"""The gateway's server protocol (servlane_gateway.http.server): one write per whole response, heads of streams
+"""The gateway's server protocol (servlane_web.http_server): one write per whole response, heads of streams
 and of bodiless answers still sent, over real sockets; and the transport wrapper's rules on their own."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from servlane_gateway.http.server import MAX_HEAD_BYTES, HeadHoldingTransport
+from servlane_web.http_server import MAX_HEAD_BYTES, HeadHoldingTransport
 from tests.support.gateway_harness import Gateway, StartGateway, Upstream, aifeature, aimodel
 from tests.support.polling import wait_until
 

@@ -22,6 +22,7 @@ from servlane_runtime.app import create_app
 from servlane_runtime.engines import create_engine
 from servlane_runtime.metrics_port import bind_listeners
 from servlane_runtime.model_host import EngineFactory
+from servlane_runtime.server_options import server_options
 from tests.support.polling import wait_until
 from tests.support.ports import free_port
 
@@ -74,7 +75,7 @@ class InProcessServer(_Server):
         self.app = create_app(self.config, engine_factory)
         # Both ports, as `python -m servlane_runtime` listens.
         sockets = bind_listeners(self.app, "127.0.0.1", self.port, self.config.metrics_port)
-        self._server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
+        self._server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", **server_options()))
         # Named, so a test can tell work done on the event loop from work in a worker thread.
         self.loop_thread_name = f"uvicorn-{self.port}"
         self._thread = threading.Thread(

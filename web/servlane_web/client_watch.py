@@ -17,7 +17,7 @@ T = TypeVar("T")
 
 # A server may offer scope["extensions"][DISCONNECT_EXTENSION](callback): `callback` is called once when the
 # client's connection is lost (at once if it is lost already); `None` unregisters it. One per connection: the
-# request being served. The gateway's own server protocol does (servlane_gateway.http.server).
+# request being served. The gateway's own server protocol does (servlane_web.http_server).
 DISCONNECT_EXTENSION = "servlane.on_disconnect"
 OnDisconnect = Callable[[Callable[[], None] | None], None]
 
@@ -50,7 +50,7 @@ async def unless_client_leaves(scope: Scope, receive: Receive, work: Awaitable[T
     """Await `work` in this task; when the client disconnects first, cancel it and raise ClientGone.
 
     The work runs in the caller's task, which the disconnect cancels: under a server that offers the disconnect
-    callback (the gateway's own, servlane_gateway.http.server) through it, under any other through a watcher task
+    callback (the gateway's own, servlane_web.http_server) through it, under any other through a watcher task
     waiting for `http.disconnect`. (It used to race the work as a task of its own with asyncio.wait: a task,
     a wait and a gather more per request.) The cancellation is told from others (a server shutting down) by
     the watch's mark and Task.uncancel(), so those still propagate."""

@@ -18,7 +18,6 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from servlane_gateway.http.server import BODY_WRITER_EXTENSION, BodyWriter
 from servlane_gateway.http.upstream import (
     UpstreamBroken,
     UpstreamConnectTimeout,
@@ -27,6 +26,7 @@ from servlane_gateway.http.upstream import (
     UpstreamResponse,
 )
 from servlane_web.client_watch import ClientGone, unless_client_leaves
+from servlane_web.http_server import BODY_WRITER_EXTENSION, BodyWriter
 
 # How a relayed stream ended; the metrics and token charging read it.
 COMPLETED = "completed"

@@ -37,6 +37,7 @@ def render_policy(helm: Helm, release: str, namespace: str, values_file: Path) -
             "allowedTolerationKeys": ["nvidia.com/gpu"],
             "allowedNodeSelectorKeys": ["node.example.com/pool"],
             "allowAffinity": False,
+            "allowedExtraArgs": ["--enable-prefix-caching", "--max-num-seqs"],
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
         }
     }
@@ -140,6 +141,19 @@ def test_the_api_server_refuses_what_the_admin_forbids_with_the_policys_messages
             {**BASE, "scheduling": {"affinity": {"nodeAffinity": {}}}},
             "spec.scheduling.affinity is not allowed in this cluster",
         ),
+        "a GPU resource named like a taint not allowed": (
+            {**BASE, "resources": {"cpu": "1", "gpus": 1, "gpuResourceName": "team-a.example.com/reserved-gpu"}},
+            "spec.resources.gpuResourceName team-a.example.com/reserved-gpu is not allowed in this cluster",
+        ),
+        "an engine flag not allowed": (
+            {**BASE, "engine": "vllm", "engineOptions": {"extraArgs": ["--max-num-seqs", "8", "--trust-remote-code"]}},
+            "spec.engineOptions.extraArgs may pass only the flags --enable-prefix-caching, --max-num-seqs in this "
+            "cluster, got --max-num-seqs --trust-remote-code",
+        ),
+        "a flag passed with its value as one argument": (
+            {**BASE, "engine": "vllm", "engineOptions": {"extraArgs": ["--worker-extension-cls=evil.X"]}},
+            "got --worker-extension-cls=evil.X",
+        ),
     }
     for what, (spec, message) in forbidden.items():
         refused_now = create(kube, namespace, f"bad-{uuid.uuid4().hex[:6]}", spec)
@@ -161,6 +175,10 @@ def test_the_api_server_refuses_what_the_admin_forbids_with_the_policys_messages
     }
     assert create(kube, namespace, "allowed", allowed) is None
     assert create(kube, namespace, "plain", BASE) is None  # no image: the chart's runtime image
+    tuned = {"extraArgs": ["--enable-prefix-caching", "--max-num-seqs=8", "--max-num-seqs", "16"]}
+    assert create(kube, namespace, "tuned", {**BASE, "engine": "vllm", "engineOptions": tuned}) is None
+    gpu = {**BASE, "resources": {"cpu": "1", "gpus": 1}}  # the default GPU resource, an allowed toleration key
+    assert create(kube, namespace, "gpu", gpu) is None
     assert create(kube, namespace, "runtime", {**BASE, "image": "ghcr.io/servlane/runtime:0.2.0-cpu"}) is None
 
     # Editing the spec is judged like a create ...

@@ -56,6 +56,7 @@ def test_on_it_checks_aimodel_writes_that_change_the_spec(helm: Helm) -> None:
         "priorityClasses": [],
         "tolerationKeys": ["nvidia.com/gpu"],
         "nodeSelectorKeys": ["*"],
+        "extraArgs": [],  # no engine flag until the admin names it
     }
     expressions = [v["expression"] for v in policy["spec"]["validations"]]
     assert expressions[1].startswith("false || ")  # allowSecretEnv: false
@@ -101,6 +102,9 @@ def test_the_binding_takes_a_namespace_selector_and_other_actions(helm: Helm) ->
         ("admissionPolicy.validationActions={Block}", "/admissionPolicy/validationActions/0"),
         ("admissionPolicy.allowSecretEnv=yes", "/admissionPolicy/allowSecretEnv"),
         ("admissionPolicy.allowedImages[0]=x", "additional properties 'allowedImages' not allowed"),
+        # A flag is matched as given: without its dashes, or with a value, it would never match what is passed.
+        ("admissionPolicy.allowedExtraArgs[0]=enable-prefix-caching", "/admissionPolicy/allowedExtraArgs/0"),
+        ("admissionPolicy.allowedExtraArgs[0]=--max-num-seqs=8", "/admissionPolicy/allowedExtraArgs/0"),
     ],
 )
 def test_the_schema_refuses_values_that_would_not_mean_what_they_say(helm: Helm, setting: str, message: str) -> None:

@@ -153,6 +153,18 @@ def test_outcome_window_expires_across_the_wrap() -> None:
     assert (len(window), window.failures(), window.ttfts()) == (1, 0, [])
 
 
+def test_outcome_window_grows_to_its_capacity_keeping_the_order() -> None:
+    window = OutcomeWindow(5, initial=2)
+    window.add(1.0, failed=False, ttft=1.0)
+    window.add(2.0, failed=True, ttft=None)
+    window.expire(before=1.5)  # the oldest index moves: growth must copy from it
+    for t in (3.0, 4.0, 5.0, 6.0, 7.0):  # grows 2 -> 4 -> 5, then wraps at capacity
+        window.add(t, failed=False, ttft=t)
+    assert (len(window), window.full(), window.oldest_time()) == (5, True, 3.0)
+    assert (window.failures(), window.ttfts()) == (0, [3.0, 4.0, 5.0, 6.0, 7.0])
+    assert len(OutcomeWindow(20_000)._times) == 64  # a window no request filled costs bytes, not 340 kB
+
+
 def test_time_to_ready_is_ready_transition_minus_creation() -> None:
     assert time_to_ready(model("m", created="2026-01-01T00:00:00Z", ready_at="2026-01-01T00:01:30Z")) == 90.0
     assert time_to_ready(model("m", ready_at="2026-01-01T00:01:30Z")) is None

@@ -286,6 +286,19 @@ def test_operator_killed_mid_reconcile_converges_after_restart(
         ({"source": {"uri": "/m"}, "engine": "tgi"}, ['Unsupported value: "tgi"']),
         ({"source": {"uri": "/m"}, "resources": {"gpus": -1}}, ["should be greater than or equal to 0"]),
         ({"engine": "vllm"}, ["spec.source: Required value"]),
+        # What the Deployment's API would refuse, refused with the AIModel instead (ChildRejected otherwise).
+        (
+            {"source": {"uri": "/m"}, "scheduling": {"priorityClassName": "Not_A_Name!"}},
+            ["spec.scheduling.priorityClassName: Invalid value"],
+        ),
+        (
+            {"source": {"uri": "/m"}, "scheduling": {"nodeSelector": {"pool": "not a value"}}},
+            ["spec.scheduling.nodeSelector.pool: Invalid value"],
+        ),
+        (
+            {"source": {"uri": "/m"}, "scheduling": {"tolerations": [{"key": "bad key"}]}},
+            ["spec.scheduling.tolerations[0].key: Invalid value"],
+        ),
     ],
 )
 def test_invalid_manifests_are_rejected_with_clear_messages(
@@ -339,10 +352,13 @@ def test_operator_reports_its_own_metrics(kube: Kube, operator: OperatorProcess,
 def test_a_spec_the_api_server_refuses_a_child_of_is_reported_in_status_until_fixed(
     kube: Kube, operator: OperatorProcess, namespace: str
 ) -> None:
-    """A value the CRD's schema passes and the Deployment's API refuses (a node selector's key with a space): it
-    was a PermanentError in the operator's log, with no status at all (kubectl, Argo CD: nothing)."""
+    """A value the CRD's schema passes and the Deployment's API refuses (an affinity, passed to the pods as it is,
+    with an operator no node selector has): it was a PermanentError in the operator's log, with no status at all
+    (kubectl, Argo CD: nothing)."""
     cpu = {"source": {"uri": "hf://org/tiny"}, "engine": "transformers", "resources": {"gpus": 0, "cpu": "1"}}
-    kube.create_model(namespace, "refused", {**cpu, "scheduling": {"nodeSelector": {"bad key!": "x"}}})
+    term = {"matchExpressions": [{"key": "pool", "operator": "Bogus", "values": ["a"]}]}
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+    kube.create_model(namespace, "refused", {**cpu, "scheduling": {"affinity": affinity}})
 
     def rejected() -> dict[str, Any] | None:
         cond = kube.condition(namespace, "refused", "Degraded")
@@ -351,12 +367,12 @@ def test_a_spec_the_api_server_refuses_a_child_of_is_reported_in_status_until_fi
     cond = wait_until("the refusal in status", rejected, timeout=60)
     assert cond["status"] == "True"
     assert "The API server refused an object made from this spec" in cond["message"]
-    assert "nodeSelector" in cond["message"], cond["message"]
+    assert "Bogus" in cond["message"], cond["message"]
     model = kube.get_model(namespace, "refused")
     assert model["status"]["phase"] == "Failed"  # nothing ran before: nothing serves
     assert model["status"]["observedGeneration"] == model["metadata"]["generation"]
     assert kube.condition(namespace, "refused", "Ready")["status"] == "False"  # type: ignore[index]
     # Fixed: applied, and the refusal leaves status.
-    kube.patch_model(namespace, "refused", {"spec": {"scheduling": {"nodeSelector": None}}})
+    kube.patch_model(namespace, "refused", {"spec": {"scheduling": {"affinity": None}}})
     wait_until("the refusal to clear", lambda: rejected() is None, timeout=60)
     wait_until("the Deployment", lambda: kube.apps.read_namespaced_deployment("model-refused", namespace), timeout=60)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -171,21 +172,61 @@ class Resources(ApiModel):
     memory: Quantity | None = Field(default=None, description="Memory request and limit per replica, e.g. 32Gi.")
 
 
-class Toleration(ApiModel):
-    key: str | None = None
+# What the pod API accepts, checked when the AIModel is written rather than when its Deployment is refused
+# (which the operator reports as ChildRejected): a label key (an optional DNS-subdomain prefix and '/', then a
+# name), a label value, a DNS subdomain.
+LABEL_KEY = (
+    "^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+LABEL_VALUE = "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+DNS_SUBDOMAIN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+MAX_NODE_SELECTOR_LABELS = 32
+
+
+class Toleration(CelValidated):
+    cel_rules = (
+        CelRule(
+            "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+            "a toleration with operator Exists takes no value",
+            lambda t: t.operator != "Exists" or not t.value,
+        ),
+        CelRule(
+            "(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+            "a toleration without a key must have operator Exists (it then tolerates every taint)",
+            lambda t: bool(t.key) or t.operator == "Exists",
+        ),
+        CelRule(
+            "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            "tolerationSeconds needs effect NoExecute",
+            lambda t: t.toleration_seconds is None or t.effect == "NoExecute",
+        ),
+    )
+
+    key: str | None = Field(default=None, pattern=LABEL_KEY, max_length=316)
     operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = None
+    value: str | None = Field(default=None, pattern=LABEL_VALUE, max_length=63)
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     toleration_seconds: int | None = None
 
 
-class Scheduling(ApiModel):
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[Toleration] = Field(default_factory=list)
+class Scheduling(CelValidated):
+    cel_rules = (
+        CelRule(
+            f"self.nodeSelector.all(k, k.size() <= 316 && k.matches('{LABEL_KEY}'))",
+            "nodeSelector keys must be label keys (an optional DNS prefix and '/', then letters, digits, '-', '_' "
+            "or '.', beginning and ending with a letter or digit)",
+            lambda s: all(len(k) <= 316 and re.fullmatch(LABEL_KEY, k) for k in s.node_selector),
+        ),
+    )
+
+    node_selector: dict[str, Annotated[str, Field(pattern=LABEL_VALUE, max_length=63)]] = Field(
+        default_factory=dict, max_length=MAX_NODE_SELECTOR_LABELS
+    )
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
     affinity: dict[str, Any] | None = Field(
         default=None, description="A core/v1 Affinity, passed to the pods unchanged."
     )
-    priority_class_name: str | None = Field(default=None, max_length=253)
+    priority_class_name: str | None = Field(default=None, pattern=DNS_SUBDOMAIN, max_length=253)
 
 
 class EnvVar(ApiModel):

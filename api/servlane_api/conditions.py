@@ -15,7 +15,7 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 # Ready=False reason while an object named like one of the model's children belongs to someone else.
 CHILD_CONFLICT = "ChildConflict"
 # Degraded=True reason while the API server refuses a child made from the spec: a value the CRD's schema does
-# not check and the child's API does (a node selector's key, a toleration's fields). The message is its refusal.
+# not check and the child's API does (an affinity, passed to the pods as it is). The message is its refusal.
 CHILD_REJECTED = "ChildRejected"
 
 

@@ -41,6 +41,8 @@ _KEEP = {
     "pattern",
     "minItems",
     "maxItems",
+    "minProperties",
+    "maxProperties",
     "format",
     CEL_KEY,
 }

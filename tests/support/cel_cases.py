@@ -182,6 +182,45 @@ CEL_CASES: tuple[RuleCases, ...] = (
         bad=(ai_model(model_spec(), name="m" * 58),),
     ),
     RuleCases(
+        "toleration-exists-takes-no-value",
+        "a toleration with operator Exists takes no value",
+        good=(ai_model(model_spec(scheduling={"tolerations": [{"key": "gpu", "operator": "Exists", "value": ""}]})),),
+        bad=(ai_model(model_spec(scheduling={"tolerations": [{"key": "gpu", "operator": "Exists", "value": "x"}]})),),
+    ),
+    RuleCases(
+        "toleration-without-key-is-exists",
+        "a toleration without a key must have operator Exists (it then tolerates every taint)",
+        good=(ai_model(model_spec(scheduling={"tolerations": [{"operator": "Exists"}]})),),
+        bad=tuple(
+            ai_model(model_spec(scheduling={"tolerations": [toleration]}))
+            for toleration in ({"operator": "Equal", "value": "x"}, {"effect": "NoSchedule"})
+        ),
+    ),
+    RuleCases(
+        "toleration-seconds-need-no-execute",
+        "tolerationSeconds needs effect NoExecute",
+        good=(
+            ai_model(
+                model_spec(scheduling={"tolerations": [{"key": "k", "effect": "NoExecute", "tolerationSeconds": 30}]})
+            ),
+        ),
+        bad=(
+            ai_model(
+                model_spec(scheduling={"tolerations": [{"key": "k", "operator": "Exists", "tolerationSeconds": 30}]})
+            ),
+        ),
+    ),
+    RuleCases(
+        "node-selector-label-keys",
+        "nodeSelector keys must be label keys (an optional DNS prefix and '/', then letters, digits, '-', '_' or "
+        "'.', beginning and ending with a letter or digit)",
+        good=(ai_model(model_spec(scheduling={"nodeSelector": {"node.example.com/pool": "gpu", "zone": "a_1"}})),),
+        bad=tuple(
+            ai_model(model_spec(scheduling={"nodeSelector": {key: "x"}}))
+            for key in ("bad key!", "Example.com/pool", "pool-", "/pool")
+        ),
+    ),
+    RuleCases(
         "model-name-dns-label",
         "metadata.name must consist of lowercase letters, digits and '-', start with a letter and end with a letter "
         "or digit (it names the model's Service and Deployment)",

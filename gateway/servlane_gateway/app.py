@@ -275,6 +275,8 @@ def table_listener(state: GatewayState, settings: GatewaySettings, first_table: 
                 log.warning(line)
         state.table = table
         state.metrics.set_weights(table)
+        if state.recent is not None:
+            state.recent.keep_only(lambda namespace, feature: f"{namespace}/{feature}" in table.routes)
         if state.hold is not None:
             state.hold.table_changed(table)
 

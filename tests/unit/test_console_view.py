@@ -108,6 +108,27 @@ def test_a_models_stats_count_only_the_features_the_reader_sees() -> None:
     assert everything.requests_per_second == pytest.approx(5 / 60)  # summed over the two features' windows
 
 
+def test_deleted_features_and_idle_windows_are_forgotten() -> None:
+    """A tenant that makes, calls and deletes features by the thousand must not fill the gateway's memory."""
+    clock = Clock()
+    log = RequestLog(window=60.0, clock=clock)
+    for i in range(1000):
+        log.add("team-b", f"f{i}", "v1", 500, 0.1)
+    log.add("default", "chat", "v1", 500, 0.1)
+    log.add("", "", "", 503, 0.1)  # resolved to no route
+    assert len(log.features_held()) == 1002
+    log.keep_only(lambda namespace, feature: f"{namespace}/{feature}" in TABLE.routes)  # team-b's are gone
+    assert log.features_held() == {("default", "chat"), ("", "")}
+    assert sorted(r.namespace for r in log.recent()) == ["", "default"]
+    # A feature that keeps its object but gets no request for a whole window loses its window, not its ring.
+    log.add("default", "other", "v1", 200, 0.1)
+    clock.now += 61
+    log.add("default", "chat", "v1", 200, 0.1, ttft=0.2)
+    assert ("default", "other") not in log.features_held()
+    assert log.stats("default", "v1").requests == 1
+    assert sorted(r.feature for r in log.recent()) == ["", "chat"]
+
+
 def test_model_stats_cover_the_window_only() -> None:
     clock = Clock()
     log = RequestLog(window=60.0, clock=clock)

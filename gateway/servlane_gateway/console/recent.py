@@ -159,6 +159,7 @@ class RequestLog:
         self.max_outcomes = max_outcomes
         # Per (namespace, feature, AIModel).
         self._outcomes: dict[tuple[str, str, str], OutcomeWindow] = {}
+        self._swept_at = self.started
 
     def add(
         self,
@@ -188,6 +189,28 @@ class RequestLog:
                 outcomes = self._outcomes[key] = OutcomeWindow(self.max_outcomes)
             outcomes.add(now, failed, ttft if not failed else None)
             outcomes.expire(now - self.window)
+        if now - self._swept_at >= self.window:
+            self._drop_idle_windows(now)
+
+    def _drop_idle_windows(self, now: float) -> None:
+        """Forgets the windows with nothing left in them: a feature with no requests for a whole window would
+        otherwise keep its window (and a place in every stats() walk) for the life of the process."""
+        self._swept_at = now
+        for key, outcomes in list(self._outcomes.items()):
+            outcomes.expire(now - self.window)
+            if not len(outcomes):
+                del self._outcomes[key]
+
+    def features_held(self) -> set[tuple[str, str]]:
+        """The (namespace, feature) pairs this log holds a ring or a window for."""
+        return set(self._rings) | {(namespace, feature) for namespace, feature, _ in self._outcomes}
+
+    def keep_only(self, live: Callable[[str, str], bool]) -> None:
+        """Forgets the features `live` no longer answers for (deleted ones): a tenant that makes and deletes
+        AIFeatures would otherwise fill every gateway worker's memory with their rings and windows. Called with
+        each new route table; the ring of requests that resolved to no route stays."""
+        self._rings = {where: ring for where, ring in self._rings.items() if where == ("", "") or live(*where)}
+        self._outcomes = {key: outcomes for key, outcomes in self._outcomes.items() if live(key[0], key[1])}
 
     def recent(self, visible: Visible = None) -> list[RecentRequest]:
         """The newest `size` of the features `visible` allows (the unresolved ones only to a reader who sees

@@ -45,6 +45,7 @@ from servlane_gateway.state import GatewayState
 from servlane_web.bodies import drain_unread_body
 from servlane_web.errors import install_error_handlers
 from servlane_web.http_server import ClientTimeouts
+from servlane_web.routes import get_and_head
 from servlane_web.tracing import TracingMiddleware, start_tracing, stop_tracing
 
 log = logging.getLogger(__name__)
@@ -293,7 +294,7 @@ def services_changed(state: GatewayState, services: Services) -> None:
 def install_probes(app: FastAPI, state: GatewayState, settings: GatewaySettings) -> None:
     """/v1/models (what the caller's key may call), /health and /ready."""
 
-    @app.get("/v1/models")
+    @get_and_head(app, "/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         key = state.keys.authenticate(request.headers.get("authorization"))
         table = state.table
@@ -302,11 +303,11 @@ def install_probes(app: FastAPI, state: GatewayState, settings: GatewaySettings)
         data = [{"id": n, "object": "model", "created": 0, "owned_by": "servlane"} for n in visible]
         return {"object": "list", "data": data}
 
-    @app.get("/health")
+    @get_and_head(app, "/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/ready")
+    @get_and_head(app, "/ready")
     async def ready() -> JSONResponse:
         if state.table is None:
             return JSONResponse({"status": "waiting for routes"}, status_code=503, headers={"Retry-After": "1"})

@@ -29,6 +29,7 @@ from servlane_runtime.metrics_middleware import MetricsMiddleware
 from servlane_runtime.runtime_metrics import RuntimeMetrics
 from servlane_web.client_watch import ClientGone, unless_client_leaves
 from servlane_web.errors import install_error_handlers
+from servlane_web.routes import get_and_head
 from servlane_web.tracing import TracingMiddleware, spans_of, start_tracing, stop_tracing
 
 from .admission import AdmissionController, AdmissionGrant, parse_priority
@@ -164,7 +165,7 @@ def ready_wait(value: str | None) -> float:
 def _add_probes(app: FastAPI, host: ModelHost, serving: OpenAIServing) -> None:
     """Liveness, readiness and the model list: answered at once, never admitted."""
 
-    @app.get(HEALTH_PATH)
+    @get_and_head(app, HEALTH_PATH)
     async def health() -> JSONResponse:
         # Failed (the model did not load, or the engine died) is not alive: the process is about to
         # exit, and until then a liveness probe and a person both see why.
@@ -172,12 +173,12 @@ def _add_probes(app: FastAPI, host: ModelHost, serving: OpenAIServing) -> None:
             return JSONResponse({"status": "failed", "reason": host.reason}, status_code=503)
         return JSONResponse({"status": "alive"})
 
-    @app.get(READY_PATH)
+    @get_and_head(app, READY_PATH)
     async def ready(request: Request) -> JSONResponse:
         # ?wait=SECONDS: the gateway holding requests for this starting model hears of ready when it happens.
         await host.until_settled(ready_wait(request.query_params.get(READY_WAIT_PARAM)))
         return JSONResponse(host.readiness(), status_code=200 if host.state == "ready" else 503)
 
-    @app.get("/v1/models")
+    @get_and_head(app, "/v1/models")
     async def models() -> JSONResponse:
         return JSONResponse(serving.models().model_dump(mode="json"))

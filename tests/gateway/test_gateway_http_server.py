@@ -90,11 +90,36 @@ def served(upstreams: dict[str, Upstream], start_gateway: StartGateway) -> Gatew
 def test_a_head_request_gets_its_head_and_no_body(upstreams: dict[str, Upstream], start_gateway: StartGateway) -> None:
     # uvicorn writes no body for HEAD, so the held head must go out when the response completes.
     gateway = served(upstreams, start_gateway)
-    answer = exchange(gateway.url, b"HEAD /health HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
-    head, _, body = answer.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 405 ")  # /health is GET only; the answer's head still says its length
-    assert b"\r\ncontent-length: " in head
-    assert body == b""
+    for path in (b"/health", b"/ready", b"/v1/models", b"/console"):
+        answer = exchange(gateway.url, b"HEAD %b HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n" % path)
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 "), (path, head)  # a GET endpoint answers HEAD (RFC 9110 9.1)
+        got = exchange(gateway.url, b"GET %b HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n" % path)
+        got_body = got.partition(b"\r\n\r\n")[2]
+        assert b"\r\ncontent-length: %d\r\n" % len(got_body) in head.lower() + b"\r\n", (path, head)  # GET's length
+        assert body == b""
+    # A HEAD is a GET without the body, not a way around methods: the proxied endpoints take POST only.
+    answer = exchange(gateway.url, b"HEAD /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 405 "), answer
+
+
+def test_an_http_1_0_client_gets_its_stream_unchunked_ended_by_the_close(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway
+) -> None:
+    """Transfer-Encoding is HTTP/1.1's (RFC 9112 6.1: never sent to an HTTP/1.0 client, which would read the
+    chunk sizes as part of the stream): a stream of unknown length goes out as it comes, the close its end."""
+    backend = FastStreamingBackend(50)
+    gateway = start_gateway([aimodel("chat-v1", backend.url), aifeature("chat", [("chat-v1", 100)])])
+    request = STREAM_POST.replace(b" HTTP/1.1\r\n", b" HTTP/1.0\r\n", 1).replace(b"Connection: close\r\n", b"")
+    head, _, body = exchange(gateway.url, request).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    assert b"transfer-encoding" not in head.lower(), head
+    assert b"\r\nconnection: close" in head.lower(), head
+    assert body == b"".join(backend.events)
+    # The same client's whole answers keep their Content-Length.
+    answer = exchange(gateway.url, b"GET /health HTTP/1.0\r\n\r\n")
+    assert b"\r\ncontent-length: 15\r\n" in answer.lower(), answer
+    assert answer.endswith(b'{"status":"ok"}'), answer
 
 
 def test_keep_alive_answers_arrive_whole_one_after_another(

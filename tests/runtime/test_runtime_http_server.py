@@ -68,3 +68,23 @@ def test_what_is_not_http_gets_a_400_in_the_openai_shape(impatient_server: InPro
     answer = exchange(impatient_server, b"POST /v1/chat/completions HTTP/1.1\r\nHost: rt\r\nContent-Length: -1\r\n\r\n")
     assert error_of(answer, b"400 ")["code"] == "invalid_http_request"
     assert impatient_server.get("/health").status_code == 200
+
+
+def test_an_http_1_0_client_gets_a_stream_it_can_read_and_head_answers_on_get_endpoints(
+    impatient_server: InProcessServer,
+) -> None:
+    """A stream to an HTTP/1.0 client is not chunked (it would read the chunk sizes as text), the close ends it;
+    HEAD on the probes and the model list answers as GET does, without the body (load balancers probe so)."""
+    stream = json.dumps({**CHAT, "stream": True, "max_tokens": 4}).encode()
+    request = post_head(len(stream)).replace(b" HTTP/1.1\r\n", b" HTTP/1.0\r\n", 1) + stream
+    head, _, body = exchange(impatient_server, request).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    assert b"transfer-encoding" not in head.lower(), head
+    events = [line for line in body.split(b"\n") if line.startswith(b"data: ")]
+    assert events[-1] == b"data: [DONE]", body
+    assert all(json.loads(e[6:])["object"] == "chat.completion.chunk" for e in events[:-1]), body
+    for path in (b"/health", b"/ready", b"/v1/models"):
+        got = exchange(impatient_server, b"HEAD %b HTTP/1.1\r\nHost: rt\r\nConnection: close\r\n\r\n" % path)
+        head, _, body = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 "), (path, got)
+        assert body == b"", (path, got)

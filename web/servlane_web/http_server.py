@@ -34,6 +34,7 @@ changes, invisible to the ASGI app except through the two extensions below, and 
 - a bound on a request head's size (`MAX_HEAD_BYTES` beyond the read that began it): httptools keeps an
   unfinished header line in memory however long it grows, so one client could fill the gateway's memory
   before any key is checked (a 200 MB header took 200 MB). A longer head gets a 431 and the connection closes.
+- HTTP/1.0 clients get streams they can read (`CloseDelimitedCycle`): not chunked, ended by the close.
 """
 
 from __future__ import annotations
@@ -197,6 +198,27 @@ class BodyWriter:
             self._transport.write(b"%x\r\n%b\r\n" % (len(body), body))
 
 
+class CloseDelimitedCycle(RequestResponseCycle):
+    """A request's cycle for an HTTP/1.0 client: an answer of unknown length (a stream) is sent as it comes and
+    ended by closing the connection. uvicorn frames it with Transfer-Encoding: chunked whatever the request's
+    version, which an HTTP/1.0 client does not know (RFC 9112 6.1: a server MUST NOT send it to one): it would
+    read the chunks' sizes as part of the answer. HTTP/1.0 connections are not kept alive, so the close ends the
+    answer unambiguously."""
+
+    _close_delimited = False
+
+    async def send(self, message: Any) -> None:
+        if message["type"] == "http.response.start" and not self.response_started:
+            names = {name.lower() for name, _ in message.get("headers", ())}
+            if b"content-length" not in names and b"transfer-encoding" not in names and self.scope["method"] != "HEAD":
+                self._close_delimited = True
+                self.chunked_encoding = False  # uvicorn adds no Transfer-Encoding for a False
+        elif message["type"] == "http.response.body" and self._close_delimited:
+            # uvicorn counts a body without chunks down from its Content-Length: the length is this part's.
+            self.expected_content_length = len(message.get("body", b""))
+        await super().send(message)
+
+
 class ServlaneHttpProtocol(HttpToolsProtocol):
     """Pass as uvicorn's `http` (servlane_gateway.workers.server_options(), servlane_runtime.__main__.serve)."""
 
@@ -295,6 +317,13 @@ class ServlaneHttpProtocol(HttpToolsProtocol):
         log.debug("closing a connection: %s", message)
         self.transport.write(_refusal(status, message, code))
         self.transport.close()
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        cycle = self.cycle
+        # The cycle's task has not run yet (it starts on the loop's next turn), so its send is looked up after this.
+        if cycle is not None and cycle.scope is self.scope and self.scope.get("http_version") == "1.0":
+            cycle.__class__ = CloseDelimitedCycle
 
     def on_message_begin(self) -> None:
         super().on_message_begin()

@@ -15,6 +15,7 @@ from servlane_api import AIFeature, AIModel
 from servlane_gateway.console.recent import RequestLog
 from servlane_gateway.console.view import batches_owner, build_view
 from servlane_gateway.state import GatewayState
+from servlane_web.routes import get_and_head
 
 STATIC = Path(__file__).parent / "static"
 ObjectsGetter = Callable[[], tuple[list[AIFeature], list[AIModel]]]
@@ -40,11 +41,11 @@ def install_console(
 ) -> None:
     router = APIRouter()
 
-    @router.get("/console", include_in_schema=False)
+    @get_and_head(router, "/console", include_in_schema=False)
     async def page() -> FileResponse:
         return FileResponse(STATIC / "console.html", media_type="text/html", headers=PAGE_HEADERS)
 
-    @router.get("/console/api/state", include_in_schema=False)
+    @get_and_head(router, "/console/api/state", include_in_schema=False)
     async def console_state(request: Request) -> JSONResponse:
         key = state.keys.authenticate(request.headers.get("authorization"))
         features, models = objects()

@@ -15,6 +15,8 @@ from servlane_api.targets import TARGET
 # An AIModel of the namespace, or one of its adapters as `<aimodel>:<adapter>` (servlane_api.targets).
 ModelName = Annotated[str, Field(pattern=TARGET, max_length=253)]
 DURATION = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+MAX_ROLLOUT_INTERVAL = "168h"
+MAX_REPLICAS = 1000  # as an AIModel's replicas and autoscaling.maxReplicas
 
 
 class WeightedModel(ApiModel):
@@ -70,7 +72,15 @@ class Rollout(CelValidated):
     )
 
     steps: list[int] = Field(default_factory=lambda: [5, 25, 50, 100], min_length=1, max_length=20)
-    interval: str = Field(default="1m", pattern=DURATION, description="Time per step, e.g. 30s, 2m, 1h.")
+    # Not refused above MAX_ROLLOUT_INTERVAL (longer ones were admitted before, and stored objects must keep
+    # routing): the analysis window is capped there (servlane_core.rollout.schedule).
+    interval: str = Field(
+        default="1m",
+        pattern=DURATION,
+        max_length=32,
+        description=f"Time per step, e.g. 30s, 2m, 1h; a longer one than {MAX_ROLLOUT_INTERVAL} counts as "
+        f"{MAX_ROLLOUT_INTERVAL}.",
+    )
     analysis: Analysis = Field(default_factory=Analysis)
     fixed_gpu_budget: bool = Field(
         default=False,
@@ -78,8 +88,21 @@ class Rollout(CelValidated):
         "instead of running both at full size.",
     )
     min_stable_replicas: int = Field(
-        default=1, ge=0, description="With fixedGpuBudget: stable replicas always kept warm for a rollback."
+        default=1,
+        ge=0,
+        le=MAX_REPLICAS,  # it becomes the stable model's replicas: no more than the AIModel itself may ask
+        description="With fixedGpuBudget: stable replicas always kept warm for a rollback.",
     )
+
+    @field_validator("min_stable_replicas", mode="before")
+    @classmethod
+    def _stored_before_the_maximum(cls, value: object) -> object:
+        # Unbounded before: an object stored then keeps validating (as ResponseCache.max_bytes), read as the
+        # maximum. The CRD refuses new values above it.
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_REPLICAS:
+            return MAX_REPLICAS
+        return value
+
     progress_deadline_seconds: int = Field(
         default=600,
         ge=1,

@@ -164,7 +164,7 @@ class Resources(ApiModel):
     gpus: int = Field(default=0, ge=0, le=64, description="GPUs per replica; for vLLM also the tensor-parallel size.")
     gpu_resource_name: str = Field(
         default="nvidia.com/gpu",
-        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$",
+        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$",  # a name of <= 63
         max_length=253,
         description="Extended resource that counts GPUs on the nodes.",
     )
@@ -175,9 +175,13 @@ class Resources(ApiModel):
 # What the pod API accepts, checked when the AIModel is written rather than when its Deployment is refused
 # (which the operator reports as ChildRejected): a label key (an optional DNS-subdomain prefix and '/', then a
 # name), a label value, a DNS subdomain.
+# The name part is at most 63 characters (in the pattern); the prefix at most 253 (LABEL_KEY_PREFIX, a second
+# pattern: one regular expression cannot bound both its length and its dots).
 LABEL_KEY = (
-    "^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+    "^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"  # the prefix
+    "[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"  # the name
 )
+LABEL_KEY_PREFIX = "^([^/]{1,253}/)?[^/]*$"
 LABEL_VALUE = "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 DNS_SUBDOMAIN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 MAX_NODE_SELECTOR_LABELS = 32
@@ -200,9 +204,14 @@ class Toleration(CelValidated):
             "tolerationSeconds needs effect NoExecute",
             lambda t: t.toleration_seconds is None or t.effect == "NoExecute",
         ),
+        CelRule(
+            f"!has(self.key) || self.key.matches('{LABEL_KEY_PREFIX}')",
+            "a toleration key's prefix (before '/') must be at most 253 characters",
+            lambda t: t.key is None or re.fullmatch(LABEL_KEY_PREFIX, t.key) is not None,
+        ),
     )
 
-    key: str | None = Field(default=None, pattern=LABEL_KEY, max_length=316)
+    key: str | None = Field(default=None, pattern=LABEL_KEY, max_length=317)
     operator: Literal["Exists", "Equal"] | None = None
     value: str | None = Field(default=None, pattern=LABEL_VALUE, max_length=63)
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
@@ -212,10 +221,13 @@ class Toleration(CelValidated):
 class Scheduling(CelValidated):
     cel_rules = (
         CelRule(
-            f"self.nodeSelector.all(k, k.size() <= 316 && k.matches('{LABEL_KEY}'))",
-            "nodeSelector keys must be label keys (an optional DNS prefix and '/', then letters, digits, '-', '_' "
-            "or '.', beginning and ending with a letter or digit)",
-            lambda s: all(len(k) <= 316 and re.fullmatch(LABEL_KEY, k) for k in s.node_selector),
+            f"self.nodeSelector.all(k, k.size() <= 317 && k.matches('{LABEL_KEY}') && k.matches('{LABEL_KEY_PREFIX}'))",
+            "nodeSelector keys must be label keys (an optional DNS prefix of at most 253 characters and '/', then "
+            "at most 63 letters, digits, '-', '_' or '.', beginning and ending with a letter or digit)",
+            lambda s: all(
+                len(k) <= 317 and re.fullmatch(LABEL_KEY, k) and re.fullmatch(LABEL_KEY_PREFIX, k)
+                for k in s.node_selector
+            ),
         ),
     )
 

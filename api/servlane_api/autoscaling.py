@@ -20,6 +20,7 @@ DURATION = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 MIN_SCALE_TO_ZERO_AFTER = "1s"
+MAX_SCALE_TO_ZERO_AFTER = "2562047h"  # Go's longest duration (~292 years): what the API server could ever admit
 
 
 def duration_seconds(text: str) -> float:
@@ -42,6 +43,15 @@ class Autoscaling(CelValidated):
             f"autoscaling.scaleToZeroAfter must be at least {MIN_SCALE_TO_ZERO_AFTER}",
             lambda autoscaling: (
                 duration_seconds(autoscaling.scale_to_zero_after) >= duration_seconds(MIN_SCALE_TO_ZERO_AFTER)
+            ),
+        ),
+        # Beyond, CEL's duration() overflows: the API server refused with a conversion error, where pydantic
+        # (standalone mode) accepted. The same bound on both sides, in words.
+        CelRule(
+            f"duration(self.scaleToZeroAfter) <= duration('{MAX_SCALE_TO_ZERO_AFTER}')",
+            f"autoscaling.scaleToZeroAfter must be at most {MAX_SCALE_TO_ZERO_AFTER}",
+            lambda autoscaling: (
+                duration_seconds(autoscaling.scale_to_zero_after) <= duration_seconds(MAX_SCALE_TO_ZERO_AFTER)
             ),
         ),
     )

@@ -157,6 +157,14 @@ def test_weights_renormalise_over_ready_backends_and_exclude_skips_one() -> None
     assert picks == {"b"}
 
 
+def test_a_model_a_split_names_twice_reports_both_its_shares() -> None:
+    """Admitted by the API (as it always was): all the traffic goes to it, and the weights gauge must say so."""
+    objects = [aimodel("a", "http://a")]
+    route = route_in(table_of(*objects, aifeature("f", [("a", 50), ("a", 50)])), "f")
+    assert effective_weights(route) == {"a": 100.0}
+    assert {_model(pick_backend(route, f"x{i}")) for i in range(50)} == {"a"}
+
+
 def test_object_store_applies_watch_events() -> None:
     streams = [("aifeatures", ""), ("aimodels", "")]
     store = RouteObjectStore(streams)

@@ -211,13 +211,26 @@ CEL_CASES: tuple[RuleCases, ...] = (
         ),
     ),
     RuleCases(
+        "toleration-key-prefix",
+        "a toleration key's prefix (before '/') must be at most 253 characters",
+        good=(
+            ai_model(
+                model_spec(scheduling={"tolerations": [{"key": "p" * 253 + "/" + "k" * 63, "operator": "Exists"}]})
+            ),
+        ),
+        bad=(ai_model(model_spec(scheduling={"tolerations": [{"key": "p" * 254 + "/k", "operator": "Exists"}]})),),
+    ),
+    RuleCases(
         "node-selector-label-keys",
-        "nodeSelector keys must be label keys (an optional DNS prefix and '/', then letters, digits, '-', '_' or "
-        "'.', beginning and ending with a letter or digit)",
-        good=(ai_model(model_spec(scheduling={"nodeSelector": {"node.example.com/pool": "gpu", "zone": "a_1"}})),),
+        "nodeSelector keys must be label keys (an optional DNS prefix of at most 253 characters and '/', then at "
+        "most 63 letters, digits, '-', '_' or '.', beginning and ending with a letter or digit)",
+        good=(
+            ai_model(model_spec(scheduling={"nodeSelector": {"node.example.com/pool": "gpu", "zone": "a_1"}})),
+            ai_model(model_spec(scheduling={"nodeSelector": {"p" * 253 + "/" + "n" * 63: "x"}})),  # the longest
+        ),
         bad=tuple(
             ai_model(model_spec(scheduling={"nodeSelector": {key: "x"}}))
-            for key in ("bad key!", "Example.com/pool", "pool-", "/pool")
+            for key in ("bad key!", "Example.com/pool", "pool-", "/pool", "n" * 64, "p" * 254 + "/n")
         ),
     ),
     RuleCases(
@@ -347,6 +360,12 @@ CEL_CASES: tuple[RuleCases, ...] = (
             autoscaled(scaleToZeroAfter="1h30m"),
         ),
         bad=(autoscaled(minReplicas=0, scaleToZeroAfter="999ms"), autoscaled(scaleToZeroAfter="0s")),
+    ),
+    RuleCases(
+        "scale-to-zero-after-max",
+        "autoscaling.scaleToZeroAfter must be at most 2562047h",
+        good=(autoscaled(minReplicas=0, scaleToZeroAfter="2562047h"), autoscaled(scaleToZeroAfter="2562046h59m")),
+        bad=(autoscaled(minReplicas=0, scaleToZeroAfter="2562047h1s"),),
     ),
     RuleCases(
         "kv-cache-target-vllm-only",

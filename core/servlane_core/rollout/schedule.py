@@ -8,16 +8,18 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from servlane_api.aifeature import AIFeatureSpec, AIFeatureStatus, FeaturePhase, Rollout
+from servlane_api.aifeature import MAX_ROLLOUT_INTERVAL, AIFeatureSpec, AIFeatureStatus, FeaturePhase, Rollout
 from servlane_core.rollout.timeutil import from_rfc3339, parse_duration
 
 WAITING_POLL_SECONDS = 10.0
 IN_FLIGHT: tuple[FeaturePhase, ...] = ("Progressing", "Paused")
+MAX_WINDOW_SECONDS = parse_duration(MAX_ROLLOUT_INTERVAL)
 
 
 def analysis_window_seconds(rollout: Rollout, min_window_seconds: float = 0.0) -> float:
     """The time between two analyses, and the window each reads: the interval, or the source's minimum."""
-    return max(parse_duration(rollout.interval), min_window_seconds)
+    # Bounded as the API bounds new intervals (an object stored before that would overflow the datetime).
+    return min(max(parse_duration(rollout.interval), min_window_seconds), MAX_WINDOW_SECONDS)
 
 
 def progress_deadline_seconds(rollout: Rollout, window_seconds: float) -> float:

@@ -34,12 +34,13 @@ def ready_backends(route: Route, exclude: Collection[str] = ()) -> list[Backend]
 
 
 def effective_weights(route: Route) -> dict[str, float]:
-    """Each backend's share in percent after renormalising over the ready ones (0 for the others)."""
+    """Each backend's share in percent after renormalising over the ready ones (0 for the others); a model a
+    split names twice gets both its weights (it takes both shares of the traffic)."""
     ready, weights = route.candidates
     total = sum(weights)
     shares = {b.model: 0.0 for b in route.backends}
     for backend, weight in zip(ready, weights, strict=True):
-        shares[backend.model] = 100.0 * weight / total
+        shares[backend.model] += 100.0 * weight / total
     return shares
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from servlane_api.aifeature import MAX_REPLICAS
 from servlane_api.aimodel import AIModel, AIModelSpec, SourceKind
 from servlane_api.pod_env import FIXED_POD_ENV
 from servlane_api.runtime_config import (
@@ -50,7 +51,8 @@ def _replicas(model: AIModel, override: int | None) -> int:
     the scale subresource), or with autoscaling the operator's own decision (status.autoscaler), never both.
     `override` comes from a fixed-GPU-budget canary of an AIFeature and wins over the model's own count."""
     if override is not None:
-        return override
+        # status.replicaOverrides is written by the operator, but anyone who may patch aifeatures/status may too.
+        return min(override, MAX_REPLICAS)
     scaling = model.spec.autoscaling
     if scaling is None:
         return 1 if model.spec.replicas is None else model.spec.replicas

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from servlane_api.aifeature import AIFeatureStatus
+from servlane_api.aifeature import AIFeatureSpec, AIFeatureStatus
+from servlane_api.aimodel import AIModel
 from servlane_core.rollout import ROLLOUT_ANNOTATION, ReplicaSplit, combine_overrides, split_budget
 from servlane_operator.aifeature_reconciler import overrides_to_apply, replica_overrides
+from servlane_operator.builders.deployment import build_deployment
+from servlane_operator.settings import OperatorSettings
 from tests.unit.rollout.rollout_helpers import MINUTE, T0, Feature, at_first_step, canary_metrics, feature_spec, window
 
 
@@ -177,3 +182,17 @@ def test_aborting_one_feature_never_scales_the_stable_of_another_to_zero() -> No
 
 def test_an_unreadable_feature_status_pins_nothing() -> None:
     assert replica_overrides([{"metadata": {"name": "x"}, "status": {"replicaOverrides": "nonsense"}}]) == {}
+
+
+def test_min_stable_replicas_is_bounded_as_an_aimodels_replicas() -> None:
+    """It becomes the stable model's Deployment replicas: past int32 the Deployment was refused, and below it an
+    AIFeature editor could run any model of the namespace at 50,000 replicas. New values above 1000 are refused
+    (the CRD's maximum); a stored one reads as 1000, and an override in status (patchable) is capped too."""
+    crd = yaml.safe_load(Path("crds/aifeatures.yaml").read_text())
+    rollout = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["rollout"]
+    assert rollout["properties"]["minStableReplicas"]["maximum"] == 1000
+    stored = AIFeatureSpec.model_validate({"model": "b", "rollout": {"minStableReplicas": 2**31}})
+    assert stored.rollout.min_stable_replicas == 1000
+    meta = {"name": "a", "namespace": "t", "uid": "u-1"}
+    model = AIModel.model_validate({"metadata": meta, "spec": {"source": {"uri": "/m"}}})
+    assert build_deployment(model, OperatorSettings(), 50_000)["spec"]["replicas"] == 1000

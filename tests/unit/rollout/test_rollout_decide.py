@@ -482,3 +482,14 @@ def test_a_canary_that_fails_to_start_before_any_traffic_waits_for_the_deadline_
     feature.reconcile(T0 + 11 * MINUTE)
     assert feature.phase() == "RolledBack"
     assert f"canary b is not Ready ({CRASHING})" in feature.condition("Degraded")[2]
+
+
+@pytest.mark.parametrize("interval", ["1000h", "100000000h", "9" * 31 + "h"])
+def test_an_interval_past_the_maximum_counts_as_the_maximum(interval: str) -> None:
+    """Admitted before the maximum (stored objects keep routing): the window is capped, where a datetime past
+    year 9999 raised on every reconcile and the rollout never moved."""
+    feature = at_first_step(interval=interval)
+    result = feature.reconcile(T0 + MINUTE, metrics=canary_metrics(window(100, 100)))
+    assert feature.status.phase == "Progressing"
+    assert result.requeue_after_seconds == pytest.approx(168 * 3600 - 60)
+    assert analysis_due(feature.spec, feature.status, T0 + 168 * 60 * MINUTE)

@@ -241,7 +241,17 @@ class Scheduling(CelValidated):
     priority_class_name: str | None = Field(default=None, pattern=DNS_SUBDOMAIN, max_length=253)
 
 
-class EnvVar(ApiModel):
+class EnvVar(CelValidated):
+    # As the pod API checks it (a Deployment with both was refused, reported as ChildRejected). valueFrom's
+    # own shape stays unchecked: CEL sees no field of an object kept as it is (x-kubernetes-preserve-unknown).
+    cel_rules = (
+        CelRule(
+            "!has(self.valueFrom) || !has(self.value) || self.value == ''",
+            "an env var takes value or valueFrom, not both",
+            lambda env: env.value_from is None or not env.value,
+        ),
+    )
+
     name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", max_length=253)
     value: str | None = None
     value_from: dict[str, Any] | None = Field(

@@ -15,6 +15,9 @@ Manifest = dict[str, Any]
 API_VERSION = "servlane.dev/v1alpha1"
 
 
+SECRET = {"name": "tokens", "key": "hf"}
+
+
 def ai_model(spec: Manifest, name: str = "cel-model") -> Manifest:
     return {"apiVersion": API_VERSION, "kind": "AIModel", "metadata": {"name": name}, "spec": spec}
 
@@ -209,6 +212,17 @@ CEL_CASES: tuple[RuleCases, ...] = (
                 model_spec(scheduling={"tolerations": [{"key": "k", "operator": "Exists", "tolerationSeconds": 30}]})
             ),
         ),
+    ),
+    RuleCases(
+        "env-value-or-value-from",
+        "an env var takes value or valueFrom, not both",
+        good=(
+            ai_model(
+                model_spec(env=[{"name": "A", "value": "x"}, {"name": "B", "valueFrom": {"secretKeyRef": SECRET}}])
+            ),
+            ai_model(model_spec(env=[{"name": "A", "value": "", "valueFrom": {"secretKeyRef": SECRET}}])),
+        ),
+        bad=(ai_model(model_spec(env=[{"name": "A", "value": "x", "valueFrom": {"secretKeyRef": SECRET}}])),),
     ),
     RuleCases(
         "toleration-key-prefix",

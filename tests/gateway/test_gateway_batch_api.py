@@ -17,7 +17,9 @@ import httpx
 import openai
 import pytest
 
+from servlane_core.protocol.errors import OpenAIError
 from servlane_gateway.batch import metrics as m
+from servlane_gateway.batch.routes import MIN_UPLOAD_RATE, UPLOAD_GRACE_SECONDS, too_slow
 from tests.support.batch import CHAT, KEYS, finished, gateway, jsonl_of, objects, request_line, submit
 from tests.support.batch_databases import Postgres
 from tests.support.gateway_harness import Gateway, StartGateway, Upstream
@@ -161,6 +163,11 @@ def test_uploads_and_batches_are_checked(
         client.batches.create(input_file_id=upload.id, endpoint=CHAT, completion_window="1h")  # type: ignore[arg-type]
     with pytest.raises(openai.BadRequestError, match="purpose"):
         client.files.create(file=("in.jsonl", io.BytesIO(b"x")), purpose="assistants")
+    # OpenAI's bounds on metadata (16 pairs, keys of 64, values of 512): unbounded, one tenant's filled the
+    # database and came back on every list page.
+    for metadata in ({"k" * 65: "v"}, {"k": "v" * 513}, {f"k{i}": "v" for i in range(17)}):
+        with pytest.raises(openai.BadRequestError):
+            client.batches.create(input_file_id=upload.id, endpoint=CHAT, completion_window="24h", metadata=metadata)
     failed = finished(client, client.batches.create(input_file_id=upload.id, endpoint=CHAT, completion_window="24h").id)
     assert failed.status == "failed"
     assert failed.errors is not None
@@ -305,7 +312,7 @@ def upload_status(client: openai.OpenAI) -> int:
 
 
 def test_slow_uploads_of_one_key_take_at_most_its_places_and_give_them_back(
-    upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     gw = gateway(start_gateway, upstreams, tmp_path, batch_uploads_at_once=3, batch_uploads_at_once_per_key=2)
     alpha = gw.client("sk-alpha-00000000000000000000000")
@@ -326,6 +333,18 @@ def test_slow_uploads_of_one_key_take_at_most_its_places_and_give_them_back(
             sock.close()
     wait_until("the places to be given back", lambda: upload_status(alpha) == 200, 20)
     assert upload_status(narrow) == 200
+    # A client that leaves mid-upload is no error of the gateway's: any client could flood the log with them.
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+def test_an_upload_that_trickles_is_cut_once_past_its_grace() -> None:
+    """The server cuts a body that pauses for a minute, not one that trickles: a byte every 20 s held an upload
+    place for good, and two keys holding theirs took every place of the replica from the other tenants."""
+    too_slow(10, UPLOAD_GRACE_SECONDS)  # within the grace: anything goes
+    too_slow(int(MIN_UPLOAD_RATE * 100), 100.0)  # at the least rate: fine
+    with pytest.raises(OpenAIError) as cut:
+        too_slow(int(MIN_UPLOAD_RATE * 100) - 1, 100.0)
+    assert (cut.value.status, cut.value.code) == (408, "upload_too_slow")
 
 
 def test_an_upload_past_the_cap_is_refused_as_it_arrives_whatever_content_length_says(

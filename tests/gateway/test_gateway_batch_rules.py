@@ -46,6 +46,9 @@ def test_a_good_line_is_a_request_with_its_line_number_and_body() -> None:
         (raw({"messages": []}), "missing_required_parameter", "model"),
         (raw("hi"), "invalid_request", None),
         (raw({"model": "m", "stream": True}), "invalid_request", "body.stream"),
+        (raw({"model": "m", "stream": 1}), "invalid_request", "body.stream"),  # ran as a stream before
+        (raw({"model": "m", "stream": "yes"}), "invalid_request", "body.stream"),
+        (line("a\u0000b"), "invalid_request", "custom_id"),  # PostgreSQL failed the whole batch on it
     ],
 )  # fmt: skip
 def test_bad_lines_are_errors_naming_why(text: str, code: str, param: str | None) -> None:
@@ -91,9 +94,30 @@ def test_a_file_without_a_single_usable_line_fails_the_batch(content: bytes) -> 
     validated = rules.validate(content, CHAT, everything)
     assert validated.fatal is not None
     assert validated.fatal.code == "invalid_file"
-    errors = rules.batch_errors(validated.fatal)
+    errors = rules.batch_errors(validated.fatal, validated.errors)
     assert errors["object"] == "list"
     assert errors["data"][0]["code"] == "invalid_file"
+    # Each line's own reason follows (no error file is written for a failed batch): it was lost.
+    assert [e["line"] for e in errors["data"][1:]] == [e.line for e in validated.errors]
+
+
+def test_a_failed_batch_lists_its_first_lines_errors_only() -> None:
+    content = "\n".join(line(None) for _ in range(250)).encode()
+    validated = rules.validate(content, CHAT, everything)
+    assert validated.fatal is not None
+    data = rules.batch_errors(validated.fatal, validated.errors)["data"]
+    assert len(data) == 1 + rules.MAX_BATCH_ERRORS
+    assert data[1] == {
+        "code": "missing_required_parameter",
+        "message": "Missing custom_id.",
+        "param": "custom_id",
+        "line": 1,
+    }
+
+
+def test_a_byte_order_mark_is_no_part_of_the_first_line() -> None:
+    validated = rules.validate(b"\xef\xbb\xbf" + line("a").encode() + b"\n" + line("b").encode(), CHAT, everything)
+    assert [r.custom_id for r in validated.requests] == ["a", "b"]
 
 
 def test_a_file_whose_models_are_all_uncallable_fails_too() -> None:

@@ -3,6 +3,7 @@ results recorded exactly once, finalization into output and error files."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import uuid
@@ -13,9 +14,11 @@ import pytest
 from sqlalchemy import column, func, insert, inspect, select, text
 from sqlalchemy import table as sa_table
 
+from servlane_core.protocol.errors import OpenAIError
 from servlane_gateway.batch import rules
 from servlane_gateway.batch import store as store_module
-from servlane_gateway.batch.files import ABANDONED_AFTER, FILE_CHUNK, QuotaExceeded, engine_url, redacted
+from servlane_gateway.batch.files import ABANDONED_AFTER, FILE_CHUNK, FileGone, QuotaExceeded, engine_url, redacted
+from servlane_gateway.batch.routes import in_db
 from servlane_gateway.batch.schema import file_chunks, files
 from servlane_gateway.batch.store import BatchStore
 from tests.support.batch_databases import Postgres
@@ -401,3 +404,30 @@ def test_files_stored_whole_by_the_previous_schema_are_moved_into_chunks(store: 
     assert store.file_content("o", "file-empty") == b""
     assert [f["id"] for f in store.list_files("o", None, None, 10, True)[0]] == ["file-big", "file-empty", "file-small"]
     assert store.file_content("other", "file-big") is None
+
+
+def test_a_file_deleted_while_it_is_read_is_not_taken_for_its_first_half(store: BatchStore) -> None:
+    """A batch validated what it had read of an input file deleted meanwhile, as if it were the whole file."""
+    content = b"x" * (FILE_CHUNK * 2 + 10)
+    file = store.add_file("team-a", "batch", "in.jsonl", content, 1000)
+    chunks = store.file_chunks("team-a", file["id"])
+    assert next(chunks) == content[:FILE_CHUNK]
+    assert store.delete_file("team-a", file["id"])
+    with pytest.raises(FileGone):
+        list(chunks)
+    kept = store.add_file("team-a", "batch", "kept.jsonl", content, 1000)
+    assert b"".join(store.file_chunks("team-a", kept["id"])) == content  # a whole file reads to its end
+
+
+def test_a_value_the_database_refuses_is_a_400_not_a_503_to_retry(store: BatchStore) -> None:
+    """PostgreSQL stores no NUL in text: ids, cursors and names holding one were "the database is down"."""
+
+    async def lookup() -> object:
+        return await in_db(store.get_file, "team-a", "file-\x00x")
+
+    if store.engine.dialect.name == "postgresql":
+        with pytest.raises(OpenAIError) as refused:
+            asyncio.run(lookup())
+        assert refused.value.status == 400
+    else:
+        assert asyncio.run(lookup()) is None  # SQLite takes the NUL: simply no such file

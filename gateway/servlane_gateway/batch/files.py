@@ -65,6 +65,10 @@ def redacted(url: str) -> str:
         return "<unparseable database URL>"
 
 
+class FileGone(Exception):
+    """A file deleted while it was being read: what was read of it is not the whole file."""
+
+
 class QuotaExceeded(Exception):
     """An upload that would take its owner's stored files past their quota."""
 
@@ -209,11 +213,16 @@ class FileStore:
         return bytes(data) if data is not None else None
 
     def file_chunks(self, owner: str, file_id: str) -> Iterator[bytes]:
-        """A file's content, one chunk (one short query) at a time: nothing is held between them."""
+        """A file's content, one chunk (one short query) at a time: nothing is held between them. FileGone when
+        the file was deleted after its first chunk was read: a missing chunk was its end only if the file is
+        still there (a batch validated the half it had read, as if it were the whole). A file not there (or not
+        the owner's) from the start reads as empty: its callers look it up first."""
         index = 0
         while (data := self.file_chunk(owner, file_id, index)) is not None:
             yield data
             index += 1
+        if index and self.get_file(owner, file_id) is None:
+            raise FileGone(file_id)
 
     def get_file(self, owner: str, file_id: str) -> dict[str, Any] | None:
         with self._tx() as conn:

@@ -14,12 +14,13 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import Any, ParamSpec, TypeVar
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DataError, DBAPIError
+from starlette.requests import ClientDisconnect
 
 from servlane_core.protocol.errors import OpenAIError
 from servlane_gateway.batch import rules
@@ -39,6 +40,9 @@ UPLOAD_CHUNK = FILE_CHUNK  # an upload is written in the chunks the store keeps
 UPLOADS_AT_ONCE = 4
 UPLOADS_AT_ONCE_PER_KEY = 2
 FORM_OVERHEAD = 64 * 1024  # multipart boundaries and the purpose field, on top of the file itself
+# An upload must average this much once past its grace (64 kbit/s: a slow link passes, a trickle does not).
+MIN_UPLOAD_RATE = 8 * 1024
+UPLOAD_GRACE_SECONDS = 30.0
 UPLOAD_SCHEMA: dict[str, Any] = {
     "requestBody": {
         "required": True,
@@ -58,11 +62,17 @@ UPLOAD_SCHEMA: dict[str, Any] = {
 }
 
 
+# OpenAI's bounds on a batch's metadata: up to 16 pairs, keys of 64 characters, values of 512. Unbounded, one
+# tenant's metadata (returned on every list page) filled the database and the gateway's memory.
+MetadataKey = Annotated[str, Field(max_length=64)]
+MetadataValue = Annotated[str, Field(max_length=512)]
+
+
 class BatchCreate(BaseModel):
-    input_file_id: str
-    endpoint: str
-    completion_window: str
-    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+    input_file_id: str = Field(max_length=64)
+    endpoint: str = Field(max_length=64)
+    completion_window: str = Field(max_length=16)
+    metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=16)
 
 
 def not_configured() -> OpenAIError:
@@ -130,9 +140,12 @@ def unavailable() -> OpenAIError:
 
 
 async def in_db(call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """A store call in a thread; a database that does not answer is a 503 with Retry-After, not a 500."""
+    """A store call in a thread; a database that does not answer is a 503 with Retry-After, not a 500. A value
+    the database refuses (PostgreSQL takes no NUL in text) is the caller's: a 400, never a 503 to retry."""
     try:
         return await asyncio.to_thread(call, *args, **kwargs)
+    except DataError:
+        raise OpenAIError(400, "The request holds a value that cannot be stored (e.g. a NUL character).") from None
     except DBAPIError as exc:
         log.warning("the Batch API's database failed: %s", type(exc.orig).__name__ if exc.orig else exc)
         raise unavailable() from None
@@ -282,12 +295,14 @@ async def _store_upload(request: Request, db: BatchStore, owner: str, max_file_b
     """The multipart body into the database as it arrives, in chunks; the file's record, or the error."""
     form = UploadForm(request.headers.get("content-type", ""))
     file_id: str | None = None
+    started = time.monotonic()
     try:
         received, index = 0, 0
         async for data in request.stream():
             received += len(data)
             if received > max_file_bytes + FORM_OVERHEAD:
                 raise too_large(max_file_bytes)
+            too_slow(received, time.monotonic() - started)
             form.feed(data)
             if form.filename is not None and file_id is None:
                 file_id = await in_db(db.begin_file, owner, rules.INPUT_PURPOSE, form.filename, _now())
@@ -310,11 +325,29 @@ async def _store_upload(request: Request, db: BatchStore, owner: str, max_file_b
             return await in_db(db.finish_file, owner, file_id, size)
         except QuotaExceeded as exc:
             raise over_quota(exc) from None
+    except ClientDisconnect:
+        # The client left mid-upload: nothing to answer, and no error to log (any client could flood the log).
+        log.debug("an upload ended with its client gone")
+        await _discard(db, file_id)
+        raise OpenAIError(499, "client closed the request", code="client_closed_request") from None
     except BaseException:
-        if file_id is not None:  # its chunks go with it; one left by a dead process is swept later
-            with suppress(Exception):
-                await in_db(db.discard_file, file_id)
+        await _discard(db, file_id)
         raise
+
+
+async def _discard(db: BatchStore, file_id: str | None) -> None:
+    if file_id is not None:  # its chunks go with it; one left by a dead process is swept later
+        with suppress(Exception):
+            await in_db(db.discard_file, file_id)
+
+
+def too_slow(received: int, seconds: float) -> None:
+    """A 408 for an upload that, past its first UPLOAD_GRACE_SECONDS, averages under MIN_UPLOAD_RATE. The server
+    cuts a body that pauses for a minute, not one that trickles: a byte every 20 s held an upload place for as long
+    as the client liked, and two keys holding theirs filled the replica's places for every other tenant."""
+    if seconds > UPLOAD_GRACE_SECONDS and received < MIN_UPLOAD_RATE * seconds:
+        message = f"The upload is too slow: under {MIN_UPLOAD_RATE // 1024} KiB/s on average."
+        raise OpenAIError(408, message, code="upload_too_slow")
 
 
 def _now() -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,6 +163,8 @@ def parse_line(
     if len(custom_id) > MAX_CUSTOM_ID:
         message = f"The custom_id is longer than {MAX_CUSTOM_ID} characters."
         return LineError(number, "invalid_request", message, param="custom_id")
+    if "\x00" in custom_id:  # PostgreSQL stores no NUL in text: the whole batch's validation failed on it
+        return LineError(number, "invalid_request", "The custom_id holds a NUL character.", param="custom_id")
     if obj.get("method") != "POST":
         message = "The method must be POST."
         return LineError(number, "invalid_request", message, custom_id=custom_id, param="method")
@@ -174,8 +176,9 @@ def parse_line(
         return LineError(number, "invalid_request", "The body must be a JSON object.", custom_id=custom_id)
     if not isinstance(body.get("model"), str) or not body["model"]:
         return LineError(number, "missing_required_parameter", "Missing model.", custom_id=custom_id, param="model")
-    if body.get("stream") is True:
-        message = "Streaming is not supported in a batch."
+    stream = body.get("stream")
+    if stream is not None and stream is not False:  # `1` or "yes" ran as a stream (its raw text the output)
+        message = "Streaming is not supported in a batch." if stream is True else "stream must be a boolean."
         return LineError(number, "invalid_request", message, custom_id=custom_id, param="body.stream")
     return RequestLine(number, custom_id, body)
 
@@ -209,8 +212,13 @@ def text_lines(content: bytes | Iterable[bytes]) -> Iterator[str]:
     it also breaks at U+2028, U+0085 and the like, which a JSON string may hold unescaped, and so cut a valid
     request in two. UnicodeDecodeError on the first bad line."""
     parts: list[bytes] = []  # of the line not yet ended: joined once it ends, not copied chunk after chunk
+    first = True
     for chunk in [content] if isinstance(content, bytes | bytearray) else content:
-        *ended, rest = bytes(chunk).split(b"\n")
+        data = bytes(chunk)
+        if first and data:
+            first = False
+            data = data.removeprefix(b"\xef\xbb\xbf")  # a byte order mark (Windows editors) is no part of line 1
+        *ended, rest = data.split(b"\n")
         if ended:
             ended[0] = b"".join([*parts, ended[0]])
             parts = []
@@ -257,6 +265,11 @@ def _validate_lines(
         result.fatal = LineError(max(number, 0), "invalid_file", f"The input file {reason}.")
 
 
+def input_deleted() -> LineError:
+    """The batch's error when its input file was deleted before it was read whole."""
+    return LineError(0, "invalid_file", "The input file was deleted while the batch was being validated.")
+
+
 def unvalidatable(reason: str) -> LineError:
     """The batch's error when its file could not be validated at all (the gateway's limits, not a line)."""
     return LineError(0, "invalid_file", f"The input file could not be validated ({reason}).")
@@ -301,7 +314,15 @@ def jsonl(lines: Iterable[dict[str, Any]]) -> bytes:
     return b"".join(json_line(line).encode() + b"\n" for line in lines)
 
 
-def batch_errors(fatal: LineError) -> dict[str, Any]:
-    """The batch object's `errors` when validation failed."""
-    data = {"code": fatal.code, "message": fatal.message, "param": fatal.param, "line": fatal.line or None}
-    return {"object": "list", "data": [data]}
+# At most this many of the lines' own errors in a failed batch's `errors` (each line's is in no error file then).
+MAX_BATCH_ERRORS = 100
+
+
+def batch_errors(fatal: LineError, lines: Sequence[LineError] = ()) -> dict[str, Any]:
+    """The batch object's `errors` when validation failed: why, then the first lines' own errors (OpenAI lists
+    them there; with every line invalid there is no error file, and they were lost)."""
+    data = [
+        {"code": e.code, "message": e.message, "param": e.param, "line": e.line or None}
+        for e in [fatal, *lines[:MAX_BATCH_ERRORS]]
+    ]
+    return {"object": "list", "data": data}

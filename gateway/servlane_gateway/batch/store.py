@@ -156,7 +156,7 @@ class BatchStore(FileStore):
                 values: dict[str, Any] = {
                     "status": rules.FAILED,
                     "failed_at": now,
-                    "errors_json": json.dumps(rules.batch_errors(validated.fatal)),
+                    "errors_json": json.dumps(rules.batch_errors(validated.fatal, validated.errors)),
                 }
             else:
                 if validated.requests:

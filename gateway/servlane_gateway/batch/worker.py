@@ -21,7 +21,7 @@ from servlane_core.routing.routes import Route
 from servlane_gateway.access import route_for
 from servlane_gateway.batch import metrics as m
 from servlane_gateway.batch import rules
-from servlane_gateway.batch.files import new_id
+from servlane_gateway.batch.files import FileGone, new_id
 from servlane_gateway.batch.metrics import BatchMetrics
 from servlane_gateway.batch.sender import send
 from servlane_gateway.batch.store import Active, BatchStore, Claimed
@@ -156,11 +156,18 @@ class BatchWorker:
         owner, batch_id = claimed["owner"], claimed["id"]
         content = self.store.file_chunks(owner, claimed["input_file_id"])  # read as validation goes
         try:
+            if await asyncio.to_thread(self.store.get_file, owner, claimed["input_file_id"]) is None:
+                raise FileGone(claimed["input_file_id"])  # deleted before validation began
             # In a thread: a large file must not hold up the event loop that serves interactive requests.
             validated = await asyncio.to_thread(
                 rules.validate, content, claimed["endpoint"], lambda model: self._callable(owner, model),
                 self.state.limits,
             )  # fmt: skip
+            status = await asyncio.to_thread(
+                self.store.finish_validation, batch_id, self.me, validated, int(time.time())
+            )
+        except FileGone:
+            validated = rules.Validated(fatal=rules.input_deleted())
             status = await asyncio.to_thread(
                 self.store.finish_validation, batch_id, self.me, validated, int(time.time())
             )

@@ -15,11 +15,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
+from servlane_core.protocol.errors import model_not_found
 from servlane_core.protocol.limits import RequestLimits
 from servlane_core.routing.overrides import apply_overrides
 from servlane_core.routing.routes import RouteTable, describe_ambiguity, describe_refused, resolve_plain_names
 from servlane_core.routing.waking import HoldLimits
-from servlane_gateway.access import KeyRing, names_for, parse_keys
+from servlane_gateway.access import KeyRing, names_for, parse_keys, route_for
 from servlane_gateway.batch.service import BatchService
 from servlane_gateway.cache.redis_store import RedisStore
 from servlane_gateway.cache.rules import CacheBudget
@@ -302,6 +303,17 @@ def install_probes(app: FastAPI, state: GatewayState, settings: GatewaySettings)
         visible = names_for(key, table) if table is not None else []
         data = [{"id": n, "object": "model", "created": 0, "owned_by": "servlane"} for n in visible]
         return {"object": "list", "data": data}
+
+    @get_and_head(app, "/v1/models/{model:path}")
+    async def model(request: Request, model: str) -> dict[str, Any]:
+        # OpenAI's retrieve, for a name this key may call, resolved as its requests are: any other is
+        # model_not_found, the answer for a name that does not exist (no name leaks out of a key's scope).
+        key = state.keys.authenticate(request.headers.get("authorization"))
+        table = state.table
+        if table is None:
+            raise model_not_found(model)
+        route_for(key, table, model)
+        return {"id": model, "object": "model", "created": 0, "owned_by": "servlane"}
 
     @get_and_head(app, "/health")
     async def health() -> dict[str, str]:

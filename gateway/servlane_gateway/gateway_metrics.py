@@ -51,7 +51,8 @@ KEYS_FILE_LOADED = "servlane_gateway_keys_file_loaded_timestamp_seconds"
 # Label value when a request never reached a known route or backend (bounded, unlike client input).
 NONE = ""
 # Request series started at 0 for every route: success, and the backend 4xx a canary analysis compares
-# (a bad chat template, a shorter context, load shedding), whose first occurrence must not go unseen.
+# (a bad chat template or a shorter context: 400; a body over its cap: 413; load shedding: 429), whose first
+# occurrence must not go unseen.
 DECLARED_CODES = (200, 400, 413, 429)
 
 

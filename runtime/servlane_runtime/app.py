@@ -23,7 +23,7 @@ from servlane_api.runtime_config import (
     RuntimeConfig,
 )
 from servlane_core.protocol import openai as p
-from servlane_core.protocol.errors import OpenAIError
+from servlane_core.protocol.errors import OpenAIError, model_not_found
 from servlane_core.protocol.limits import RequestLimits
 from servlane_runtime.metrics_middleware import MetricsMiddleware
 from servlane_runtime.runtime_metrics import RuntimeMetrics
@@ -182,3 +182,11 @@ def _add_probes(app: FastAPI, host: ModelHost, serving: OpenAIServing) -> None:
     @get_and_head(app, "/v1/models")
     async def models() -> JSONResponse:
         return JSONResponse(serving.models().model_dump(mode="json"))
+
+    @get_and_head(app, "/v1/models/{model:path}")
+    async def model(model: str) -> JSONResponse:
+        # OpenAI's retrieve (the openai SDK's models.retrieve): the card from the list, else model_not_found.
+        card = next((c for c in serving.models().data if c.id == model), None)
+        if card is None:
+            raise model_not_found(model)
+        return JSONResponse(card.model_dump(mode="json"))

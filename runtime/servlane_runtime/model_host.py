@@ -207,6 +207,10 @@ class _DeathWatch(InferenceEngine):
     def max_model_len(self) -> int:
         return self._engine.max_model_len
 
+    @property
+    def vocab_size(self) -> int | None:
+        return self._engine.vocab_size
+
     async def load(self) -> None:
         await self._engine.load()
 

@@ -13,7 +13,7 @@ import json
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from servlane_core.protocol.errors import OpenAIError
-from servlane_core.protocol.limits import RequestLimits, body_too_large, parse_json_object
+from servlane_core.protocol.limits import RequestLimits, body_too_large, check_content_encoding, parse_json_object
 from servlane_web.bodies import BODY_DONE, drain_unread_body
 
 
@@ -33,11 +33,18 @@ class RequestGuard:
             await drain_unread_body(scope, receive)
             await _send_error(send, error)
             return
+        # A JSON object whatever its Content-Type said (text/plain, curl -d's form type, none): FastAPI reads a
+        # body as JSON only under application/json, and refused the rest with a message about dictionaries,
+        # where the gateway (which re-sends as JSON) served it. One behaviour: the body is what counts.
+        scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+        scope["headers"].append((b"content-type", b"application/json"))
         await self.app(scope, _replaying(raw, receive), send)
 
     async def _read(self, scope: Scope, receive: Receive) -> bytes:
         cap = self.limits.max_body_bytes
-        length = dict(scope["headers"]).get(b"content-length", b"")
+        headers = dict(scope["headers"])
+        check_content_encoding(headers.get(b"content-encoding"))
+        length = headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > cap:
             raise body_too_large(cap)
         parts: list[bytes] = []

@@ -58,13 +58,17 @@ def chat_choice(
         or None,
     )
     return p.ChatChoice(
-        index=index, message=message, logprobs=logprobs, finish_reason=finish_reason(choice.finish_reason, calls)
+        index=index,
+        message=message,
+        logprobs=logprobs,
+        finish_reason=finish_reason(choice.finish_reason, calls, plan.named is not None),
     )
 
 
-def finish_reason(reason: str | None, calls: list[ParsedToolCall]) -> str | None:
-    """`tool_calls` when the model stopped after calling tools (OpenAI's reason); a cut-off stays `length`."""
-    return "tool_calls" if calls and reason == "stop" else reason
+def finish_reason(reason: str | None, calls: list[ParsedToolCall], named: bool = False) -> str | None:
+    """`tool_calls` when the model stopped after calling tools (OpenAI's reason), except for a function that
+    tool_choice named: `stop` there, as OpenAI and vLLM answer; a cut-off stays `length`."""
+    return "tool_calls" if calls and reason == "stop" and not named else reason
 
 
 def tool_call_deltas(calls: list[ParsedToolCall]) -> list[p.DeltaToolCall]:

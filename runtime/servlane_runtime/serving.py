@@ -6,8 +6,9 @@ calls.
 Chat templates and tokenisation of long prompts run in worker threads: a multi-megabyte prompt takes a second or
 more to render and count, and the event loop must keep answering /health and streaming other requests. A short
 one (most chats) runs on the event loop: the work is a fraction of a millisecond, less than a hop to a thread and
-back (which, on a busy machine, also waits for a CPU). A prompt is tokenized once: its count decides the 413, and
-the engine is given the same ids.
+back (which, on a busy machine, also waits for a CPU). A prompt is tokenized once: its count decides the 400 (too
+long for the context), and the engine is given the same ids. What is checked of a request against the model is
+`request_checks`'s.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .engines.base import (
     SamplingOptions,
 )
 from .model_host import ModelHost
+from .request_checks import check_task, checked_logit_bias, checked_prompt_ids, context_too_long
 from .responses import (
     Choice,
     base64_vector,
@@ -85,11 +87,6 @@ def text_size(value: Any, limit: int = INLINE_CHARS) -> int:
     return total
 
 
-def context_too_long(n_prompt: int, max_len: int) -> OpenAIError:
-    message = f"The prompt is {n_prompt} tokens; this model's context length is {max_len} tokens."
-    return OpenAIError(413, message, param="messages", code="context_length_exceeded")
-
-
 @dataclass(frozen=True)
 class _StreamAsk:
     """What every frame of one streamed answer repeats, and what the client asked of the stream."""
@@ -99,6 +96,9 @@ class _StreamAsk:
     created: int
     include_usage: bool
     logprobs: bool
+    # The request field a JSON schema came from: a schema that dead-ends midway is the client's to fix there.
+    schema_param: str = "response_format"
+    named_tool: bool = False  # tool_choice named a function: its calls finish with "stop"
 
     @classmethod
     def of(cls, req: p.ChatCompletionRequest | p.CompletionRequest, request_id: str, logprobs: bool) -> _StreamAsk:
@@ -154,14 +154,25 @@ class OpenAIServing:
         return first_token
 
     async def _options(
-        self, engine: InferenceEngine, prompt: str, req: p.SamplingFields, max_tokens: int | None, top: int | None
+        self,
+        engine: InferenceEngine,
+        prompt: str | list[int],
+        req: p.SamplingFields,
+        max_tokens: int | None,
+        top: int | None,
     ) -> tuple[list[int], SamplingOptions]:
-        """`prompt`'s token ids and its sampling options, or 413 when the prompt alone fills the context."""
-        ids = await off_loop_if_long(len(prompt), engine.tokenize, prompt)
+        """`prompt`'s token ids (given, or its text's) and its sampling options, or a 400 when the prompt alone
+        fills the context or names a token the model does not have."""
+        if isinstance(prompt, list):
+            ids = checked_prompt_ids(engine.vocab_size, prompt)
+        else:
+            ids = await off_loop_if_long(len(prompt), engine.tokenize, prompt)
         room = engine.max_model_len - len(ids)
         if room <= 0:
-            raise context_too_long(len(ids), engine.max_model_len)
+            param = "messages" if isinstance(req, p.ChatCompletionRequest) else "prompt"
+            raise context_too_long(len(ids), engine.max_model_len, param)
         return ids, SamplingOptions(
+            logit_bias=checked_logit_bias(engine.vocab_size, req),
             max_tokens=min(max_tokens or room, room),
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
@@ -222,6 +233,7 @@ class OpenAIServing:
         self, req: p.ChatCompletionRequest, spans: RequestSpans = NO_SPANS
     ) -> p.ChatCompletionResponse | AsyncIterator[str]:
         engine = self.check_model(req.model)
+        check_task(self.host.config.task, "generate", "/v1/chat/completions", self.name)
         plan = plan_output(req)
         messages = template_messages(req.messages)
         try:
@@ -233,12 +245,12 @@ class OpenAIServing:
             raise OpenAIError(400, str(exc), param="messages") from exc
         except Exception as exc:  # a template's own raise_exception(), e.g. roles out of order
             raise OpenAIError(400, f"the chat template rejected the messages: {exc}", param="messages") from exc
+        schema_param = "tools" if plan.tool_mode == "forced" else "response_format"  # where the schema came from
         if plan.json_schema is not None:
             try:
                 await asyncio.to_thread(engine.check_json_schema, plan.json_schema)
             except RequestNotSupported as exc:
-                param = "tools" if plan.tool_mode == "forced" else "response_format"
-                raise OpenAIError(400, str(exc), param=param, code="invalid_schema") from exc
+                raise OpenAIError(400, str(exc), param=schema_param, code="invalid_schema") from exc
         top = (req.top_logprobs or 0) if req.logprobs else None
         with spans.phase("tokenize"):
             ids, options = await self._options(engine, prompt, req, req.max_completion_tokens or req.max_tokens, top)
@@ -250,11 +262,13 @@ class OpenAIServing:
         merged = self._start(engine, [(ids, options)], req.n, request_id, spans)
         if req.stream:
             outputs = [ChoiceOutput(plan, parser) for _ in range(req.n)]
-            return self._chat_stream(merged, outputs, _StreamAsk.of(req, request_id, bool(req.logprobs)))
+            ask = _StreamAsk.of(req, request_id, bool(req.logprobs))
+            ask = replace(ask, schema_param=schema_param, named_tool=plan.named is not None)
+            return self._chat_stream(merged, outputs, ask)
         try:
             choices, prompts = await self._collect(CHAT, merged, req.n, req.n)
         except RequestNotSupported as exc:  # an engine that validates only when generation starts (vLLM)
-            raise OpenAIError(400, str(exc), param=exc.param, code="invalid_request") from exc
+            raise OpenAIError(400, str(exc), param=_param_of(exc, schema_param), code="invalid_request") from exc
         return p.ChatCompletionResponse(
             id=request_id,
             created=p.now(),
@@ -307,13 +321,13 @@ class OpenAIServing:
                         yield chunk([p.ChatChunkChoice(index=index, delta=p.ChatDelta(content=rest))])
                     for piece in tool_call_deltas(calls):
                         yield chunk([p.ChatChunkChoice(index=index, delta=p.ChatDelta(tool_calls=[piece]))])
-                    reason = finish_reason(delta.finish_reason, calls)
+                    reason = finish_reason(delta.finish_reason, calls, ask.named_tool)
                     yield chunk([p.ChatChunkChoice(index=index, delta=p.ChatDelta(), finish_reason=reason)])
             usage = token_usage(prompt_tokens, sum(completion), cached)
             if ask.include_usage:
                 yield chunk([], usage)
         except (OpenAIError, EngineError) as exc:
-            yield _error_frame(exc)
+            yield _error_frame(exc, ask.schema_param)
         except Exception as exc:  # a bug: the stream still ends with an error event and [DONE], never cut
             log.exception("unexpected error while streaming %s", ask.request_id)
             yield _error_frame(exc)
@@ -326,15 +340,27 @@ class OpenAIServing:
         self, req: p.CompletionRequest, spans: RequestSpans = NO_SPANS
     ) -> p.CompletionResponse | AsyncIterator[str]:
         engine = self.check_model(req.model)
+        check_task(self.host.config.task, "generate", "/v1/completions", self.name)
+        if req.echo and req.logprobs is not None:
+            # The echoed prompt's tokens would need logprobs of their own, which no engine here computes.
+            raise OpenAIError(400, "echo with logprobs is not supported", param="echo", code="invalid_request")
+        texts = req.prompts()
+        if req.echo and not all(isinstance(t, str) for t in texts):
+            raise OpenAIError(400, "echo needs the prompt as text", param="echo", code="invalid_request")
         with spans.phase("tokenize"):
-            prompts = [await self._options(engine, text, req, req.max_tokens, req.logprobs) for text in req.prompts()]
+            prompts = [await self._options(engine, text, req, req.max_tokens, req.logprobs) for text in texts]
         request_id = p.new_id("cmpl")
         merged = self._start(engine, prompts, req.n, request_id, spans)
         count = len(prompts) * req.n
+        # echo: each choice's text begins with its prompt (choice i answers prompt i // n).
+        echoes = [str(texts[i // req.n]) if req.echo else "" for i in range(count)]
         if req.stream:
             ask = _StreamAsk.of(req, request_id, req.logprobs is not None)
-            return self._completion_stream(merged, req.n, count, ask)
-        choices, prompt_counts = await self._collect(COMPLETIONS, merged, count, req.n)
+            return self._completion_stream(merged, req.n, echoes, ask)
+        try:
+            choices, prompt_counts = await self._collect(COMPLETIONS, merged, count, req.n)
+        except RequestNotSupported as exc:  # an engine that validates only when generation starts (vLLM)
+            raise OpenAIError(400, str(exc), param=exc.param, code="invalid_request") from exc
         prompt_tokens = sum(prompt_counts.get(i * req.n, 0) for i in range(len(prompts)))
         return p.CompletionResponse(
             id=request_id,
@@ -343,7 +369,7 @@ class OpenAIServing:
             choices=[
                 p.CompletionChoice(
                     index=i,
-                    text=c.text,
+                    text=echoes[i] + c.text,
                     logprobs=completion_logprobs(c.logprobs) if req.logprobs is not None else None,
                     finish_reason=c.finish_reason,
                 )
@@ -360,9 +386,13 @@ class OpenAIServing:
         self,
         merged: AsyncGenerator[tuple[int, GenerationDelta], None],
         n: int,
-        count: int,
+        echoes: list[str],
         ask: _StreamAsk,
     ) -> AsyncIterator[str]:
+        """`echoes`: per choice, what its first chunk begins with (its prompt, with echo; else "")."""
+        count = len(echoes)
+        pending = list(echoes)
+
         def response(choices: list[p.CompletionChoice], usage: p.Usage | None = None) -> str:
             return sse(
                 p.CompletionResponse(
@@ -382,9 +412,8 @@ class OpenAIServing:
                 if delta.cached_tokens is not None:
                     cached_by_choice[index] = delta.cached_tokens
                 lp = completion_logprobs(delta.logprobs) if ask.logprobs else None
-                choice = p.CompletionChoice(
-                    index=index, text=delta.text, logprobs=lp, finish_reason=delta.finish_reason
-                )
+                text, pending[index] = pending[index] + delta.text, ""
+                choice = p.CompletionChoice(index=index, text=text, logprobs=lp, finish_reason=delta.finish_reason)
                 yield response([choice])
             usage = token_usage(sum(prompt_by_choice[::n]), sum(completion), cached_sum(cached_by_choice[::n]))
             if ask.include_usage:
@@ -403,19 +432,24 @@ class OpenAIServing:
 
     async def embeddings(self, req: p.EmbeddingRequest) -> p.EmbeddingResponse:
         engine = self.check_model(req.model)
+        check_task(self.host.config.task, "embed", "/v1/embeddings", self.name)
         texts = req.inputs()
         if not texts:
             raise OpenAIError(400, "input must not be empty", param="input")
         counts = await asyncio.to_thread(lambda: [engine.count_tokens(text) for text in texts])
         for n_tokens in counts:
             if n_tokens > engine.max_model_len:
-                raise context_too_long(n_tokens, engine.max_model_len)
+                raise context_too_long(n_tokens, engine.max_model_len, "input")
         try:
             result = await engine.embed(texts)
         except EngineError as exc:
             raise OpenAIError(400, str(exc), param="model") from exc
         self.metrics.count_tokens(result.prompt_tokens, 0)
         self.host.startup.mark("first_token")  # an embedding model's first answer
+        size = len(result.vectors[0]) if result.vectors else 0
+        if req.dimensions is not None and req.dimensions != size:
+            message = f"this model's embeddings have {size} dimensions and cannot be shortened to {req.dimensions}"
+            raise OpenAIError(400, message, param="dimensions", code="invalid_request")
         data = [
             p.EmbeddingData(index=i, embedding=base64_vector(v) if req.encoding_format == "base64" else v)
             for i, v in enumerate(result.vectors)
@@ -443,14 +477,20 @@ async def _traced(
         generation.end()
 
 
-def _error_frame(exc: Exception) -> str:
+def _param_of(exc: RequestNotSupported, schema_param: str) -> str | None:
+    """The field an engine's refusal names, with a JSON schema's named where the request gave it (engines say
+    response_format; a forced tool call's schema came from `tools`)."""
+    return schema_param if exc.param == "response_format" else exc.param
+
+
+def _error_frame(exc: Exception, schema_param: str = "response_format") -> str:
     """A failure midway through a stream, as its last data frame (the 200 status line is long sent): the
     client's (RequestNotSupported: a 400's error, e.g. a JSON schema that admits nothing more), the engine's
     (its message), or a bug's (a generic message; the log has the rest)."""
     if isinstance(exc, OpenAIError):
         error = exc
     elif isinstance(exc, RequestNotSupported):
-        error = OpenAIError(400, str(exc), param=exc.param, code="invalid_request")
+        error = OpenAIError(400, str(exc), param=_param_of(exc, schema_param), code="invalid_request")
     elif isinstance(exc, EngineError):
         error = OpenAIError(500, str(exc), type="server_error")
     else:

@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-from servlane_core.protocol.tools import OutputPlan, ParsedToolCall, calls_from_forced_json
+from servlane_core.protocol.tools import OutputPlan, ParsedToolCall, calls_from_cut_forced_json, calls_from_forced_json
 
 from .engines.base import ToolCallParser
 
@@ -76,8 +76,8 @@ class ChoiceOutput:
         if self._mode == "none":
             return "", []
         if self._mode == "forced":
-            calls = calls_from_forced_json(self._text)
-            return ("", calls) if calls else (self._text, [])  # cut short (max_tokens): the text as it is
+            # Cut short (max_tokens): the calls as far as they came; never the guided array's own text.
+            return "", calls_from_forced_json(self._text) or calls_from_cut_forced_json(self._text)
         _, calls = self._parser.parse(self._text, self._tools)
         if not calls:
             return self._text[self._sent :], []

@@ -98,7 +98,7 @@ def test_a_named_tool_is_called_with_valid_arguments(client: openai.OpenAI) -> N
         seed=3,
     )
     assert reply.model == SERVED  # the runtime answered, through the feature
-    assert_valid_calls(reply, {"get_time"}, at_most=1)
+    assert_valid_calls(reply, {"get_time"}, at_most=1, finish="stop")
 
 
 def test_required_makes_one_call_without_parallel_calls(client: openai.OpenAI) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gzip
 import json
 import socket
 import threading
 import time
 from typing import Any
 
+import httpx
 import pytest
 
 from servlane_web.http_server import MAX_HEAD_BYTES, HeadHoldingTransport
@@ -494,3 +496,18 @@ def test_a_request_that_is_not_http_gets_a_400_in_the_openai_shape(
     assert json.loads(body)["error"]["code"] == "invalid_http_request"
     served_after = exchange(gateway.url, chat_post(CHAT_BODY, b"Connection: close\r\n") + CHAT_BODY)
     assert served_after.startswith(b"HTTP/1.1 200 ")
+
+
+def test_an_encoded_body_is_a_415_and_any_content_type_of_a_json_body_is_served(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway
+) -> None:
+    """The runtime answers the same (tests/runtime/test_runtime_errors.py): the body counts, not its label."""
+    gateway = served(upstreams, start_gateway)
+    body = json.dumps({"model": "chat", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    url = gateway.url + "/v1/chat/completions"
+    for encoding, content in (("gzip", gzip.compress(body)), ("br", body)):
+        headers = {"content-type": "application/json", "content-encoding": encoding}
+        refused = httpx.post(url, content=content, headers=headers, timeout=10)
+        assert refused.status_code == 415, refused.text
+        assert refused.json()["error"]["code"] == "unsupported_content_encoding"
+    assert httpx.post(url, content=body, headers={"content-type": "text/plain"}, timeout=10).status_code == 200

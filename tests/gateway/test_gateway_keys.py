@@ -34,6 +34,11 @@ def models(gateway: Gateway, key: str | None = None) -> httpx.Response:
     return httpx.get(gateway.url + "/v1/models", headers=headers, timeout=10)
 
 
+def retrieve(gateway: Gateway, model: str, key: str | None) -> httpx.Response:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    return httpx.get(f"{gateway.url}/v1/models/{model}", headers=headers, timeout=10)
+
+
 def objects(upstreams: dict[str, Upstream]) -> list[dict[str, object]]:
     return [aimodel("chat-v1", upstreams["v1"].url), aifeature("chat", [("chat-v1", 100)])]
 
@@ -221,6 +226,19 @@ def test_key_scopes_carry_the_namespace(upstreams: dict[str, Upstream], start_ga
     ]
     listed = {key: [e["id"] for e in models(gateway, key).json()["data"]] for key in (ALPHA, team_b)}
     assert listed == {ALPHA: ["chat"], team_b: ["chat", "m"]}  # each its own namespace's, by plain name
+    # Retrieve (the openai SDK's models.retrieve) answers what the key may call, as its calls resolve.
+    retrieved = {(key, m): retrieve(gateway, m, key) for key in (ALPHA, team_b) for m in ("chat", "team-b/chat", "m")}
+    assert {k: r.status_code for k, r in retrieved.items()} == {
+        (ALPHA, "chat"): 200,
+        (ALPHA, "team-b/chat"): 404,  # as for a name that exists nowhere
+        (ALPHA, "m"): 404,
+        (team_b, "chat"): 200,
+        (team_b, "team-b/chat"): 200,
+        (team_b, "m"): 200,
+    }
+    assert retrieved[(team_b, "team-b/chat")].json()["id"] == "team-b/chat"
+    assert retrieved[(ALPHA, "m")].json()["error"]["code"] == "model_not_found"
+    assert retrieve(gateway, "chat", None).status_code == 401
 
 
 def test_same_named_features_of_two_namespaces_do_not_share_a_rate_limit(

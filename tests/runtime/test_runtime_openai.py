@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import Any
 
 import httpx
 import openai
@@ -36,6 +37,10 @@ def client(chat_server: InProcessServer) -> openai.OpenAI:
 def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL  # it was a 404, as for any unknown path
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.models.retrieve("no-such-model")
+    assert unknown.value.code == "model_not_found"
 
 
 def test_chat_completion_honours_max_tokens_and_reports_usage(client: openai.OpenAI) -> None:
@@ -132,6 +137,44 @@ def test_completion_stream_ends_with_done(chat_server: InProcessServer) -> None:
     assert len(events) >= 2
 
 
+def test_echo_begins_each_choice_with_its_prompt_whole_and_streamed(
+    client: openai.OpenAI, chat_server: InProcessServer
+) -> None:
+    """`echo` was accepted and ignored: the answer lacked the prompt that OpenAI and vLLM put first."""
+    prompts = ["The quick brown", "Once upon"]
+    plain = client.completions.create(model=MODEL, prompt=prompts, max_tokens=3, temperature=0, n=2)
+    echoed = client.completions.create(model=MODEL, prompt=prompts, max_tokens=3, temperature=0, n=2, echo=True)
+    assert [c.text for c in echoed.choices] == [prompts[i // 2] + c.text for i, c in enumerate(plain.choices)]
+    assert echoed.usage is not None
+    assert plain.usage is not None
+    assert (echoed.usage.prompt_tokens, echoed.usage.completion_tokens) == (
+        plain.usage.prompt_tokens,
+        plain.usage.completion_tokens,
+    )  # the echo is not generated: the same counts (cached ones vary with llama.cpp's prefix cache)
+    streamed = [""] * 4
+    for chunk in client.completions.create(
+        model=MODEL, prompt=prompts, max_tokens=3, temperature=0, n=2, echo=True, stream=True
+    ):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.text
+    assert streamed == [c.text for c in echoed.choices]
+    # The echoed prompt's logprobs are not computed here: refused, not left out.
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "echo": True, "logprobs": 1}
+    refused = httpx.post(chat_server.v1 + "/completions", json=body, timeout=30)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "echo"
+
+
+def test_a_completion_without_max_tokens_is_16_tokens_at_most(client: openai.OpenAI) -> None:
+    """OpenAI's and vLLM's default for /v1/completions; it generated up to the whole context (2044 tokens)."""
+    answer = client.completions.create(
+        model=MODEL, prompt="The quick brown", temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert answer.usage is not None
+    assert answer.usage.completion_tokens == 16
+    assert answer.choices[0].finish_reason == "length"
+
+
 def test_unknown_fields_are_ignored(chat_server: InProcessServer) -> None:
     body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2, "some_future_field": {"x": 1}}
     response = httpx.post(chat_server.v1 + "/completions", json=body, timeout=30)
@@ -215,3 +258,54 @@ def test_client_leaving_stops_the_generation(client: openai.OpenAI, chat_server:
     wait_until("both slots to be freed", lambda: chat_server.metric("servlane_runtime_in_flight") == 0, 30)
     generated = chat_server.metric("servlane_runtime_tokens_total", 'kind="completion"') - before
     assert 1 <= generated < long, "the abandoned requests should have stopped generating"
+
+
+def test_logit_bias_moves_the_tokens_it_names(client: openai.OpenAI, chat_server: InProcessServer) -> None:
+    """OpenAI's logit_bias was accepted and ignored. +100 on one token makes greedy decoding take it every time,
+    with logprobs (the logits path) and without (llama.cpp's own sampler chain otherwise)."""
+    picked = {}
+    for token in (42, 43):
+        ask: dict[str, Any] = {"model": MODEL, "prompt": "The quick brown", "max_tokens": 4, "temperature": 0}
+        with_logprobs = client.completions.create(**ask, logprobs=1, logit_bias={str(token): 100})
+        logprobs = with_logprobs.choices[0].logprobs
+        assert logprobs is not None
+        assert logprobs.tokens is not None
+        assert len(set(logprobs.tokens)) == 1, logprobs.tokens  # the biased token, four times
+        plain = client.completions.create(**ask, logit_bias={str(token): 100})
+        assert plain.choices[0].text == with_logprobs.choices[0].text
+        picked[token] = logprobs.tokens[0]
+    assert picked[42] != picked[43]
+    for bias, param_says in (({"999999": 5}, "vocabulary"), ({"abc": 5}, "token ids"), ({"42": 101}, "-100 and 100")):
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "logit_bias": bias}
+        refused = httpx.post(chat_server.v1 + "/completions", json=body, timeout=30)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"].startswith("logit_bias")
+        assert param_says in refused.json()["error"]["message"]
+
+
+def test_a_prompt_of_token_ids_is_read_as_those_tokens(client: openai.OpenAI, chat_server: InProcessServer) -> None:
+    """OpenAI and vLLM take `prompt` as token ids too (one prompt, or several): it was a 400."""
+    one = client.completions.create(model=MODEL, prompt=[1, 45, 99, 173], max_tokens=2, temperature=0)
+    assert one.usage is not None
+    assert one.usage.prompt_tokens == 4
+    several = client.completions.create(model=MODEL, prompt=[[1, 45], [1, 45, 99]], max_tokens=2, temperature=0)
+    assert several.usage is not None
+    assert (len(several.choices), several.usage.prompt_tokens) == (2, 5)
+    for prompt in ([999999], [[1], []], [-1]):
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 2}
+        refused = httpx.post(chat_server.v1 + "/completions", json=body, timeout=30)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"].startswith("prompt")
+
+
+def test_embeddings_take_their_own_dimensions_and_refuse_others(embed_server: InProcessServer) -> None:
+    """`dimensions` was dropped: a vector store asking for 8 got 384 floats. No model here is trained to be cut
+    (Matryoshka), so only its own size is served."""
+    url = embed_server.v1 + "/embeddings"
+    native = len(httpx.post(url, json={"model": "minilm", "input": "hi"}, timeout=30).json()["data"][0]["embedding"])
+    same = httpx.post(url, json={"model": "minilm", "input": "hi", "dimensions": native}, timeout=30)
+    assert same.status_code == 200, same.text
+    for dimensions in (8, 0):
+        refused = httpx.post(url, json={"model": "minilm", "input": "hi", "dimensions": dimensions}, timeout=30)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"] == "dimensions"

@@ -7,13 +7,18 @@ it returns must validate against its tool's parameters. The helpers are shared w
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionToolChoiceOptionParam
 
+from servlane_runtime.engines.base import RequestNotSupported
+from servlane_runtime.serving import _error_frame
 from tests.support import tool_model
 from tests.support.servers import InProcessServer, tiny_config
 from tests.support.tools import (
@@ -25,6 +30,7 @@ from tests.support.tools import (
     check_history_with_calls,
     check_named_tool,
     check_none_never_calls,
+    check_parameters_with_references,
     check_required_one_call,
     check_required_parallel,
     check_stream_reassembles,
@@ -54,6 +60,10 @@ def client(tools_server: InProcessServer) -> openai.OpenAI:
 
 def test_a_named_tool_is_always_called_with_valid_arguments(client: openai.OpenAI) -> None:
     check_named_tool(client)
+
+
+def test_parameters_that_use_references_get_valid_forced_calls(client: openai.OpenAI) -> None:
+    check_parameters_with_references(client)
 
 
 def test_required_without_parallel_calls_makes_exactly_one_valid_call(client: openai.OpenAI) -> None:
@@ -100,3 +110,44 @@ def test_tools_for_a_template_without_tools_are_400(chat_server: InProcessServer
     # tool_choice none: the tools are not rendered, so the request is served as plain chat.
     body["tool_choice"] = "none"
     assert httpx.post(chat_server.v1 + "/chat/completions", json=body, timeout=60).status_code == 200
+
+
+def test_a_schema_refused_midway_names_the_field_it_came_from() -> None:
+    """Engines say response_format when guided decoding finds the schema admits nothing more; a forced call's
+    schema came from `tools`. (A random model under a forced call's grammar takes whitespace before the value
+    where the dead end would be, so this is the error frame itself, not a whole request.)"""
+    refused = RequestNotSupported("the JSON schema admits no continuation", param="response_format")
+    for schema_param in ("response_format", "tools"):
+        error = json.loads(_error_frame(refused, schema_param).removeprefix("data: "))["error"]
+        assert (error["type"], error["code"], error["param"]) == (
+            "invalid_request_error",
+            "invalid_request",
+            schema_param,
+        )
+    other = RequestNotSupported("a sampling value the engine refuses", param="top_k")
+    assert json.loads(_error_frame(other, "tools").removeprefix("data: "))["error"]["param"] == "top_k"
+
+
+def test_a_forced_call_cut_by_max_tokens_comes_back_as_a_cut_tool_call(client: openai.OpenAI) -> None:
+    """As OpenAI answers: the call with its arguments as far as they came, finish_reason length; it came back as
+    the guided array's own text (`[{"name": "ge`) in content, a format the client never asked for."""
+    named: ChatCompletionToolChoiceOptionParam = {"type": "function", "function": {"name": "get_weather"}}
+    cut_arguments = []
+    for max_tokens in (3, 40, 60):  # before the name is whole; in the arguments (seeded: this model at 80 ends)
+        ask: dict[str, Any] = {"model": MODEL, "messages": ASK, "tools": TOOLS, "tool_choice": named, "seed": 3}
+        whole = client.chat.completions.create(**ask, max_tokens=max_tokens)
+        choice = whole.choices[0]
+        assert choice.finish_reason == "length"
+        assert not choice.message.content, choice.message.content  # nothing of the guided array
+        for call in choice.message.tool_calls or []:
+            assert call.function.name == "get_weather"
+            assert call.function.arguments.startswith("{"), call.function.arguments
+            cut_arguments.append(call.function.arguments)
+        text, arguments = "", ""
+        for chunk in client.chat.completions.create(**ask, max_tokens=max_tokens, stream=True):
+            for streamed in chunk.choices:
+                text += streamed.delta.content or ""
+                arguments += "".join(p.function.arguments or "" for p in streamed.delta.tool_calls or [] if p.function)
+        assert text == ""
+        assert arguments == "".join(c.function.arguments for c in choice.message.tool_calls or [])
+    assert cut_arguments, "no answer was cut inside its arguments: the test shows nothing"

@@ -12,8 +12,10 @@ context (one such case took minutes on 2 cores, which is why tests/fuzz was once
 takes at most MAX_LIST_ITEMS prompts (more is a 400, which the fuzz still reaches), and bodies sent to the
 real model have `n` and `max_tokens`/`max_completion_tokens` lowered to N_CAP and MAX_TOKENS_CAP when they
 hold a valid, larger value (invalid values are left alone: they must still be 400s): no case generates more
-than MAX_LIST_ITEMS * N_CAP * MAX_TOKENS_CAP tokens. Each case must answer within CASE_TIMEOUT_SECONDS. The
-cases are a function of the seed alone (hypothesis's `seed`, no example database).
+than MAX_LIST_ITEMS * N_CAP * MAX_TOKENS_CAP tokens. Those bodies also meet the rules a schema cannot state
+(`meet_rules_the_schema_cannot_say`: cross-field ones, token ids within the model's vocabulary), else nearly no
+valid case would reach the engine. Each case must answer within CASE_TIMEOUT_SECONDS. The cases are a function
+of the seed alone (hypothesis's `seed`, no example database).
 """
 
 from __future__ import annotations
@@ -221,6 +223,41 @@ def bound_work(body: dict[str, Any]) -> None:
         body["max_tokens"] = MAX_TOKENS_CAP  # absent (or null), it would be the rest of the context
 
 
+# The tiny Llama's vocabulary: token ids below it (ids of a drawn prompt or logit_bias are taken modulo it).
+TINY_VOCAB = 500
+
+
+def meet_rules_the_schema_cannot_say(body: dict[str, Any]) -> None:
+    """Rules an OpenAPI schema cannot state, met on bodies sent to the real model, so that valid cases reach the
+    engine (each refuses about half of the drawn bodies; together, nearly all): stream_options only with
+    `stream: true`, top_logprobs only with `logprobs: true`, content on every message but an assistant's
+    (cross-field rules), token ids within the model's vocabulary, embeddings at the model's own size (the
+    model's). Values of a wrong type are left alone: they must still be 400s."""
+    if isinstance(body.get("stream_options"), dict) and body.get("stream") is not True:
+        del body["stream_options"]
+    if isinstance(body.get("top_logprobs"), int) and body["top_logprobs"] and body.get("logprobs") in (None, False):
+        body["logprobs"] = True
+    messages = body.get("messages")
+    for message in messages if isinstance(messages, list) else []:
+        if isinstance(message, dict) and message.get("role") != "assistant" and message.get("content") is None:
+            message["content"] = "hi"
+    bias = body.get("logit_bias")
+    if isinstance(bias, dict) and all(isinstance(k, str) and k.isdigit() for k in bias):
+        body["logit_bias"] = {str(int(k) % TINY_VOCAB): v for k, v in bias.items()}
+    if "prompt" in body:
+        body["prompt"] = _within_vocabulary(body["prompt"])
+    if isinstance(body.get("dimensions"), int) and not isinstance(body["dimensions"], bool):
+        del body["dimensions"]
+
+
+def _within_vocabulary(prompt: Any) -> Any:
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return [t % TINY_VOCAB if t >= 0 else t for t in prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+        return [_within_vocabulary(p) for p in prompt]
+    return prompt
+
+
 def fuzz(server: Server, max_examples: int, seed: int = 0, timeout: float = CASE_TIMEOUT_SECONDS) -> FuzzResult:
     """`max_examples` cases per operation and generation mode, drawn from the server's OpenAPI schema."""
     schema = schemathesis.openapi.from_url(server.base_url + "/openapi.json")
@@ -272,6 +309,7 @@ def draw_cases(schema: Any, max_examples: int, seed: int, model: str, visit: Cal
                 if real_model and isinstance(case.body, dict):
                     case.body["model"] = model
                     bound_work(case.body)
+                    meet_rules_the_schema_cannot_say(case.body)
                 visit(case)
 
             try:

@@ -8,7 +8,12 @@ from typing import Any
 import httpx
 import jsonschema  # type: ignore[import-untyped]
 import openai
-from openai.types.chat import ChatCompletion, ChatCompletionMessageParam, ChatCompletionToolParam
+from openai.types.chat import (
+    ChatCompletion,
+    ChatCompletionMessageParam,
+    ChatCompletionToolChoiceOptionParam,
+    ChatCompletionToolParam,
+)
 
 MODEL = "tiny-llama"
 WEATHER: ChatCompletionToolParam = {
@@ -45,6 +50,29 @@ CLOCK: ChatCompletionToolParam = {
 
 
 TOOLS = [WEATHER, CLOCK]
+
+# Parameters that point into themselves, as pydantic and the openai SDK write nested models (`$defs`) and older
+# generators do (`definitions`): set inside the forced calls' array, their `$ref`s must still find their target.
+_PLACE = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+BOOKING: ChatCompletionToolParam = {
+    "type": "function",
+    "function": {
+        "name": "book",
+        "parameters": {
+            "type": "object",
+            "properties": {"start": {"$ref": "#/$defs/Place"}, "end": {"$ref": "#/definitions/Place"}},
+            "required": ["start", "end"],
+            "additionalProperties": False,
+            "$defs": {"Place": _PLACE},
+            "definitions": {"Place": _PLACE},
+        },
+    },
+}
 ASK: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
@@ -53,16 +81,19 @@ ROOM = 400
 
 
 def parameters_of(name: str) -> dict[str, Any]:
-    tool = next(t for t in TOOLS if t["function"]["name"] == name)
+    tool = next(t for t in [*TOOLS, BOOKING] if t["function"]["name"] == name)
     return dict(tool["function"]["parameters"])
 
 
-def assert_valid_calls(reply: ChatCompletion, allowed: set[str], *, at_most: int | None = None) -> None:
-    """Every choice answered with tool calls only, each to an allowed tool with arguments valid for it."""
+def assert_valid_calls(
+    reply: ChatCompletion, allowed: set[str], *, at_most: int | None = None, finish: str = "tool_calls"
+) -> None:
+    """Every choice answered with tool calls only, each to an allowed tool with arguments valid for it; a
+    function tool_choice named finishes with `stop` (OpenAI's and vLLM's reason), others with `tool_calls`."""
     for choice in reply.choices:
         calls = choice.message.tool_calls
         assert calls, f"no tool calls: {choice.message}"
-        assert choice.finish_reason == "tool_calls"
+        assert choice.finish_reason == finish
         assert choice.message.content is None
         if at_most is not None:
             assert len(calls) <= at_most
@@ -84,7 +115,29 @@ def check_named_tool(client: openai.OpenAI) -> None:
         n=3,
         seed=3,
     )
-    assert_valid_calls(reply, {"get_time"}, at_most=1)
+    assert_valid_calls(reply, {"get_time"}, at_most=1, finish="stop")
+
+
+def check_parameters_with_references(client: openai.OpenAI) -> None:
+    """Forced calls of a tool whose parameters use `$ref` (beside one that does not): valid calls, never a 400
+    for a reference the forced calls' schema lost."""
+    named: ChatCompletionToolChoiceOptionParam = {"type": "function", "function": {"name": "book"}}
+    choices: list[ChatCompletionToolChoiceOptionParam] = ["required", named]
+    for tool_choice in choices:
+        reply = client.chat.completions.create(
+            model=MODEL,
+            messages=ASK,
+            tools=[BOOKING, CLOCK],
+            tool_choice=tool_choice,
+            parallel_tool_calls=False,
+            max_tokens=ROOM,
+            n=2,
+            seed=7,
+        )
+        if tool_choice == "required":
+            assert_valid_calls(reply, {"book", "get_time"}, at_most=1)
+        else:
+            assert_valid_calls(reply, {"book"}, at_most=1, finish="stop")
 
 
 def check_required_one_call(client: openai.OpenAI) -> None:

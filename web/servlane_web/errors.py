@@ -17,6 +17,16 @@ from servlane_core.protocol.errors import OpenAIError
 
 log = logging.getLogger(__name__)
 
+# The names pydantic gives the branches of a union in an error's location (`messages.0.content.str`): not
+# fields, so not the param a client is told. The protocol's fields are snake_case and none is named so.
+_TYPE_NAMES = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _is_union_tag(part: object) -> bool:
+    if not isinstance(part, str):
+        return False
+    return part in _TYPE_NAMES or part[:1].isupper() or any(c in part for c in "[]()'")
+
 
 def install_error_handlers(app: FastAPI) -> None:
     """Map OpenAIError, request validation errors and unexpected exceptions to the error shape."""
@@ -28,7 +38,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _is_union_tag(p)]
         param = ".".join(loc) or None
         message = f"{param}: {first.get('msg', 'invalid request')}" if param else str(first.get("msg", "invalid"))
         error = OpenAIError(400, message, param=param, code="invalid_request")

@@ -44,6 +44,15 @@ def body_too_large(max_bytes: int) -> OpenAIError:
     return OpenAIError(413, f"Request body too large: the limit is {max_bytes} bytes.", code="request_too_large")
 
 
+def check_content_encoding(value: bytes | str | None) -> None:
+    """A 415 for a body in an encoding the servers do not decode (gzip, br, ...): it was read as JSON and refused
+    as "not valid JSON", which sent the client looking in the wrong place (and a plain body labelled br passed)."""
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    if text is not None and text.strip().lower() not in ("", "identity"):
+        message = f"Content-Encoding {text.strip()[:40]!r} is not supported: send the body unencoded."
+        raise OpenAIError(415, message, code="unsupported_content_encoding")
+
+
 def parse_json_object(raw: bytes, limits: RequestLimits) -> dict[str, Any]:
     """The body as a JSON object within `limits`, or a 400 that says which rule it broke."""
     if len(raw) > limits.max_body_bytes:

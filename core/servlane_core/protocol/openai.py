@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+# At most this many tokens biased per request: each is added to every step's logits.
+MAX_LOGIT_BIAS = 1024
 # vLLM's bounds on `seed` (a signed 64-bit integer: what torch's generators and vLLM's transport accept).
 SEED_MIN = -(2**63)
 SEED_MAX = 2**63 - 1
@@ -51,10 +53,18 @@ class ToolCall(_Request):
 
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart] | None = Field(default=None, validate_default=True)
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # role assistant: the calls it made
     tool_call_id: str | None = None  # role tool: which call this is the result of
+
+    @field_validator("content")
+    @classmethod
+    def _content_given(cls, content: object, info: ValidationInfo) -> object:
+        # Only an assistant message may leave it out (its tool calls are the message), as OpenAI requires.
+        if content is None and info.data.get("role", "assistant") != "assistant":
+            raise ValueError(f"a {info.data['role']} message needs content")
+        return content
 
     def text(self) -> str:
         if self.content is None:
@@ -77,8 +87,31 @@ class SamplingFields(_Request):
     presence_penalty: float = Field(default=0.0, ge=-2, le=2)
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
     user: str | None = None
+    # Token id (as text, JSON's keys) -> a bias in [-100, 100] added to its logit (OpenAI's bounds, refused
+    # outside them); the ids are checked against the model's vocabulary when it answers.
+    logit_bias: dict[str, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS)
     # vLLM's extension: keep generating past the end-of-sequence token (benchmarks, load tests).
     ignore_eos: bool = False
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids_and_bounds(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for token, value in (bias or {}).items():
+            if not token.isdigit() or len(token) > 12:
+                raise ValueError(f"logit_bias keys are token ids: {token[:20]!r} is not one")
+            if not -100 <= value <= 100:
+                raise ValueError(f"logit_bias values are between -100 and 100: {token} has {value}")
+        return bias
+
+    def bias_items(self) -> tuple[tuple[int, float], ...]:
+        return tuple((int(token), value) for token, value in (self.logit_bias or {}).items())
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_for_streams(cls, options: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        if options is not None and not info.data.get("stream"):
+            raise ValueError("stream_options can only be given with stream: true")  # as OpenAI and vLLM refuse
+        return options
 
     def stop_list(self) -> list[str]:
         """The stop strings, without empty ones (as in a list, so for a lone `""` too: vLLM refuses them)."""
@@ -138,25 +171,46 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, top: int | None, info: ValidationInfo) -> int | None:
+        if top and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")  # as OpenAI and vLLM refuse
+        return top
+
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
 
 
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str]
+    # Text, texts, or token ids (one prompt or several), as OpenAI and vLLM take them.
+    prompt: str | Annotated[list[str], Field(min_length=1)] | TokenIds | Annotated[list[TokenIds], Field(min_length=1)]
+    # OpenAI's and vLLM's default for this endpoint (chat's is the rest of the context); null: the context.
+    max_tokens: int | None = Field(default=16, ge=1)
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
 
-    def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else self.prompt
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: its text, or its token ids."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or isinstance(prompt[0], int):
+            return [prompt]  # a text, or one prompt's ids
+        return list(prompt)  # texts, or several prompts' ids
 
 
 class EmbeddingRequest(_Request):
     model: str
     input: str | list[str]
     encoding_format: Literal["float", "base64"] = "float"
+    # Shorter vectors (OpenAI's text-embedding-3): only a model trained for it (Matryoshka) may be cut; this
+    # runtime serves none, so only the model's own size is taken (vLLM refuses the rest too).
+    dimensions: int | None = Field(default=None, ge=1)
     user: str | None = None
 
     def inputs(self) -> list[str]:

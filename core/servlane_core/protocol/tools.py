@@ -16,6 +16,7 @@ Pure: no engine, no HTTP.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -36,6 +37,8 @@ class OutputPlan:
     tools: list[dict[str, Any]] | None
     # The JSON schema guided decoding enforces, as compact JSON text; None: unconstrained.
     json_schema: str | None
+    # tool_choice named this function (forced): its calls finish with "stop", as OpenAI's and vLLM's do.
+    named: str | None = None
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ def plan_output(req: p.ChatCompletionRequest) -> OutputPlan:
         )
     allowed = [t for t in tools if named is None or t.function.name == named]
     schema = calls_schema(allowed, one_call=named is not None or not req.parallel_tool_calls)
-    return OutputPlan("forced", wire_tools, canonical(schema))
+    return OutputPlan("forced", wire_tools, canonical(schema), named)
 
 
 def _response_schema(fmt: p.ResponseFormat | None) -> str | None:
@@ -86,23 +89,62 @@ def _response_schema(fmt: p.ResponseFormat | None) -> str | None:
 
 
 def calls_schema(tools: list[p.Tool], *, one_call: bool) -> dict[str, Any]:
-    """A JSON array of 1 (or, with parallel calls, more) `{"name": <one of tools>, "arguments": <its schema>}`."""
-    variants = [
-        {
-            "type": "object",
-            "properties": {
-                "name": {"type": "string", "enum": [t.function.name]},
-                "arguments": t.function.parameters or NO_PARAMETERS,
-            },
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for t in tools
-    ]
+    """A JSON array of 1 (or, with parallel calls, more) `{"name": <one of tools>, "arguments": <its schema>}`.
+
+    A tool's parameters are a schema of their own: their `$ref`s point from their own root (`#/$defs/Inner`,
+    as pydantic and the openai SDK write nested models, or `#` for a recursive one). Set inside this array they
+    would point into it instead (`#/$defs/Inner` of the array: not found, a 400). Such parameters go to the
+    array's `$defs` under a name of their own, their references re-pointed there."""
+    defs: dict[str, Any] = {}
+    variants = []
+    for index, tool in enumerate(tools):
+        parameters: Any = tool.function.parameters or NO_PARAMETERS
+        if _has_local_ref(parameters):
+            name = f"servlane_tool_{index}"
+            defs[name] = _rooted(parameters, f"#/$defs/{name}")
+            parameters = {"$ref": f"#/$defs/{name}"}
+        variants.append(
+            {
+                "type": "object",
+                "properties": {"name": {"type": "string", "enum": [tool.function.name]}, "arguments": parameters},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
     item = variants[0] if len(variants) == 1 else {"anyOf": variants}
     schema: dict[str, Any] = {"type": "array", "items": item, "minItems": 1}
     if one_call:
         schema["maxItems"] = 1
+    if defs:
+        schema["$defs"] = defs
+    return schema
+
+
+# Keywords whose values are data, not schemas: a `$ref` key there is a value's, never re-pointed.
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+
+
+def _is_local_ref(key: str, value: Any) -> bool:
+    return key == "$ref" and isinstance(value, str) and value.startswith("#")
+
+
+def _has_local_ref(schema: Any) -> bool:
+    if isinstance(schema, dict):
+        return any(_is_local_ref(k, v) or (k not in _DATA_KEYWORDS and _has_local_ref(v)) for k, v in schema.items())
+    if isinstance(schema, list):
+        return any(_has_local_ref(v) for v in schema)
+    return False
+
+
+def _rooted(schema: Any, root: str) -> Any:
+    """`schema` with each local `$ref` (a JSON pointer from its own root: `#`, `#/...`) re-pointed under `root`."""
+    if isinstance(schema, dict):
+        return {
+            k: root + v[1:] if _is_local_ref(k, v) else v if k in _DATA_KEYWORDS else _rooted(v, root)
+            for k, v in schema.items()
+        }
+    if isinstance(schema, list):
+        return [_rooted(v, root) for v in schema]
     return schema
 
 
@@ -120,6 +162,33 @@ def calls_from_forced_json(text: str) -> list[ParsedToolCall]:
         if isinstance(item, dict) and isinstance(item.get("name"), str):
             calls.append(ParsedToolCall(item["name"], json.dumps(item.get("arguments", {}), ensure_ascii=False)))
     return calls
+
+
+_CUT_CALL = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*(.*)\Z', re.DOTALL)
+
+
+def calls_from_cut_forced_json(text: str) -> list[ParsedToolCall]:
+    """The calls in a forced answer that max_tokens cut short: the whole ones, then the cut one with the
+    arguments as far as they came (OpenAI's answer: tool calls, their arguments cut, finish_reason length),
+    never the array the runtime asked guided decoding for, which is no part of the API."""
+    at = text.find("[")
+    if at < 0:
+        return []
+    decoder = json.JSONDecoder()
+    calls: list[ParsedToolCall] = []
+    at += 1
+    while True:
+        while at < len(text) and text[at] in " \t\r\n,":
+            at += 1
+        try:
+            item, at = decoder.raw_decode(text, at)
+        except ValueError:
+            cut = _CUT_CALL.match(text, at)
+            if cut is not None:
+                calls.append(ParsedToolCall(cut.group(1), cut.group(2)))
+            return calls
+        if isinstance(item, dict) and isinstance(item.get("name"), str):
+            calls.append(ParsedToolCall(item["name"], json.dumps(item.get("arguments", {}), ensure_ascii=False)))
 
 
 def template_messages(messages: list[p.ChatMessage]) -> list[dict[str, Any]]:

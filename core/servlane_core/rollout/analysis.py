@@ -2,7 +2,7 @@
 
 What counts as a failure of the canary:
 - server errors (5xx, timeouts, cut streams, error events inside a 200 stream), always;
-- backend 4xx (400 from a model without a chat template, 413 from a shorter context, 429 from shedding
+- backend 4xx (400 from a model without a chat template or a shorter context, 429 from shedding
   load) beyond the stable's own 4xx rate in the same window: clients send the same bad requests to both
   versions, so only the excess is the canary's doing.
 The failure rate is judged absolutely (maxErrorRate) and against the stable's (maxErrorRateIncrease); the

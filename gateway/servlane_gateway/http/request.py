@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
 from servlane_core.protocol.errors import OpenAIError
-from servlane_core.protocol.limits import RequestLimits, body_too_large, parse_json_object
+from servlane_core.protocol.limits import RequestLimits, body_too_large, check_content_encoding, parse_json_object
 from servlane_web.bodies import BODY_DONE
 
 # The runtime's admission queue serves waiters by `X-Priority` (servlane_runtime.admission reads exactly
@@ -38,6 +38,7 @@ def header(request: Request, name: bytes) -> str | None:
 async def read_capped(request: Request, cap: int) -> bytes:
     """The body, or a 413 once it is over `cap`. A body read to its end is marked in the scope (BODY_DONE): what
     is left of another is dropped (servlane_web.bodies.drain_unread_body), so the refusal reaches the client."""
+    check_content_encoding(header(request, b"content-encoding"))
     too_large = body_too_large(cap)
     length = header(request, b"content-length") or ""
     if length.isdigit() and int(length) > cap:

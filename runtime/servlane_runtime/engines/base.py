@@ -27,6 +27,8 @@ class SamplingOptions:
     seed: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # OpenAI's logit_bias: (token id, bias added to its logit) pairs, the ids within vocab_size.
+    logit_bias: tuple[tuple[int, float], ...] = ()
     # How many alternatives to report per token; None: no logprobs at all.
     logprobs: int | None = None
     ignore_eos: bool = False
@@ -139,6 +141,11 @@ class InferenceEngine(abc.ABC):
     @property
     @abc.abstractmethod
     def max_model_len(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int | None:
+        """How many token ids the model's output layer scores (loaded); None: not known (logit_bias refused)."""
+        return None
 
     @abc.abstractmethod
     async def load(self) -> None:

@@ -208,6 +208,10 @@ class LlamaCppEngine(InferenceEngine):
     def max_model_len(self) -> int:
         return self._max_len
 
+    @property
+    def vocab_size(self) -> int | None:
+        return self._native.n_vocab if self._native is not None else None
+
     async def load(self) -> None:
         await asyncio.to_thread(self._load_sync)
 
@@ -444,7 +448,8 @@ class LlamaCppEngine(InferenceEngine):
         job.sequence, job.cached, job.read, job.position = sequence, reused, reused, reused
         job.decoded = list(job.prompt[:reused])
         options = job.options
-        if options.logprobs is None and job.guide is None:
+        # llama.cpp's chain samples what it can; logprobs, a grammar or a logit_bias go through the logits here.
+        if options.logprobs is None and job.guide is None and not options.logit_bias:
             job.sampler = NativeSampler(
                 native.n_vocab,
                 temperature=0.0 if options.temperature <= 0 else max(options.temperature, MIN_TEMPERATURE),

@@ -80,6 +80,10 @@ class TransformersEngine(InferenceEngine):
     def max_model_len(self) -> int:
         return self._max_len
 
+    @property
+    def vocab_size(self) -> int | None:
+        return int(self._model.config.vocab_size) if self._model is not None else None
+
     async def load(self) -> None:
         await asyncio.to_thread(self._load_sync)
 

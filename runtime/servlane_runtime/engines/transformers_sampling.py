@@ -167,11 +167,19 @@ class Guide:
 
 
 def penalised(logits: torch.Tensor, counts: Counter[int], options: SamplingOptions) -> torch.Tensor:
-    """OpenAI's penalties: subtract presence once and frequency per occurrence of each seen token."""
-    if not counts or (options.presence_penalty == 0 and options.frequency_penalty == 0):
+    """OpenAI's penalties (subtract presence once and frequency per occurrence of each seen token) and its
+    logit_bias (added to its tokens' logits, before any sampling, as OpenAI and vLLM apply it)."""
+    penalties = bool(counts) and (options.presence_penalty != 0 or options.frequency_penalty != 0)
+    if not penalties and not options.logit_bias:
         return logits
-    ids = torch.tensor(list(counts.keys()), device=logits.device)
-    freq = torch.tensor(list(counts.values()), dtype=logits.dtype, device=logits.device)
     logits = logits.clone()
-    logits[ids] -= options.presence_penalty + options.frequency_penalty * freq
+    if penalties:
+        ids = torch.tensor(list(counts.keys()), device=logits.device)
+        freq = torch.tensor(list(counts.values()), dtype=logits.dtype, device=logits.device)
+        logits[ids] -= options.presence_penalty + options.frequency_penalty * freq
+    if options.logit_bias:
+        biased = torch.tensor([token for token, _ in options.logit_bias], device=logits.device)
+        logits[biased] += torch.tensor(
+            [bias for _, bias in options.logit_bias], dtype=logits.dtype, device=logits.device
+        )
     return logits

@@ -77,6 +77,10 @@ class VllmEngine(InferenceEngine):
     def max_model_len(self) -> int:
         return self._max_len
 
+    @property
+    def vocab_size(self) -> int | None:
+        return int(self._llm.model_config.get_vocab_size()) if self._llm is not None else None
+
     async def load(self) -> None:
         # The parser first: a name vLLM does not know fails in seconds, not after the weights are loaded.
         parser_class = await asyncio.to_thread(tool_parser_class, self._config.tool_call_parser)

@@ -29,6 +29,7 @@ def sampling_params(options: SamplingOptions, guided: Any = None) -> Any:
         seed=options.seed,
         presence_penalty=options.presence_penalty,
         frequency_penalty=options.frequency_penalty,
+        logit_bias=dict(options.logit_bias) or None,
         logprobs=options.logprobs,
         ignore_eos=options.ignore_eos,
         # Only what is new since the last output (as `vllm serve` streams): no copying of the

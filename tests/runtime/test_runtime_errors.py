@@ -155,9 +155,11 @@ IMAGE = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"
         ("/chat/completions", {"messages": [{"role": "user"}]}, "messages.0.content"),
         ("/chat/completions", {"messages": [{"role": "user", "content": [IMAGE]}]}, "messages.0.content"),
         ("/chat/completions", {"messages": HI, "tool_choice": "always"}, "tool_choice"),
+        ("/chat/completions", {"messages": [*HI, {"role": "tool", "content": "x"}]}, "messages.1.tool_call_id"),
+        ("/completions", {"prompt": "def f(", "suffix": "return 1"}, "suffix"),  # was ignored: no engine does FIM
     ],
     ids=["top_logprobs-alone", "stream_options-chat", "stream_options-completions", "empty-prompt", "no-content",
-         "image-part", "bad-tool-choice"],
+         "image-part", "bad-tool-choice", "tool-result-without-call-id", "suffix"],
 )  # fmt: skip
 def test_what_openai_and_vllm_refuse_is_a_400_naming_the_field(
     chat_server: InProcessServer, path: str, body: dict[str, Any], param: str

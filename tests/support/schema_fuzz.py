@@ -230,9 +230,10 @@ TINY_VOCAB = 500
 def meet_rules_the_schema_cannot_say(body: dict[str, Any]) -> None:
     """Rules an OpenAPI schema cannot state, met on bodies sent to the real model, so that valid cases reach the
     engine (each refuses about half of the drawn bodies; together, nearly all): stream_options only with
-    `stream: true`, top_logprobs only with `logprobs: true`, content on every message but an assistant's
-    (cross-field rules), token ids within the model's vocabulary, embeddings at the model's own size (the
-    model's). Values of a wrong type are left alone: they must still be 400s."""
+    `stream: true`, top_logprobs only with `logprobs: true`, content on every message but an assistant's, a
+    tool_call_id on a tool's (cross-field rules), no suffix (no engine here fills in the middle), token ids
+    within the model's vocabulary, embeddings at the model's own size (the model's). Values of a wrong type are
+    left alone: they must still be 400s."""
     if isinstance(body.get("stream_options"), dict) and body.get("stream") is not True:
         del body["stream_options"]
     if isinstance(body.get("top_logprobs"), int) and body["top_logprobs"] and body.get("logprobs") in (None, False):
@@ -241,6 +242,10 @@ def meet_rules_the_schema_cannot_say(body: dict[str, Any]) -> None:
     for message in messages if isinstance(messages, list) else []:
         if isinstance(message, dict) and message.get("role") != "assistant" and message.get("content") is None:
             message["content"] = "hi"
+        if isinstance(message, dict) and message.get("role") == "tool" and message.get("tool_call_id") is None:
+            message["tool_call_id"] = "call_1"
+    if isinstance(body.get("suffix"), str):  # no engine here fills in the middle: any suffix is refused
+        del body["suffix"]
     bias = body.get("logit_bias")
     if isinstance(bias, dict) and all(isinstance(k, str) and k.isdigit() for k in bias):
         body["logit_bias"] = {str(int(k) % TINY_VOCAB): v for k, v in bias.items()}

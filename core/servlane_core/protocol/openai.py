@@ -56,7 +56,7 @@ class ChatMessage(_Request):
     content: str | list[TextPart] | None = Field(default=None, validate_default=True)
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # role assistant: the calls it made
-    tool_call_id: str | None = None  # role tool: which call this is the result of
+    tool_call_id: str | None = Field(default=None, validate_default=True)  # role tool: which call it answers
 
     @field_validator("content")
     @classmethod
@@ -65,6 +65,13 @@ class ChatMessage(_Request):
         if content is None and info.data.get("role", "assistant") != "assistant":
             raise ValueError(f"a {info.data['role']} message needs content")
         return content
+
+    @field_validator("tool_call_id")
+    @classmethod
+    def _tool_results_name_their_call(cls, call_id: str | None, info: ValidationInfo) -> str | None:
+        if call_id is None and info.data.get("role") == "tool":
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")  # as OpenAI refuses
+        return call_id
 
     def text(self) -> str:
         if self.content is None:
@@ -195,6 +202,15 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(default=16, ge=1)
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
+    # Fill-in-the-middle: no engine here does it, so it is refused rather than ignored (vLLM refuses it too).
+    suffix: str | None = None
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, suffix: str | None) -> str | None:
+        if suffix:
+            raise ValueError("suffix (fill-in-the-middle) is not supported")
+        return suffix
 
     def prompts(self) -> list[str | list[int]]:
         """One entry per prompt: its text, or its token ids."""

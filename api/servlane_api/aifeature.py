@@ -57,6 +57,14 @@ class Analysis(ApiModel):
     failure_threshold: int = Field(default=1, ge=1, description="Failed checks that trigger a rollback.")
 
 
+def stored_at_most(value: object, maximum: int) -> object:
+    """A stored integer read as `maximum` when above it (a maximum added or lowered after objects were stored:
+    they must keep validating, and routing); anything else as it is, for the field's own validation."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > maximum:
+        return maximum
+    return value
+
+
 class Rollout(CelValidated):
     cel_rules = (
         CelRule(
@@ -99,9 +107,7 @@ class Rollout(CelValidated):
     def _stored_before_the_maximum(cls, value: object) -> object:
         # Unbounded before: an object stored then keeps validating (as ResponseCache.max_bytes), read as the
         # maximum. The CRD refuses new values above it.
-        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_REPLICAS:
-            return MAX_REPLICAS
-        return value
+        return stored_at_most(value, MAX_REPLICAS)
 
     progress_deadline_seconds: int = Field(
         default=600,
@@ -151,9 +157,7 @@ class ResponseCache(ApiModel):
         # The maximum was 4 GiB. An object stored then keeps validating (the API server's validation
         # ratcheting lets it be updated while maxBytes is unchanged), so it must keep routing: read as the
         # maximum rather than left out of the route table. The CRD still refuses new values above it.
-        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_RESPONSE_CACHE_BYTES:
-            return MAX_RESPONSE_CACHE_BYTES
-        return value
+        return stored_at_most(value, MAX_RESPONSE_CACHE_BYTES)
 
 
 # How the gateway picks a pod (an endpoint of the AIModel's Service) once it has picked the AIModel by weight.

@@ -153,7 +153,7 @@ IMAGE = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"
         ("/completions", {"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options"),
         ("/completions", {"prompt": []}, "prompt"),
         ("/chat/completions", {"messages": [{"role": "user"}]}, "messages.0.content"),
-        ("/chat/completions", {"messages": [{"role": "user", "content": [IMAGE]}]}, "messages.0.content"),
+        ("/chat/completions", {"messages": [{"role": "user", "content": [IMAGE]}]}, "messages.0.content.0.type"),
         ("/chat/completions", {"messages": HI, "tool_choice": "always"}, "tool_choice"),
         ("/chat/completions", {"messages": [*HI, {"role": "tool", "content": "x"}]}, "messages.1.tool_call_id"),
         ("/completions", {"prompt": "def f(", "suffix": "return 1"}, "suffix"),  # was ignored: no engine does FIM

@@ -7,6 +7,7 @@ unexpected to `{"error": {...}}` with the right status, so no endpoint answers a
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,7 +26,19 @@ _TYPE_NAMES = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 def _is_union_tag(part: object) -> bool:
     if not isinstance(part, str):
         return False
-    return part in _TYPE_NAMES or part[:1].isupper() or any(c in part for c in "[]()'")
+    # constrained-str, constrained-int: a type with bounds (Field(min_length=1)) as a union's branch.
+    return (
+        part in _TYPE_NAMES or part[:1].isupper() or part.startswith("constrained-") or any(c in part for c in "[]()'")
+    )
+
+
+def _is_type_mismatch(error: Any) -> bool:
+    """string_type, int_parsing, model_type...: the value is not of that branch's type at all."""
+    return str(error.get("type", "")).endswith(("_type", "_parsing"))
+
+
+def _field_path(error: Any) -> list[str]:
+    return [str(part) for part in error.get("loc", ()) if part != "body" and not _is_union_tag(part)]
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -37,10 +50,14 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _is_union_tag(p)]
-        param = ".".join(loc) or None
-        message = f"{param}: {first.get('msg', 'invalid request')}" if param else str(first.get("msg", "invalid"))
+        # Of a union's branches, the one the value got furthest into is the shape the client meant: the error
+        # deepest into the body, and of those, one with the value's type right but its bounds wrong (input [-1]:
+        # "greater than or equal to 0", not "should be a valid string"); the first such.
+        errors = list(exc.errors())
+        chosen: Any = max(errors, key=lambda e: (len(_field_path(e)), not _is_type_mismatch(e)), default={})
+        param = ".".join(_field_path(chosen)) or None
+        message = chosen.get("msg", "invalid request")
+        message = f"{param}: {message}" if param else str(message)
         error = OpenAIError(400, message, param=param, code="invalid_request")
         return JSONResponse(error.body(), status_code=400)
 

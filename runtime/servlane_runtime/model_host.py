@@ -247,9 +247,9 @@ class _DeathWatch(InferenceEngine):
         finally:
             await stream.aclose()
 
-    async def embed(self, texts: list[str]) -> EmbeddingResult:
+    async def embed(self, inputs: list[PromptInput]) -> EmbeddingResult:
         try:
-            return await self._engine.embed(texts)
+            return await self._engine.embed(inputs)
         except EngineDeadError as exc:
             raise self._died(exc) from exc
 

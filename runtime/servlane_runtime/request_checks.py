@@ -25,14 +25,17 @@ def context_too_long(n_prompt: int, max_len: int, param: str) -> OpenAIError:
     return OpenAIError(400, message, param=param, code="context_length_exceeded")
 
 
-def checked_prompt_ids(vocab: int | None, ids: list[int]) -> list[int]:
-    """A prompt given as token ids, each within the vocabulary (past it, it would index beyond the embeddings)."""
+def checked_prompt_ids(vocab: int | None, ids: list[int], param: str = "prompt") -> list[int]:
+    """A prompt (or an embedding's input: `param`) given as token ids, each within the vocabulary (past it, it
+    would index beyond the embeddings)."""
     if vocab is None:
-        raise OpenAIError(400, "this model's engine takes prompts as text only", param="prompt")
+        raise OpenAIError(400, f"this model's engine takes {param} as text only", param=param)
     beyond = next((token for token in ids if token >= vocab), None)
     if beyond is not None:
-        message = f"the prompt holds token {beyond}, which this model's vocabulary ({vocab} tokens) lacks"
-        raise OpenAIError(400, message, param="prompt", code="invalid_request")
+        message = f"the {param} holds token {beyond}, which this model's vocabulary ({vocab} tokens) lacks"
+        if param == "input":  # the usual sender of another model's ids
+            message += " (LangChain's OpenAIEmbeddings sends OpenAI's token ids: set check_embedding_ctx_length=False)"
+        raise OpenAIError(400, message, param=param, code="invalid_request")
     return ids
 
 

@@ -433,15 +433,18 @@ class OpenAIServing:
     async def embeddings(self, req: p.EmbeddingRequest) -> p.EmbeddingResponse:
         engine = self.check_model(req.model)
         check_task(self.host.config.task, "embed", "/v1/embeddings", self.name)
-        texts = req.inputs()
-        if not texts:
-            raise OpenAIError(400, "input must not be empty", param="input")
-        counts = await asyncio.to_thread(lambda: [engine.count_tokens(text) for text in texts])
+        inputs = req.inputs()  # at least one, none empty (the request's schema)
+        for given in inputs:
+            if isinstance(given, list):
+                checked_prompt_ids(engine.vocab_size, given, "input")
+        counts = await asyncio.to_thread(
+            lambda: [len(given) if isinstance(given, list) else engine.count_tokens(given) for given in inputs]
+        )
         for n_tokens in counts:
             if n_tokens > engine.max_model_len:
                 raise context_too_long(n_tokens, engine.max_model_len, "input")
         try:
-            result = await engine.embed(texts)
+            result = await engine.embed(inputs)
         except EngineError as exc:
             raise OpenAIError(400, str(exc), param="model") from exc
         self.metrics.count_tokens(result.prompt_tokens, 0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -296,6 +297,48 @@ def test_a_prompt_of_token_ids_is_read_as_those_tokens(client: openai.OpenAI, ch
         refused = httpx.post(chat_server.v1 + "/completions", json=body, timeout=30)
         assert refused.status_code == 400, refused.text
         assert refused.json()["error"]["param"].startswith("prompt")
+
+
+def test_embeddings_take_token_ids_as_openai_and_vllm_do(embed_server: InProcessServer, minilm_model_dir: Path) -> None:
+    """Input as token ids (one list, or several), taken as they are: the vectors of a text's own ids are the
+    text's. It was a 400 'Input should be a valid string'."""
+    from transformers import AutoTokenizer
+
+    client = openai.OpenAI(base_url=embed_server.v1, api_key="unused", max_retries=0)
+    texts = ["A cat sits on the mat.", "Quarterly tax filing deadlines."]
+    ids = [list(AutoTokenizer.from_pretrained(minilm_model_dir)(text)["input_ids"]) for text in texts]
+    by_text = client.embeddings.create(model="minilm", input=texts)
+    by_ids = client.embeddings.create(model="minilm", input=ids)
+    one = client.embeddings.create(model="minilm", input=ids[1])
+    assert by_ids.usage.prompt_tokens == sum(len(x) for x in ids) == by_text.usage.prompt_tokens
+    assert one.usage.prompt_tokens == len(ids[1])
+    for mine, theirs in zip(by_ids.data + one.data, by_text.data + by_text.data[1:], strict=True):
+        assert sum(a * b for a, b in zip(mine.embedding, theirs.embedding, strict=True)) > 0.9999
+
+
+@pytest.mark.parametrize(
+    ("given", "param"),
+    [([30522], "input"), ([[101, 102], [101, 10**6]], "input"), ([], "input"), ("", "input"), (["hi", ""], "input"),
+     ([[]], "input"), ([-1], "input"), ([[1, 2], "hi"], "input")],
+    ids=["id-past-the-vocabulary", "one-of-several-past-it", "no-input", "empty-text", "an-empty-text-of-several",
+         "empty-ids", "negative-id", "ids-and-text-mixed"],
+)  # fmt: skip
+def test_embeddings_refuse_input_no_model_could_embed(embed_server: InProcessServer, given: Any, param: str) -> None:
+    response = httpx.post(embed_server.v1 + "/embeddings", json={"model": "minilm", "input": given}, timeout=30)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"].split(".")[0] == param
+
+
+def test_ids_from_another_vocabulary_are_refused_saying_where_they_usually_come_from(
+    embed_server: InProcessServer,
+) -> None:
+    """LangChain's OpenAIEmbeddings sends ids of OpenAI's tokenizer (cl100k: up to 100,276) unless told not to;
+    past this model's vocabulary they are refused, saying how to send text instead."""
+    client = openai.OpenAI(base_url=embed_server.v1, api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.embeddings.create(model="minilm", input=[[32, 8415, 374, 389, 279, 5634, 13, 100256]])
+    assert refused.value.param == "input"
+    assert "check_embedding_ctx_length=False" in refused.value.message
 
 
 def test_embeddings_take_their_own_dimensions_and_refuse_others(embed_server: InProcessServer) -> None:

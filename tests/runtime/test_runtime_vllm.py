@@ -199,9 +199,13 @@ def test_completion_logprobs(client: openai.OpenAI) -> None:
 
 
 def test_embeddings_match_the_transformers_engine(minilm_model_dir: Path, embed_server: InProcessServer) -> None:
-    """The same MiniLM through vLLM's pooling runner and through transformers: the same vectors."""
+    """The same MiniLM through vLLM's pooling runner and through transformers: the same vectors, for texts and
+    for their token ids (taken as they are, as TokensPrompt)."""
     require_vllm()
+    from transformers import AutoTokenizer
+
     texts = ["A cat sits on the mat.", "A kitten is sitting on a rug.", "Quarterly tax filing deadlines."]
+    ids = [list(AutoTokenizer.from_pretrained(minilm_model_dir)(text)["input_ids"]) for text in texts]
     config = RuntimeConfig(
         model_source=str(minilm_model_dir),
         served_model_name="minilm",
@@ -212,13 +216,15 @@ def test_embeddings_match_the_transformers_engine(minilm_model_dir: Path, embed_
     with vllm_runtime(config, start_seconds=300) as server:
         via_vllm = openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=120)
         got = via_vllm.embeddings.create(model="minilm", input=texts)
+        got_by_ids = via_vllm.embeddings.create(model="minilm", input=ids)
         with pytest.raises(openai.APIStatusError) as chat:
             via_vllm.chat.completions.create(model="minilm", messages=HELLO)
     assert chat.value.status_code == 400
     via_transformers = openai.OpenAI(base_url=embed_server.v1, api_key="unused", max_retries=0)
     want = via_transformers.embeddings.create(model="minilm", input=texts)
     assert got.usage.prompt_tokens == want.usage.prompt_tokens
-    for mine, theirs in zip(got.data, want.data, strict=True):
+    assert got_by_ids.usage.prompt_tokens == sum(len(x) for x in ids) == want.usage.prompt_tokens
+    for mine, theirs in zip(got.data + got_by_ids.data, want.data + want.data, strict=True):
         assert len(mine.embedding) == 384
         assert sum(a * b for a, b in zip(mine.embedding, theirs.embedding, strict=True)) > 0.999
 

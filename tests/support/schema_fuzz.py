@@ -249,8 +249,9 @@ def meet_rules_the_schema_cannot_say(body: dict[str, Any]) -> None:
     bias = body.get("logit_bias")
     if isinstance(bias, dict) and all(isinstance(k, str) and k.isdigit() for k in bias):
         body["logit_bias"] = {str(int(k) % TINY_VOCAB): v for k, v in bias.items()}
-    if "prompt" in body:
-        body["prompt"] = _within_vocabulary(body["prompt"])
+    for name in ("prompt", "input"):  # completions' prompt, embeddings' input
+        if name in body:
+            body[name] = _within_vocabulary(body[name])
     if isinstance(body.get("dimensions"), int) and not isinstance(body["dimensions"], bool):
         del body["dimensions"]
 

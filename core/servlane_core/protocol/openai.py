@@ -193,6 +193,7 @@ class ChatCompletionRequest(SamplingFields):
 
 
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+NonEmptyText = Annotated[str, Field(min_length=1)]
 
 
 class CompletionRequest(SamplingFields):
@@ -222,15 +223,24 @@ class CompletionRequest(SamplingFields):
 
 class EmbeddingRequest(_Request):
     model: str
-    input: str | list[str]
+    # Text, texts, or token ids (one input or several), as OpenAI and vLLM take them; never an empty text, as
+    # OpenAI refuses it (its vector would say nothing).
+    input: (
+        NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)] | TokenIds
+        | Annotated[list[TokenIds], Field(min_length=1)]
+    )  # fmt: skip
     encoding_format: Literal["float", "base64"] = "float"
     # Shorter vectors (OpenAI's text-embedding-3): only a model trained for it (Matryoshka) may be cut; this
     # runtime serves none, so only the model's own size is taken (vLLM refuses the rest too).
     dimensions: int | None = Field(default=None, ge=1)
     user: str | None = None
 
-    def inputs(self) -> list[str]:
-        return [self.input] if isinstance(self.input, str) else self.input
+    def inputs(self) -> list[str | list[int]]:
+        """One entry per input: its text, or its token ids."""
+        given = self.input
+        if isinstance(given, str) or isinstance(given[0], int):
+            return [given]  # a text, or one input's ids
+        return list(given)  # texts, or several inputs' ids
 
 
 # ---- responses -------------------------------------------------------------------------------

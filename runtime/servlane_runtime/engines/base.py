@@ -173,8 +173,8 @@ class InferenceEngine(abc.ABC):
         the generation."""
 
     @abc.abstractmethod
-    async def embed(self, texts: list[str]) -> EmbeddingResult:
-        """One normalised vector per text."""
+    async def embed(self, inputs: list[PromptInput]) -> EmbeddingResult:
+        """One normalised vector per input: a text, or token ids taken as they are (as vLLM takes them)."""
 
     def check_json_schema(self, schema: str) -> None:
         """Raise RequestNotSupported if guided decoding cannot enforce `schema` (called before generating,

@@ -185,7 +185,7 @@ def _deliver(items: list[tuple[_Generation, GenerationDelta | BaseException]]) -
 
 @dataclass
 class _EmbedJob:
-    texts: list[str]
+    inputs: list[PromptInput]
     done: Callable[[EmbeddingResult | BaseException], None]
 
 
@@ -323,7 +323,7 @@ class LlamaCppEngine(InferenceEngine):
         finally:
             job.cancelled.set()  # the worker drops it at its next step (client gone, or done)
 
-    async def embed(self, texts: list[str]) -> EmbeddingResult:
+    async def embed(self, inputs: list[PromptInput]) -> EmbeddingResult:
         if self._config.task != "embed":
             raise EngineError("this model is loaded for generation; embeddings need task 'embed'")
         self._raise_if_dead()
@@ -341,7 +341,7 @@ class LlamaCppEngine(InferenceEngine):
 
             loop.call_soon_threadsafe(settle)
 
-        self._inbox.put(_EmbedJob(texts, done))
+        self._inbox.put(_EmbedJob(inputs, done))
         return await result
 
     def _raise_if_dead(self) -> None:
@@ -539,8 +539,8 @@ class LlamaCppEngine(InferenceEngine):
         try:
             vectors: list[list[float]] = []
             total = 0
-            for text in job.texts:
-                tokens = self.tokenize(text)[: self._max_len]
+            for given in job.inputs:
+                tokens = (given if isinstance(given, list) else self.tokenize(given))[: self._max_len]
                 total += len(tokens)
                 native.decode([(t, i, 0, True) for i, t in enumerate(tokens)])
                 vector = native.sequence_embedding(0)

@@ -296,17 +296,22 @@ class TransformersEngine(InferenceEngine):
             self._model.base_model.enable_adapter_layers()
             self._model.set_adapter(name)
 
-    async def embed(self, texts: list[str]) -> EmbeddingResult:
+    async def embed(self, inputs: list[PromptInput]) -> EmbeddingResult:
         if self._config.task != "embed":
             raise EngineError("this model is loaded for generation; embeddings need task 'embed'")
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, self._embed_sync, texts)
+            return await asyncio.get_running_loop().run_in_executor(self._pool, self._embed_sync, inputs)
         except Exception as exc:
             raise as_engine_death(exc)  # noqa: B904 - the cause is kept by as_engine_death
 
     @torch.inference_mode()
-    def _embed_sync(self, texts: list[str]) -> EmbeddingResult:
-        batch = self._tokenizer(texts, padding=True, truncation=True, max_length=self._max_len, return_tensors="pt")
+    def _embed_sync(self, inputs: list[PromptInput]) -> EmbeddingResult:
+        # Texts tokenised as a batch, as sentence-transformers does; token ids taken as they are. One padded
+        # batch of both.
+        texts = [given for given in inputs if isinstance(given, str)]
+        encoded = iter(self._tokenizer(texts, truncation=True, max_length=self._max_len)["input_ids"] if texts else [])
+        ids = [given[: self._max_len] if isinstance(given, list) else next(encoded) for given in inputs]
+        batch = self._tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt")
         batch = {k: v.to(self._device) for k, v in batch.items()}
         hidden = self._model(**batch).last_hidden_state
         # Mean pooling over real tokens, then L2 normalisation (sentence-transformers' recipe).

@@ -227,24 +227,27 @@ class VllmEngine(InferenceEngine):
             if not finished:
                 await self._abort(request_id)
 
-    async def embed(self, texts: list[str]) -> EmbeddingResult:
+    async def embed(self, inputs: list[PromptInput]) -> EmbeddingResult:
         if self._config.task != "embed":
             raise EngineError("this model is loaded for generation; embeddings need task 'embed'")
         # One request per text, all at once: vLLM's scheduler batches them. If the caller goes away,
         # gather's cancellation reaches every request, which then aborts itself.
         request_id = uuid.uuid4().hex
-        outputs = await asyncio.gather(*(self._encode(text, f"{request_id}-{i}") for i, text in enumerate(texts)))
+        outputs = await asyncio.gather(*(self._encode(given, f"{request_id}-{i}") for i, given in enumerate(inputs)))
         vectors = [vector for vector, _ in outputs]
         return EmbeddingResult(vectors, sum(tokens for _, tokens in outputs))
 
-    async def _encode(self, text: str, request_id: str) -> tuple[list[float], int]:
+    async def _encode(self, given: PromptInput, request_id: str) -> tuple[list[float], int]:
         from vllm import PoolingParams
+        from vllm.inputs import TokensPrompt
         from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
 
         last: Any = None
         finished = False
         try:
-            async for output in self._llm.encode(text, PoolingParams(task="embed"), request_id):
+            # A text as `vllm serve` takes it (tokenized by vLLM); token ids as they are.
+            prompt = TokensPrompt(prompt_token_ids=given) if isinstance(given, list) else given
+            async for output in self._llm.encode(prompt, PoolingParams(task="embed"), request_id):
                 last = output
             finished = True
         except VllmEngineDeadError as exc:

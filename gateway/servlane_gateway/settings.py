@@ -207,8 +207,9 @@ class GatewaySettings(BaseModel):
     batch_max_owner_bytes: int = Field(
         default=10 * 1024 * 1024 * 1024,
         ge=1,
-        description="Most bytes of files (inputs and results) one API key may keep in the Batch API's database; "
-        "an upload past it is refused (403 storage_quota_exceeded) until files are deleted.",
+        description="Most bytes one API key may keep in the Batch API's database: its files (inputs and results) "
+        "and a copy of the input of each of its batches not yet ended; an upload or a batch past it is refused "
+        "(403 storage_quota_exceeded) until files are deleted or batches end.",
     )
     batch_uploads_at_once: int = Field(
         default=4,

@@ -388,6 +388,25 @@ def test_an_owner_cannot_upload_past_its_storage_quota(
     alpha.files.create(file=("b.jsonl", io.BytesIO(b"x" * 1000)), purpose="batch")
 
 
+def test_a_batch_is_refused_when_its_copy_of_the_input_would_pass_the_quota(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    """A batch keeps a copy of its input's lines until it ends: it counts, so one file cannot make batches
+    without end (each a copy in the database every key shares)."""
+    gw = gateway(start_gateway, upstreams, tmp_path, batch_max_owner_bytes=1500)
+    alpha = gw.client("sk-alpha-00000000000000000000000")
+    content = "\n".join(request_line(f"r{i}") for i in range(8)).encode()
+    assert 750 < len(content) <= 1500, len(content)
+    stored = alpha.files.create(file=("a.jsonl", io.BytesIO(content)), purpose="batch")
+    with pytest.raises(openai.PermissionDeniedError) as caught:
+        alpha.batches.create(input_file_id=stored.id, endpoint=CHAT, completion_window="24h")
+    assert caught.value.code == "storage_quota_exceeded"
+    assert caught.value.param == "input_file_id"
+    assert "1500" in caught.value.message
+    assert "batch" in caught.value.message
+    assert alpha.batches.list().data == []
+
+
 def test_no_secret_of_the_database_url_reaches_the_logs_when_it_does_not_answer(
     upstreams: dict[str, Upstream], start_gateway: StartGateway, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -286,6 +286,41 @@ def test_an_owner_cannot_store_past_its_quota_and_result_files_count(tmp_path: P
         db.close()
 
 
+def test_each_unfinished_batch_counts_its_copy_of_the_input_and_the_copy_goes_when_it_ends(store: BatchStore) -> None:
+    """One stored file made any number of batches, each a copy of its lines in the database all share, kept for
+    ever with their results: the copies count toward the quota until the batch ends, and go then."""
+    content = jsonl("a", "b", bad=1)
+    quota = 3 * len(content) - 1  # room for the file and one copy, not two
+    store.max_owner_bytes = quota
+    batch_id = started(store, "o", content)  # the file and one copy
+    file_id = store.get_batch("o", batch_id)["input_file_id"]  # type: ignore[index]
+    with pytest.raises(QuotaExceeded) as caught:  # a second copy would pass the quota
+        store.create_batch("o", file_id, CHAT, "24h", None, 1001)
+    assert (caught.value.used, caught.value.size, caught.value.quota) == (2 * len(content), len(content), quota)
+    with pytest.raises(QuotaExceeded):  # an upload counts the copy too
+        store.add_file("o", "batch", "more.jsonl", content, 1001)
+    other = store.add_file("p", "batch", "in.jsonl", content, 1001)
+    store.create_batch("p", other["id"], CHAT, "24h", None, 1001)  # another owner's quota is its own
+    assert store.delete_file("o", file_id)  # the copy stays, and counts, without the file
+    with pytest.raises(QuotaExceeded):
+        store.add_file("o", "batch", "more.jsonl", content + content, 1002)
+    with pytest.raises(FileGone):  # a deleted file makes no batch
+        store.create_batch("o", file_id, CHAT, "24h", None, 1002)
+
+    for claimed in store.claim_requests(batch_id, "w", 2000, LEASE, 10):
+        assert store.record(batch_id, claimed.line, ok_line(claimed.custom_id), ok=True)
+    assert store.try_finalize(batch_id, 2001) == rules.COMPLETED
+    with store.engine.connect() as conn:  # its lines and results are in its files now
+        for name in ("batch_requests", "batch_line_errors"):
+            left = conn.execute(text(f"SELECT count(*) FROM {name} WHERE batch_id = :b"), {"b": batch_id}).scalar()
+            assert left == 0, name
+    batch = store.get_batch("o", batch_id)
+    assert batch is not None
+    assert batch["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
+    results = sum(store.get_file("o", batch[key])["bytes"] for key in ("output_file_id", "error_file_id"))  # type: ignore[index]
+    store.add_file("o", "batch", "next.jsonl", b"x" * (quota - results), 2002)  # the copy freed its room
+
+
 def test_pg_uploads_of_one_owner_at_once_cannot_both_pass_the_quota(postgres: Postgres) -> None:
     db = BatchStore(postgres.new_database(f"q_{uuid.uuid4().hex[:12]}"), max_owner_bytes=1000)
     db.migrate()

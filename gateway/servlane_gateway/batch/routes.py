@@ -24,7 +24,7 @@ from starlette.requests import ClientDisconnect
 
 from servlane_core.protocol.errors import OpenAIError
 from servlane_gateway.batch import rules
-from servlane_gateway.batch.files import FILE_CHUNK, QuotaExceeded
+from servlane_gateway.batch.files import FILE_CHUNK, FileGone, QuotaExceeded
 from servlane_gateway.batch.store import BatchStore
 from servlane_gateway.batch.upload_form import UploadForm
 from servlane_gateway.state import GatewayState
@@ -96,12 +96,14 @@ def needs_keys() -> OpenAIError:
     return OpenAIError(403, message, type="permission_error", code="batch_api_needs_keys")
 
 
-def over_quota(exc: QuotaExceeded) -> OpenAIError:
+def over_quota(exc: QuotaExceeded, what: str = "upload", param: str = "file") -> OpenAIError:
+    """What is stored counts the owner's files and the copy of its input each unfinished batch keeps."""
     message = (
-        f"This upload of {exc.size} bytes would take your stored files to {exc.used + exc.size} bytes, past "
-        f"your quota of {exc.quota} bytes ({exc.used} in use): delete files you no longer need."
+        f"This {what} of {exc.size} bytes would take what you store to {exc.used + exc.size} bytes, past your "
+        f"quota of {exc.quota} bytes ({exc.used} in use: your files, and a copy of its input for each batch not "
+        "yet ended): delete files you no longer need, or wait for your batches to end."
     )
-    return OpenAIError(403, message, type="insufficient_quota", param="file", code="storage_quota_exceeded")
+    return OpenAIError(403, message, type="insufficient_quota", param=param, code="storage_quota_exceeded")
 
 
 def uploads_busy() -> OpenAIError:
@@ -257,10 +259,15 @@ def _add_batch_routes(router: APIRouter, owner_of: OwnerOf, wake: Callable[[], N
             raise not_found("file", body.input_file_id)
         if found["purpose"] != rules.INPUT_PURPOSE:
             raise OpenAIError(400, f"The input file must have purpose '{rules.INPUT_PURPOSE}'.", param="input_file_id")
-        created = await in_db(
-            db.create_batch, owner, body.input_file_id, body.endpoint, body.completion_window, body.metadata,
-            int(time.time()),
-        )  # fmt: skip
+        try:
+            created = await in_db(
+                db.create_batch, owner, body.input_file_id, body.endpoint, body.completion_window, body.metadata,
+                int(time.time()),
+            )  # fmt: skip
+        except FileGone:  # deleted since it was looked up
+            raise not_found("file", body.input_file_id) from None
+        except QuotaExceeded as exc:
+            raise over_quota(exc, "batch's copy of its input", "input_file_id") from None
         wake()
         return created
 

@@ -69,6 +69,9 @@ batches = Table(
     Column("output_file_id", String(64), nullable=True),
     Column("error_file_id", String(64), nullable=True),
     Column("total", Integer, nullable=False, default=0),
+    # Its input file's size when it was created: the copy of its lines (and their results) the batch keeps until
+    # it ends counts toward its owner's quota, whatever becomes of that file.
+    Column("input_bytes", Integer, nullable=False, server_default="0"),
     Column("completed", Integer, nullable=False, default=0),
     Column("failed", Integer, nullable=False, default=0),
     # Validation is claimed like requests: the replica holding the lease validates; another takes over after it.

@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import (
     Connection,
     and_,
+    delete,
     func,
     insert,
     or_,
@@ -30,9 +31,12 @@ from sqlalchemy import (
 from servlane_gateway.batch import rules
 from servlane_gateway.batch.files import (
     FILE_CHUNK,
+    FileGone,
     FileStore,
+    QuotaExceeded,
     new_id,
     page,
+    visible,
 )
 from servlane_gateway.batch.schema import batches, file_chunks, files, line_errors, requests
 
@@ -66,6 +70,9 @@ class BatchStore(FileStore):
     def create_batch(
         self, owner: str, input_file_id: str, endpoint: str, window: str, metadata: dict[str, str] | None, now: int
     ) -> dict[str, Any]:
+        """The new batch, validating; FileGone when the input file is not the owner's (any more). QuotaExceeded
+        when the copy of its input it keeps until it ends would take the owner past `max_owner_bytes`: without
+        that, one stored file made any number of batches, each a copy (a fill-up of the database all share)."""
         row: dict[str, Any] = {
             "id": new_id("batch_"),
             "owner": owner,
@@ -81,9 +88,23 @@ class BatchStore(FileStore):
             "failed": 0,
         }
         with self._tx() as conn:
-            conn.execute(insert(batches).values(row))
+            if self.max_owner_bytes is not None:
+                self._lock_owner(conn, owner)  # as an upload does: two creations cannot both pass the check
+            size = conn.execute(select(files.c.bytes).where(*visible(owner), files.c.id == input_file_id)).scalar()
+            if size is None:
+                raise FileGone(input_file_id)
+            if self.max_owner_bytes is not None and (in_use := self._used(conn, owner)) + size > self.max_owner_bytes:
+                raise QuotaExceeded(in_use, size, self.max_owner_bytes)
+            conn.execute(insert(batches).values({**row, "input_bytes": size}))
             created = conn.execute(select(batches).where(batches.c.id == row["id"])).one()
         return batch_object(created._mapping)
+
+    def _used(self, conn: Connection, owner: str) -> int:
+        """The owner's stored files, and the copies its unfinished batches keep of their inputs."""
+        copies = select(func.coalesce(func.sum(batches.c.input_bytes), 0)).where(
+            batches.c.owner == owner, batches.c.status.not_in(rules.FINAL)
+        )
+        return super()._used(conn, owner) + int(conn.execute(copies).scalar() or 0)
 
     def get_batch(self, owner: str, batch_id: str) -> dict[str, Any] | None:
         with self._tx() as conn:
@@ -320,6 +341,9 @@ class BatchStore(FileStore):
                 if (file_id := writer.close()) is not None:
                     values[key] = file_id
             conn.execute(update(batches).where(batches.c.id == batch_id).values(values))
+            # Its lines and results are in its files now (which count toward the quota): the copies go.
+            conn.execute(delete(requests).where(requests.c.batch_id == batch_id))
+            conn.execute(delete(line_errors).where(line_errors.c.batch_id == batch_id))
         return final
 
 

@@ -329,6 +329,24 @@ def test_embeddings_refuse_input_no_model_could_embed(embed_server: InProcessSer
     assert response.json()["error"]["param"].split(".")[0] == param
 
 
+def test_many_inputs_come_back_in_order_each_its_own_vector_and_past_2048_are_refused(
+    embed_server: InProcessServer,
+) -> None:
+    """A request's inputs are embedded a few at a time (a request of 2048 long inputs at once held every
+    activation of all); each vector is its input's, in order, across those batches. More than OpenAI's 2048
+    inputs is a 400."""
+    client = openai.OpenAI(base_url=embed_server.v1, api_key="unused", max_retries=0, timeout=120)
+    texts = [f"Sentence number {i} is about {'cats' if i % 2 else 'taxes'} and the number {i * 7}." for i in range(70)]
+    many = client.embeddings.create(model="minilm", input=texts)
+    assert [d.index for d in many.data] == list(range(len(texts)))
+    for i in (0, 31, 32, 33, 64, 69):  # either side of a batch's edge
+        alone = client.embeddings.create(model="minilm", input=texts[i]).data[0].embedding
+        assert sum(a * b for a, b in zip(many.data[i].embedding, alone, strict=True)) > 0.9999, i
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.embeddings.create(model="minilm", input=["hi"] * 2049)
+    assert refused.value.param == "input"
+
+
 def test_ids_from_another_vocabulary_are_refused_saying_where_they_usually_come_from(
     embed_server: InProcessServer,
 ) -> None:

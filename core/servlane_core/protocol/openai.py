@@ -194,6 +194,7 @@ class ChatCompletionRequest(SamplingFields):
 
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 NonEmptyText = Annotated[str, Field(min_length=1)]
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's bound on an embeddings request's array
 
 
 class CompletionRequest(SamplingFields):
@@ -224,10 +225,10 @@ class CompletionRequest(SamplingFields):
 class EmbeddingRequest(_Request):
     model: str
     # Text, texts, or token ids (one input or several), as OpenAI and vLLM take them; never an empty text, as
-    # OpenAI refuses it (its vector would say nothing).
+    # OpenAI refuses it (its vector would say nothing); at most OpenAI's 2048 inputs in a request.
     input: (
-        NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)] | TokenIds
-        | Annotated[list[TokenIds], Field(min_length=1)]
+        NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
+        | TokenIds | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
     )  # fmt: skip
     encoding_format: Literal["float", "base64"] = "float"
     # Shorter vectors (OpenAI's text-embedding-3): only a model trained for it (Matryoshka) may be cut; this

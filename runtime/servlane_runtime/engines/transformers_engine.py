@@ -52,6 +52,7 @@ from .transformers_sampling import Guide, penalised, sample, unseeded
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 _DEFAULT_MAX_LEN = 2048
+_EMBED_BATCH = 32  # inputs per forward pass of an embedding model (sentence-transformers' default batch size)
 # Memory for compiled grammars (xgrammar's cache): schemas come from clients, so the cache is bounded.
 _GRAMMAR_CACHE_BYTES = 64 * 1024 * 1024
 # Unloading an adapter waits this long at most for the generations that use it (then they may fail).
@@ -311,14 +312,20 @@ class TransformersEngine(InferenceEngine):
         texts = [given for given in inputs if isinstance(given, str)]
         encoded = iter(self._tokenizer(texts, truncation=True, max_length=self._max_len)["input_ids"] if texts else [])
         ids = [given[: self._max_len] if isinstance(given, list) else next(encoded) for given in inputs]
-        batch = self._tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt")
-        batch = {k: v.to(self._device) for k, v in batch.items()}
-        hidden = self._model(**batch).last_hidden_state
-        # Mean pooling over real tokens, then L2 normalisation (sentence-transformers' recipe).
-        mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-        vectors = torch.nn.functional.normalize(pooled.float(), p=2, dim=1)
-        return EmbeddingResult(vectors.cpu().tolist(), int(batch["attention_mask"].sum()))
+        vectors: list[list[float]] = []
+        tokens = 0
+        # A few inputs per forward pass, as sentence-transformers runs them: the activations (and attention's,
+        # quadratic in the length) are one such batch's, not those of a request's 2048 inputs at once.
+        for start in range(0, len(ids), _EMBED_BATCH):
+            batch = self._tokenizer.pad({"input_ids": ids[start : start + _EMBED_BATCH]}, return_tensors="pt")
+            batch = {k: v.to(self._device) for k, v in batch.items()}
+            hidden = self._model(**batch).last_hidden_state
+            # Mean pooling over real tokens, then L2 normalisation (sentence-transformers' recipe).
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+            vectors += torch.nn.functional.normalize(pooled.float(), p=2, dim=1).cpu().tolist()
+            tokens += int(batch["attention_mask"].sum())
+        return EmbeddingResult(vectors, tokens)
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -60,6 +60,8 @@ def test_requests_are_routed_by_feature(served: Serve) -> None:
     embeddings = client.embeddings.create(model="embeddings", input=["a canary", "a stable model"])
     assert embeddings.model == "all-minilm-l6-v2"
     assert [len(d.embedding) for d in embeddings.data] == [384, 384]
+    by_ids = client.embeddings.create(model="embeddings", input=[[101, 1037, 2064, 102]])  # through the gateway too
+    assert (len(by_ids.data[0].embedding), by_ids.usage.prompt_tokens) == (384, 4)
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="no-such-feature", messages=[{"role": "user", "content": "x"}])
 

@@ -307,8 +307,7 @@ class TransformersEngine(InferenceEngine):
 
     @torch.inference_mode()
     def _embed_sync(self, inputs: list[PromptInput]) -> EmbeddingResult:
-        # Texts tokenised as a batch, as sentence-transformers does; token ids taken as they are. One padded
-        # batch of both.
+        # Texts tokenised together, as sentence-transformers does; token ids taken as they are.
         texts = [given for given in inputs if isinstance(given, str)]
         encoded = iter(self._tokenizer(texts, truncation=True, max_length=self._max_len)["input_ids"] if texts else [])
         ids = [given[: self._max_len] if isinstance(given, list) else next(encoded) for given in inputs]
@@ -317,8 +316,7 @@ class TransformersEngine(InferenceEngine):
         # A few inputs per forward pass, as sentence-transformers runs them: the activations (and attention's,
         # quadratic in the length) are one such batch's, not those of a request's 2048 inputs at once.
         for start in range(0, len(ids), _EMBED_BATCH):
-            batch = self._tokenizer.pad({"input_ids": ids[start : start + _EMBED_BATCH]}, return_tensors="pt")
-            batch = {k: v.to(self._device) for k, v in batch.items()}
+            batch = self._padded(ids[start : start + _EMBED_BATCH])
             hidden = self._model(**batch).last_hidden_state
             # Mean pooling over real tokens, then L2 normalisation (sentence-transformers' recipe).
             mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
@@ -326,6 +324,18 @@ class TransformersEngine(InferenceEngine):
             vectors += torch.nn.functional.normalize(pooled.float(), p=2, dim=1).cpu().tolist()
             tokens += int(batch["attention_mask"].sum())
         return EmbeddingResult(vectors, tokens)
+
+    def _padded(self, ids: list[list[int]]) -> dict[str, torch.Tensor]:
+        """Sequences padded on the right to the longest, with their attention mask, on the model's device (what
+        the tokenizer's pad does, without its warning that calling it on a fast tokenizer is slower)."""
+        width = max(len(seq) for seq in ids)
+        pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
+        input_ids = torch.full((len(ids), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(ids), width), dtype=torch.long)
+        for row, seq in enumerate(ids):
+            input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            mask[row, : len(seq)] = 1
+        return {"input_ids": input_ids.to(self._device), "attention_mask": mask.to(self._device)}
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -160,11 +160,7 @@ class FileStore:
         `max_owner_bytes` (result files count too, but are always written: the owner deletes files to upload
         more). The caller discards the file then."""
         with self._tx() as conn:
-            if self.max_owner_bytes is not None:
-                self._lock_owner(conn, owner)  # two uploads at once cannot both pass the check
-                in_use = self._used(conn, owner)
-                if in_use + size > self.max_owner_bytes:
-                    raise QuotaExceeded(in_use, size, self.max_owner_bytes)
+            self._make_room(conn, owner, size)
             done = conn.execute(
                 update(files)
                 .where(files.c.id == file_id, files.c.owner == owner, files.c.complete.is_(False))
@@ -194,6 +190,16 @@ class FileStore:
     def _used(self, conn: Connection, owner: str) -> int:
         used = conn.execute(select(func.coalesce(func.sum(files.c.bytes), 0)).where(files.c.owner == owner))
         return int(used.scalar() or 0)
+
+    def _make_room(self, conn: Connection, owner: str, size: int) -> None:
+        """QuotaExceeded when `size` more bytes would take the owner past `max_owner_bytes`; else the owner
+        stays locked until the transaction ends, so two writes at once cannot both pass the check."""
+        if self.max_owner_bytes is None:
+            return
+        self._lock_owner(conn, owner)
+        in_use = self._used(conn, owner)
+        if in_use + size > self.max_owner_bytes:
+            raise QuotaExceeded(in_use, size, self.max_owner_bytes)
 
     def _lock_owner(self, conn: Connection, owner: str) -> None:
         """Serialises the owner's uploads until the transaction ends (SQLite: BEGIN IMMEDIATE already does)."""

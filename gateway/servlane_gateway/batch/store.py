@@ -33,7 +33,6 @@ from servlane_gateway.batch.files import (
     FILE_CHUNK,
     FileGone,
     FileStore,
-    QuotaExceeded,
     new_id,
     page,
     visible,
@@ -88,13 +87,10 @@ class BatchStore(FileStore):
             "failed": 0,
         }
         with self._tx() as conn:
-            if self.max_owner_bytes is not None:
-                self._lock_owner(conn, owner)  # as an upload does: two creations cannot both pass the check
             size = conn.execute(select(files.c.bytes).where(*visible(owner), files.c.id == input_file_id)).scalar()
             if size is None:
                 raise FileGone(input_file_id)
-            if self.max_owner_bytes is not None and (in_use := self._used(conn, owner)) + size > self.max_owner_bytes:
-                raise QuotaExceeded(in_use, size, self.max_owner_bytes)
+            self._make_room(conn, owner, size)  # the batch's copy of its input, as an upload's bytes
             conn.execute(insert(batches).values({**row, "input_bytes": size}))
             created = conn.execute(select(batches).where(batches.c.id == row["id"])).one()
         return batch_object(created._mapping)

@@ -8,12 +8,14 @@ reader can say it in its own place (a PermanentError, a log line, a CLI error) w
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cache
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from servlane_api.aifeature import AIFeature
 from servlane_api.aimodel import AIModel
+from servlane_api.structural import structural_problems
 
 _Resource = TypeVar("_Resource", AIModel, AIFeature)
 
@@ -49,6 +51,35 @@ def parse_resource(raw: Mapping[str, Any]) -> AIModel | AIFeature | None:
     if kind == "AIFeature":
         return parse_feature(raw)
     return None
+
+
+def parse_manifest_file_object(raw: Mapping[str, Any]) -> AIModel | AIFeature | None:
+    """parse_resource for an object read from a file rather than from the API server: first refused where the
+    API server would refuse it (an unknown field, a value of the wrong JSON type; see structural.py), which
+    pydantic alone lets through. Raises InvalidManifest naming every such problem (the first few)."""
+    kind = raw.get("kind")
+    if kind not in ("AIModel", "AIFeature"):
+        return None
+    problems = structural_problems(raw, _schema_of_kind(str(kind)))
+    if problems:
+        name = (raw.get("metadata") or {}).get("name") if isinstance(raw.get("metadata"), dict) else None
+        shown = "; ".join(problems[:_PROBLEMS_SHOWN])
+        more = f" (and {len(problems) - _PROBLEMS_SHOWN} more)" if len(problems) > _PROBLEMS_SHOWN else ""
+        raise InvalidManifest(str(kind), str(name) if name else None, shown + more)
+    return parse_resource(raw)
+
+
+_PROBLEMS_SHOWN = 5
+
+
+@cache
+def _schema_of_kind(kind: str) -> dict[str, Any]:
+    from servlane_api.crdgen import all_crds  # the generator is only needed here, once
+
+    for crd in all_crds().values():
+        if crd["spec"]["names"]["kind"] == kind:
+            return dict(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    raise KeyError(kind)
 
 
 def _parse(cls: type[_Resource], raw: Mapping[str, Any]) -> _Resource:

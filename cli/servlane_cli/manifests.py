@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from servlane_api import AIFeature, AIModel
-from servlane_api.manifests import InvalidManifest, parse_feature, parse_model
+from servlane_api.manifests import InvalidManifest, parse_manifest_file_object
 from servlane_gateway.routing.sources import flatten_documents
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,8 @@ def load_manifests(paths: list[Path]) -> Manifests:
 
 def _add(out: Manifests, raw: dict[str, Any], file: Path) -> None:
     kind = raw.get("kind")
-    name = (raw.get("metadata") or {}).get("name")
+    metadata = raw.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, dict) else None
     if kind not in ("AIModel", "AIFeature"):
         log.warning("%s: ignoring %s %r (standalone mode serves AIModel and AIFeature)", file, kind, name)
         return
@@ -100,12 +101,14 @@ def _add(out: Manifests, raw: dict[str, Any], file: Path) -> None:
     try:
         if kind == "AIModel":
             raw, create = _resolve_source(raw, file.parent)
-            model = parse_model(raw)
+            model = parse_manifest_file_object(raw)
+            assert isinstance(model, AIModel)
             if name in out.models:
                 raise ManifestError(f"{file}: AIModel {name!r} is defined twice")
             out.models[name] = ModelEntry(model, create)
         else:
-            feature = parse_feature(raw)
+            feature = parse_manifest_file_object(raw)
+            assert isinstance(feature, AIFeature)
             if name in out.features:
                 raise ManifestError(f"{file}: AIFeature {name!r} is defined twice")
             out.features[name] = feature

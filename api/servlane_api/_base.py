@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,3 +32,19 @@ class ApiObject(ApiModel):
     @property
     def namespace(self) -> str:
         return str(self.metadata.get("namespace", "default"))
+
+    @property
+    def created_unix(self) -> int:
+        """metadata.creationTimestamp in Unix seconds (OpenAI's `created` of a model); 0 when the object has
+        none or one that does not parse (a manifest not read from the API server)."""
+        stamp = self.metadata.get("creationTimestamp")
+        if isinstance(stamp, datetime):  # YAML reads an unquoted timestamp as one
+            moment = stamp
+        else:
+            try:
+                moment = datetime.fromisoformat(str(stamp))
+            except ValueError:
+                return 0
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        return max(0, int(moment.timestamp()))

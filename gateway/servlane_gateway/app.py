@@ -292,6 +292,11 @@ def services_changed(state: GatewayState, services: Services) -> None:
         state.hold.poke()  # a pod that became ready releases the requests held for its model now
 
 
+def _model_object(name: str, created: int) -> dict[str, Any]:
+    """OpenAI's model object; `created` is the AIFeature's or AIModel's creationTimestamp."""
+    return {"id": name, "object": "model", "created": created, "owned_by": "servlane"}
+
+
 def install_probes(app: FastAPI, state: GatewayState, settings: GatewaySettings) -> None:
     """/v1/models (what the caller's key may call), /health and /ready."""
 
@@ -299,9 +304,10 @@ def install_probes(app: FastAPI, state: GatewayState, settings: GatewaySettings)
     async def models(request: Request) -> dict[str, Any]:
         key = state.keys.authenticate(request.headers.get("authorization"))
         table = state.table
+        if table is None:
+            return {"object": "list", "data": []}
         # Each model the key may call, named as a request of this key resolves it (ambiguous ones qualified).
-        visible = names_for(key, table) if table is not None else []
-        data = [{"id": n, "object": "model", "created": 0, "owned_by": "servlane"} for n in visible]
+        data = [_model_object(n, route_for(key, table, n).created) for n in names_for(key, table)]
         return {"object": "list", "data": data}
 
     @get_and_head(app, "/v1/models/{model:path}")
@@ -312,8 +318,7 @@ def install_probes(app: FastAPI, state: GatewayState, settings: GatewaySettings)
         table = state.table
         if table is None:
             raise model_not_found(model)
-        route_for(key, table, model)
-        return {"id": model, "object": "model", "created": 0, "owned_by": "servlane"}
+        return _model_object(model, route_for(key, table, model).created)
 
     @get_and_head(app, "/health")
     async def health() -> dict[str, str]:

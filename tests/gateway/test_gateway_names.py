@@ -136,3 +136,24 @@ def test_default_serving_namespaces(tmp_path: Path) -> None:
 def test_own_namespace_prefers_the_pod_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POD_NAMESPACE", "gw-ns")
     assert own_namespace() == "gw-ns"
+
+
+def created_at(obj: dict[str, Any], stamp: str) -> dict[str, Any]:
+    return obj | {"metadata": {**obj["metadata"], "creationTimestamp": stamp}}
+
+
+def test_a_listed_model_was_created_when_its_object_was(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway
+) -> None:
+    """OpenAI's `created` of a model: the AIFeature's or the AIModel's creationTimestamp, not a constant."""
+    gw = start_gateway(
+        [
+            created_at(aimodel("m", upstreams["v1"].url), "2026-03-01T10:00:00Z"),
+            created_at(aifeature("chat", [("m", 100)]), "2026-11-30T08:15:30Z"),
+            aifeature("old", [("m", 100)]),  # no timestamp (a file's manifest): 0, as before
+        ]
+    )
+    listed = {entry["id"]: entry["created"] for entry in httpx.get(gw.url + "/v1/models", timeout=10).json()["data"]}
+    assert listed == {"chat": 1796026530, "m": 1772359200, "old": 0}
+    one = httpx.get(gw.url + "/v1/models/chat", timeout=10).json()
+    assert (one["id"], one["object"], one["created"]) == ("chat", "model", 1796026530)

@@ -53,6 +53,7 @@ class Route:
     is_feature: bool = True
     response_cache: ResponseCache = field(default_factory=ResponseCache)  # off unless the feature opts in
     routing: str = "least-load"  # how a pod of the picked backend is chosen (endpoint_pick)
+    created: int = 0  # the object's creationTimestamp in Unix seconds: /v1/models' `created`
 
     @cached_property
     def candidates(self) -> tuple[tuple[Backend, ...], tuple[int, ...]]:
@@ -179,7 +180,14 @@ def _feature_route(
             backends.append(_backend(model, weighted.weight, target.adapter, cluster_domain, version))
     spec = feature.spec
     return Route(
-        feature.name, feature.namespace, tuple(backends), spec.defaults, True, spec.response_cache, spec.routing
+        feature.name,
+        feature.namespace,
+        tuple(backends),
+        spec.defaults,
+        True,
+        spec.response_cache,
+        spec.routing,
+        feature.created_unix,
     )
 
 
@@ -230,13 +238,13 @@ def build_route_table(
             refused.append(f"{model.namespace}/{model.name}")
             continue
         backend = _backend(model, 100, None, cluster_domain, versions[(model.namespace, model.name)])
-        route = Route(served, model.namespace, (backend,), is_feature=False)
+        route = Route(served, model.namespace, (backend,), is_feature=False, created=model.created_unix)
         routes.setdefault(f"{model.namespace}/{served}", route)
     # Adapters by their own names, after every served name of the namespace (which wins a clash).
     for model in sorted(by_key.values(), key=lambda m: (m.namespace, m.name)):
         for adapter in model.spec.adapters:
             backend = _backend(model, 100, adapter.name, cluster_domain, versions[(model.namespace, model.name)])
-            route = Route(adapter.name, model.namespace, (backend,), is_feature=False)
+            route = Route(adapter.name, model.namespace, (backend,), is_feature=False, created=model.created_unix)
             routes.setdefault(f"{model.namespace}/{adapter.name}", route)
     for feature in features:
         routes[f"{feature.namespace}/{feature.name}"] = _feature_route(feature, by_key, cluster_domain, versions)

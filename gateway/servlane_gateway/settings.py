@@ -208,8 +208,9 @@ class GatewaySettings(BaseModel):
         default=10 * 1024 * 1024 * 1024,
         ge=1,
         description="Most bytes one API key may keep in the Batch API's database: its files (inputs and results) "
-        "and a copy of the input of each of its batches not yet ended; an upload or a batch past it is refused "
-        "(403 storage_quota_exceeded) until files are deleted or batches end.",
+        "and, for each of its batches not yet ended, a copy of its input and the answers recorded so far; an "
+        "upload or a batch past it is refused (403 storage_quota_exceeded) until files are deleted or batches "
+        "end, and an answer past it is not kept and cancels its batch.",
     )
     batch_uploads_at_once: int = Field(
         default=4,

@@ -407,6 +407,30 @@ def test_a_batch_is_refused_when_its_copy_of_the_input_would_pass_the_quota(
     assert alpha.batches.list().data == []
 
 
+def test_answers_count_toward_the_quota_and_one_past_it_cancels_the_batch(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    """A batch's answers can be far larger than its input; recorded ones count before they are files, so one key
+    cannot fill the database with them: the answer past the quota is an error line and the batch stops."""
+    lines = [request_line(f"r{i}") for i in range(40)]
+    content = "\n".join(lines).encode()
+    gw = gateway(start_gateway, upstreams, tmp_path, batch_max_owner_bytes=2 * len(content) + 1500)
+    alpha = gw.client("sk-alpha-00000000000000000000000")
+    batch = submit(alpha, lines)
+    done = finished(alpha, batch.id)
+    assert done.status == "cancelled", done
+    assert done.errors is not None
+    assert [e.code for e in done.errors.data or []] == ["storage_quota_exceeded"]
+    output = jsonl_of(alpha, done.output_file_id) if done.output_file_id else []
+    errors = jsonl_of(alpha, done.error_file_id)
+    assert 1 <= len(output) < len(lines)
+    assert {e["error"]["code"] for e in errors} == {"storage_quota_exceeded"}
+    assert done.request_counts is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (len(output), len(errors))
+    kept = sum(len(json.dumps(o, separators=(",", ":"))) + 1 for o in output)
+    assert kept <= 1500  # what it kept of the answers fit beside the input and its copy
+
+
 def test_no_secret_of_the_database_url_reaches_the_logs_when_it_does_not_answer(
     upstreams: dict[str, Upstream], start_gateway: StartGateway, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -71,6 +71,15 @@ def test_migrations_create_the_tables_and_running_them_again_changes_nothing(sto
     assert {"batch_files", "batches", "batch_requests", "batch_line_errors", "servlane_batch_alembic_version"} <= tables
 
 
+def test_sizes_past_2_gib_are_stored(store: BatchStore) -> None:
+    """A batch's output file, or a quota's worth of results, can pass PostgreSQL's INTEGER (migration 0004)."""
+    size = 3 << 30
+    with store.engine.begin() as conn:
+        values = {"owner": "o", "purpose": "batch_output", "filename": "out.jsonl", "created_at": 1}
+        conn.execute(insert(files).values(id="file-big", bytes=size, **values))
+    assert store.get_file("o", "file-big")["bytes"] == size  # type: ignore[index]
+
+
 def test_files_and_batches_are_only_their_owners(store: BatchStore) -> None:
     file = store.add_file("team-a", "batch", "in.jsonl", b"{}", 1)
     batch = store.create_batch("team-a", file["id"], CHAT, "24h", None, 1)
@@ -319,6 +328,49 @@ def test_each_unfinished_batch_counts_its_copy_of_the_input_and_the_copy_goes_wh
     assert batch["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
     results = sum(store.get_file("o", batch[key])["bytes"] for key in ("output_file_id", "error_file_id"))  # type: ignore[index]
     store.add_file("o", "batch", "next.jsonl", b"x" * (quota - results), 2002)  # the copy freed its room
+
+
+def test_results_count_as_they_are_recorded_and_one_past_the_quota_cancels_the_batch(store: BatchStore) -> None:
+    """A batch's answers can be far larger than its input (each line's max_tokens): they count toward the owner's
+    quota as they accrue, and the answer that would pass it is not kept; the batch stops there, saying why."""
+    content = jsonl("a", "b", "c")
+    answer = rules.json_line(ok_line("a")).encode() + b"\n"
+    store.max_owner_bytes = 2 * len(content) + len(answer) + len(answer) // 2  # the file, its copy, one answer
+    batch_id = started(store, "o", content)
+    first, second, _third = store.claim_requests(batch_id, "w", 2000, LEASE, 10)
+    assert store.record(batch_id, first.line, ok_line("a"), ok=True, now=2000)
+    with pytest.raises(QuotaExceeded) as caught:  # the recorded answer counts before it is in a file
+        store.add_file("o", "batch", "x.jsonl", b"x" * (len(answer) // 2 + 1), 2000)
+    assert caught.value.used == 2 * len(content) + len(answer)
+    store.add_file("p", "batch", "x.jsonl", b"x" * len(answer), 2000)  # another owner's quota is its own
+
+    assert store.record(batch_id, second.line, ok_line("b"), ok=True, now=2001)  # past the quota: not kept
+    batch = store.get_batch("o", batch_id)
+    assert batch is not None
+    assert (batch["status"], batch["cancelling_at"]) == (rules.CANCELLING, 2001)
+    assert [e["code"] for e in batch["errors"]["data"]] == [rules.QUOTA_EXCEEDED]
+    assert store.claim_requests(batch_id, "w2", 2000 + LEASE + 1, LEASE, 10) == []  # nothing more is sent
+    assert store.try_finalize(batch_id, 2000 + LEASE + 1) == rules.CANCELLED  # once the last lease is over
+
+    batch = store.get_batch("o", batch_id)
+    assert batch is not None
+    assert batch["request_counts"] == {"total": 3, "completed": 1, "failed": 1}
+    output = b"".join(store.file_chunks("o", batch["output_file_id"])).decode().splitlines()
+    assert [json.loads(line)["custom_id"] for line in output] == ["a"]
+    errors = [json.loads(line) for line in b"".join(store.file_chunks("o", batch["error_file_id"])).splitlines()]
+    assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [("b", rules.QUOTA_EXCEEDED)]
+    assert "quota" in errors[0]["error"]["message"]
+
+
+def test_a_result_without_a_quota_is_recorded_whole(store: BatchStore) -> None:
+    big = rules.response_line("batch_req_x", "a", 200, "r", {"choices": [{"text": "x" * 100_000}]})
+    batch_id = started(store, "o", jsonl("a"))
+    (claimed,) = store.claim_requests(batch_id, "w", 2000, LEASE, 10)
+    assert store.record(batch_id, claimed.line, big, ok=True)
+    assert store.try_finalize(batch_id, 2001) == rules.COMPLETED
+    batch = store.get_batch("o", batch_id)
+    assert batch is not None
+    assert json.loads(b"".join(store.file_chunks("o", batch["output_file_id"]))) == big
 
 
 def test_pg_uploads_of_one_owner_at_once_cannot_both_pass_the_quota(postgres: Postgres) -> None:

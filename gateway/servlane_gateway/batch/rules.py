@@ -305,6 +305,32 @@ def expired_line(request_id: str, custom_id: str) -> dict[str, Any]:
     }
 
 
+QUOTA_EXCEEDED = "storage_quota_exceeded"
+
+
+def quota_message(used: int, size: int, quota: int) -> str:
+    """Why a batch ended early: an answer that would take its owner past its quota (files.QuotaExceeded)."""
+    return (
+        f"An answer of {size} bytes would take this API key's stored files and unfinished batches past its quota "
+        f"({quota} bytes, {used} in use), so the batch was cancelled; delete files to make room."
+    )
+
+
+def quota_line(request_id: str, custom_id: str, message: str) -> dict[str, Any]:
+    """The error-file line of a request whose answer was not kept for its owner's quota."""
+    return {
+        "id": request_id,
+        "custom_id": custom_id,
+        "response": None,
+        "error": {"code": QUOTA_EXCEEDED, "message": message},
+    }
+
+
+def quota_errors(message: str) -> dict[str, Any]:
+    """The batch object's `errors` when it was cancelled for its owner's quota."""
+    return {"object": "list", "data": [{"code": QUOTA_EXCEEDED, "message": message, "param": None, "line": None}]}
+
+
 def json_line(line: dict[str, Any]) -> str:
     """A result line as stored and as written to the output and error files (compact, no newline)."""
     return json.dumps(line, separators=(",", ":"))

@@ -4,6 +4,7 @@ these; a change here needs a new migration."""
 from __future__ import annotations
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     Column,
     Float,
@@ -28,7 +29,7 @@ files = Table(
     Column("owner", String(255), nullable=False),  # the API key's name; "" with access control off
     Column("purpose", String(32), nullable=False),
     Column("filename", String(512), nullable=False),
-    Column("bytes", Integer, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
     Column("created_at", Integer, nullable=False),
     # False while an upload is being received (its chunks arrive one by one): such a file is nobody's yet,
     # neither listed nor counted; one left behind by a process that died is swept after a while.
@@ -69,9 +70,11 @@ batches = Table(
     Column("output_file_id", String(64), nullable=True),
     Column("error_file_id", String(64), nullable=True),
     Column("total", Integer, nullable=False, default=0),
-    # Its input file's size when it was created: the copy of its lines (and their results) the batch keeps until
-    # it ends counts toward its owner's quota, whatever becomes of that file.
-    Column("input_bytes", Integer, nullable=False, server_default="0"),
+    # Its input file's size when it was created, and the size of the results recorded so far: the copy of its
+    # lines and their answers, which the batch keeps until it ends (then they are its files), count toward its
+    # owner's quota, whatever becomes of the input file.
+    Column("input_bytes", BigInteger, nullable=False, server_default="0"),
+    Column("output_bytes", BigInteger, nullable=False, server_default="0"),
     Column("completed", Integer, nullable=False, default=0),
     Column("failed", Integer, nullable=False, default=0),
     # Validation is claimed like requests: the replica holding the lease validates; another takes over after it.

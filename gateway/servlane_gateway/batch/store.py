@@ -14,6 +14,7 @@ Every read and write names the owner: another API key's objects look exactly lik
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,7 @@ from servlane_gateway.batch.files import (
     FILE_CHUNK,
     FileGone,
     FileStore,
+    QuotaExceeded,
     new_id,
     page,
     visible,
@@ -96,8 +98,9 @@ class BatchStore(FileStore):
         return batch_object(created._mapping)
 
     def _used(self, conn: Connection, owner: str) -> int:
-        """The owner's stored files, and the copies its unfinished batches keep of their inputs."""
-        copies = select(func.coalesce(func.sum(batches.c.input_bytes), 0)).where(
+        """The owner's stored files, and what its unfinished batches keep: the copy of their inputs and the
+        results recorded so far."""
+        copies = select(func.coalesce(func.sum(batches.c.input_bytes + batches.c.output_bytes), 0)).where(
             batches.c.owner == owner, batches.c.status.not_in(rules.FINAL)
         )
         return super()._used(conn, owner) + int(conn.execute(copies).scalar() or 0)
@@ -259,23 +262,44 @@ class BatchStore(FileStore):
             for batch_id, line in lines:
                 conn.execute(update(requests).where(*_held_by(me, batch_id, line)).values(lease_until=now + lease))
 
-    def record(self, batch_id: str, line: int, result: dict[str, Any], ok: bool) -> bool:
+    def record(self, batch_id: str, line: int, result: dict[str, Any], ok: bool, now: float | None = None) -> bool:
         """Writes a request's result unless one was written already or the batch has ended (a late answer to
-        a finished batch changes nothing); True when this call wrote it."""
+        a finished batch changes nothing); True when this call wrote it. A result that would take the batch's
+        owner past `max_owner_bytes` is not kept: the line gets a `storage_quota_exceeded` error instead and
+        the batch is cancelled, so no more of its requests are sent (their answers would have nowhere to go)."""
+        stored = rules.json_line(result)
         with self._tx() as conn:
             # The batch row first (as try_finalize locks it): its counts change with the request's row.
-            status = conn.execute(select(batches.c.status).where(batches.c.id == batch_id).with_for_update()).scalar()
-            if status not in (rules.IN_PROGRESS, rules.CANCELLING):
+            batch = conn.execute(
+                select(batches.c.status, batches.c.owner).where(batches.c.id == batch_id).with_for_update()
+            ).first()
+            if batch is None or batch.status not in (rules.IN_PROGRESS, rules.CANCELLING):
                 return False
+            size = len(stored.encode()) + 1  # its line in the output or error file
+            over: str | None = None  # why the answer is not kept
+            try:
+                self._make_room(conn, batch.owner, size)
+            except QuotaExceeded as exc:
+                over, ok = rules.quota_message(exc.used, exc.size, exc.quota), False
+                stored = rules.json_line(rules.quota_line(str(result.get("id")), str(result.get("custom_id")), over))
+                size = len(stored.encode()) + 1  # kept past the quota: a short line saying why
             written = conn.execute(
                 update(requests)
                 .where(requests.c.batch_id == batch_id, requests.c.line == line, requests.c.done.is_(False))
-                .values(done=True, ok=ok, result=rules.json_line(result), lease_owner=None, lease_until=None)
+                .values(done=True, ok=ok, result=stored, lease_owner=None, lease_until=None)
             ).rowcount
             if written != 1:
                 return False
             counter = batches.c.completed if ok else batches.c.failed
-            conn.execute(update(batches).where(batches.c.id == batch_id).values({counter: counter + 1}))
+            values: dict[Any, Any] = {counter: counter + 1, batches.c.output_bytes: batches.c.output_bytes + size}
+            if over is not None and batch.status == rules.IN_PROGRESS:
+                rules.move(batch.status, rules.CANCELLING)
+                values |= {
+                    batches.c.status: rules.CANCELLING,
+                    batches.c.cancelling_at: int(now if now is not None else time.time()),
+                    batches.c.errors_json: json.dumps(rules.quota_errors(over)),
+                }
+            conn.execute(update(batches).where(batches.c.id == batch_id).values(values))
         return True
 
     def retry_later(self, batch_id: str, line: int, me: str, not_before: float) -> None:

@@ -249,7 +249,7 @@ class BatchWorker:
             return
         ok = 200 <= status < 300
         line = rules.response_line(request_id, request.custom_id, status, request_id, body)
-        written = await asyncio.to_thread(self.store.record, batch.id, request.line, line, ok)
+        written = await asyncio.to_thread(self.store.record, batch.id, request.line, line, ok, time.time())
         outcome = (m.SUCCEEDED if ok else m.FAILED) if written else m.DUPLICATE
         self.metrics.requests.labels(namespace, feature, outcome).inc()
 

@@ -241,9 +241,60 @@ class Scheduling(CelValidated):
     priority_class_name: str | None = Field(default=None, pattern=DNS_SUBDOMAIN, max_length=253)
 
 
+class KeyRef(ApiModel):
+    """A key of a Secret or ConfigMap in the AIModel's namespace (core/v1 SecretKeySelector, ConfigMapKeySelector)."""
+
+    name: str = Field(pattern=DNS_SUBDOMAIN, max_length=253)
+    key: str = Field(pattern=r"^[-._a-zA-Z0-9]+$", max_length=253)
+    optional: bool | None = None
+
+
+class ObjectFieldRef(ApiModel):
+    """A field of the pod (core/v1 ObjectFieldSelector), e.g. metadata.name or status.podIP."""
+
+    api_version: str | None = Field(default=None, max_length=63)
+    field_path: str = Field(min_length=1, max_length=1024)
+
+
+class ResourceFieldRef(ApiModel):
+    """A resource of the container (core/v1 ResourceFieldSelector), e.g. limits.memory."""
+
+    container_name: str | None = Field(default=None, max_length=63)
+    resource: str = Field(min_length=1, max_length=253)
+    divisor: str | None = Field(default=None, pattern=QUANTITY, description="A quantity, e.g. 1Mi (quoted).")
+
+
+class EnvVarSource(CelValidated):
+    # Typed, so a mistake here is refused with the AIModel (it was kept as given and refused by the pod API
+    # only when the Deployment was applied, reported as ChildRejected).
+    cel_rules = (
+        CelRule(
+            "[has(self.secretKeyRef), has(self.configMapKeyRef), has(self.fieldRef), has(self.resourceFieldRef)]"
+            ".filter(x, x).size() == 1",
+            "valueFrom takes exactly one of secretKeyRef, configMapKeyRef, fieldRef or resourceFieldRef",
+            lambda source: (
+                sum(
+                    ref is not None
+                    for ref in (
+                        source.secret_key_ref,
+                        source.config_map_key_ref,
+                        source.field_ref,
+                        source.resource_field_ref,
+                    )
+                )
+                == 1
+            ),
+        ),
+    )
+
+    secret_key_ref: KeyRef | None = None
+    config_map_key_ref: KeyRef | None = None
+    field_ref: ObjectFieldRef | None = None
+    resource_field_ref: ResourceFieldRef | None = None
+
+
 class EnvVar(CelValidated):
-    # As the pod API checks it (a Deployment with both was refused, reported as ChildRejected). valueFrom's
-    # own shape stays unchecked: CEL sees no field of an object kept as it is (x-kubernetes-preserve-unknown).
+    # As the pod API checks it (a Deployment with both was refused, reported as ChildRejected).
     cel_rules = (
         CelRule(
             "!has(self.valueFrom) || !has(self.value) || self.value == ''",
@@ -254,8 +305,8 @@ class EnvVar(CelValidated):
 
     name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", max_length=253)
     value: str | None = None
-    value_from: dict[str, Any] | None = Field(
-        default=None, description="A core/v1 EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef)."
+    value_from: EnvVarSource | None = Field(
+        default=None, description="Where the value comes from: a Secret's or ConfigMap's key, or a pod field."
     )
 
 

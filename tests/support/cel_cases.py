@@ -225,6 +225,28 @@ CEL_CASES: tuple[RuleCases, ...] = (
         bad=(ai_model(model_spec(env=[{"name": "A", "value": "x", "valueFrom": {"secretKeyRef": SECRET}}])),),
     ),
     RuleCases(
+        "env-value-from-one-source",
+        "valueFrom takes exactly one of secretKeyRef, configMapKeyRef, fieldRef or resourceFieldRef",
+        good=(
+            ai_model(model_spec(env=[{"name": "A", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}])),
+            ai_model(model_spec(env=[{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}])),
+            ai_model(model_spec(env=[{"name": "A", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory"}}}])),
+        ),
+        bad=(
+            ai_model(model_spec(env=[{"name": "A", "valueFrom": {}}])),
+            ai_model(
+                model_spec(
+                    env=[
+                        {
+                            "name": "A",
+                            "valueFrom": {"secretKeyRef": SECRET, "fieldRef": {"fieldPath": "metadata.name"}},
+                        }
+                    ]
+                )
+            ),
+        ),
+    ),
+    RuleCases(
         "toleration-key-prefix",
         "a toleration key's prefix (before '/') must be at most 253 characters",
         good=(

@@ -55,6 +55,11 @@ STRUCTURAL_CASES = (
     StructuralCase(
         "unknown-field-in-a-list-item", ai_model(model_spec(env=[{"name": "A", "valu": "b"}])), "spec.env[0].valu"
     ),
+    StructuralCase(
+        "unknown-value-from-source",
+        ai_model(model_spec(env=[{"name": "A", "valueFrom": {"secretRef": {"name": "s", "key": "k"}}}])),
+        "spec.env[0].valueFrom.secretRef",
+    ),
     StructuralCase("unknown-top-level-field", {**ai_model(model_spec()), "specs": {}}, "specs"),
     StructuralCase(
         "unknown-metadata-field", _with_metadata(ai_model(model_spec()), lables={"a": "b"}), "metadata.lables"

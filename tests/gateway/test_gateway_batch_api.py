@@ -431,6 +431,38 @@ def test_answers_count_toward_the_quota_and_one_past_it_cancels_the_batch(
     assert kept <= 1500  # what it kept of the answers fit beside the input and its copy
 
 
+@pytest.mark.parametrize(
+    ("path", "query", "code"),
+    [
+        ("/v1/batches", "limit=101", "integer_above_max_value"),
+        ("/v1/batches", "limit=-1", "integer_below_min_value"),
+        ("/v1/files", "limit=10001", "integer_above_max_value"),
+        ("/v1/files", "order=sideways", "invalid_value"),
+    ],
+)
+def test_a_list_outside_openais_bounds_is_a_400_naming_the_parameter(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path, path: str, query: str, code: str
+) -> None:
+    """They were clamped: a script asking 1000 got 100 and took it for all; -1 gave a page."""
+    gw = gateway(start_gateway, upstreams, tmp_path)
+    headers = {"authorization": "Bearer sk-alpha-00000000000000000000000"}
+    answer = httpx.get(f"{gw.url}{path}?{query}", headers=headers, timeout=10)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", code, query.split("=")[0])
+
+
+def test_a_list_with_limit_0_is_an_empty_last_page(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    gw = gateway(start_gateway, upstreams, tmp_path)
+    alpha = gw.client("sk-alpha-00000000000000000000000")
+    submit(alpha, [request_line("r0")])
+    assert len(alpha.batches.list(limit=100).data) == 1
+    for page in (alpha.batches.list(limit=0), alpha.files.list(limit=0)):
+        assert (page.data, page.has_more) == ([], False)
+
+
 def test_no_secret_of_the_database_url_reaches_the_logs_when_it_does_not_answer(
     upstreams: dict[str, Upstream], start_gateway: StartGateway, caplog: pytest.LogCaptureFixture
 ) -> None:

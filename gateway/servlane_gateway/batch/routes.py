@@ -205,7 +205,11 @@ def _add_file_routes(router: APIRouter, owner_of: OwnerOf, uploads: UploadPlaces
         request: Request, purpose: str | None = None, limit: int = 10000, after: str | None = None, order: str = "desc"
     ) -> dict[str, Any]:
         db, owner = owner_of(request)
-        limit = max(1, min(limit, 10000))
+        if order not in ("asc", "desc"):
+            message = f"Invalid value for 'order': expected 'asc' or 'desc', got {order[:40]!r}."
+            raise OpenAIError(400, message, param="order", code="invalid_value")
+        if page_limit(limit, MAX_FILES_PAGE) == 0:
+            return _page([], False)
         data, more = await in_db(db.list_files, owner, purpose, after, limit, order == "asc")
         return _page(data, more)
 
@@ -274,7 +278,9 @@ def _add_batch_routes(router: APIRouter, owner_of: OwnerOf, wake: Callable[[], N
     @router.get("/v1/batches")
     async def list_batches(request: Request, limit: int = 20, after: str | None = None) -> dict[str, Any]:
         db, owner = owner_of(request)
-        data, more = await in_db(db.list_batches, owner, after, max(1, min(limit, 100)))
+        if page_limit(limit, MAX_BATCHES_PAGE) == 0:
+            return _page([], False)
+        data, more = await in_db(db.list_batches, owner, after, limit)
         return _page(data, more)
 
     @router.get("/v1/batches/{batch_id}")
@@ -359,6 +365,25 @@ def too_slow(received: int, seconds: float) -> None:
 
 def _now() -> int:
     return int(time.time())
+
+
+MAX_FILES_PAGE = 10_000  # OpenAI's bounds on `limit` of a list: files 0-10,000, batches 0-100
+MAX_BATCHES_PAGE = 100
+
+
+def page_limit(limit: int, maximum: int) -> int:
+    """A list's `limit` as OpenAI takes it: 0 is an empty page (has_more false, so no paginator loops on it);
+    below 0 or above `maximum` is a 400 in OpenAI's words (it was clamped, so a script got a page it never
+    asked for, or an empty one claiming more)."""
+    if limit < 0:
+        message = f"Invalid 'limit': integer below minimum value. Expected a value >= 0, but got {limit} instead."
+        raise OpenAIError(400, message, param="limit", code="integer_below_min_value")
+    if limit > maximum:
+        message = (
+            f"Invalid 'limit': integer above maximum value. Expected a value <= {maximum}, but got {limit} instead."
+        )
+        raise OpenAIError(400, message, param="limit", code="integer_above_max_value")
+    return limit
 
 
 def _page(data: list[dict[str, Any]], more: bool) -> dict[str, Any]:

@@ -575,3 +575,21 @@ def test_uploads_are_parsed_as_they_arrive_and_a_refused_one_leaves_nothing_stor
     with sqlite3.connect(tmp_path / "batch.db") as db:  # the refused uploads' rows and chunks are gone too
         assert db.execute("SELECT count(*) FROM batch_files").fetchone() == (1,)
         assert db.execute("SELECT count(DISTINCT file_id) FROM batch_file_chunks").fetchone() == (1,)
+
+
+def test_a_malformed_upload_is_a_400_and_writes_nothing_to_the_log(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """python-multipart logged a warning per malformed part header: any caller could fill the gateway's log."""
+    gw = gateway(start_gateway, upstreams, tmp_path)
+    body = b'--b\r\nContent-Dis[position: form-data; name="file"\r\n\r\nx\r\n--b--\r\n'
+    headers = {
+        "authorization": "Bearer sk-alpha-00000000000000000000000",
+        "content-type": "multipart/form-data; boundary=b",
+    }
+    with caplog.at_level(logging.DEBUG):
+        for _ in range(3):
+            answer = httpx.post(gw.url + "/v1/files", content=body, headers=headers, timeout=10)
+            assert answer.status_code == 400, answer.text
+            assert answer.json()["error"]["code"] == "invalid_multipart", answer.text
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("python_multipart")] == []

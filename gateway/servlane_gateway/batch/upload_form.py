@@ -6,6 +6,8 @@ has are refused."""
 
 from __future__ import annotations
 
+import logging
+
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
@@ -15,6 +17,10 @@ FILE_FIELD = "file"
 FIELD_BYTES = 1024  # the most of a plain field's value (purpose is a short word)
 MAX_PARTS = 8
 FILENAME_CHARS = 512  # the width of batch_files.filename (PostgreSQL refuses longer: a 400 here, not a 503)
+
+# The parser logs a WARNING for each malformed header it meets, before raising: a line per bad upload that any
+# caller could write into the gateway's log at will. The caller gets a 400 that says it; the log keeps errors.
+logging.getLogger("python_multipart").setLevel(logging.ERROR)
 
 
 def bad_form(message: str) -> OpenAIError:

@@ -53,8 +53,9 @@ pytestmark = [
     pytest.mark.timeout(900),
 ]
 
-# Per operation and generation mode: about 130 cases per server (3 POST operations, valid and invalid, and
-# the 4 GETs without parameters, which have one or two distinct cases and no invalid one).
+# Per operation and generation mode: about 130 cases on the runtime (3 POST operations, valid and invalid, and
+# the 4 GETs without parameters, which have one or two distinct cases and no invalid one), about 400 on the
+# gateway (its Batch API's operations too).
 CASES_PER_OPERATION_AND_MODE = 20
 
 

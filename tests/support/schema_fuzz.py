@@ -107,7 +107,7 @@ def runtime_config(model_dir: Path, engine: Engine = "transformers") -> RuntimeC
 
 
 class GatewayProcess:
-    """`python -m servlane_gateway --routes-file FILE` routing feature `chat` to one runtime."""
+    """`python -m servlane_gateway --routes-file FILE` routing feature `chat` to one runtime, the Batch API on."""
 
     def __init__(self, runtime_url: str) -> None:
         self.port = free_port()
@@ -120,6 +120,9 @@ class GatewayProcess:
         self._command = [sys.executable, "-m", "servlane_gateway", "--routes-file", str(routes)]
         self._command += ["--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]
         self._command += ["--metrics-port", str(free_port())]  # not the default: other gateways may run beside it
+        # The Batch API on (its uploads, lists and ids are fuzzed too), one owner: no keys here.
+        self._command += ["--batch-database-url", f"sqlite:///{Path(self._dir.name) / 'batch.db'}"]
+        self._command += ["--batch-allow-without-keys", "true"]
         self._proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> GatewayProcess:

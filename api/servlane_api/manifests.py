@@ -27,10 +27,16 @@ class InvalidManifest(ValueError):
 
 
 def describe(exc: ValidationError) -> str:
-    """The first problem of a validation error as `field.path: message` (the message alone at the top)."""
+    """The first problem of a validation error as `field.path[index]: message` (the message alone at the top),
+    its path written as the API server writes one (structural.py's too)."""
     error = exc.errors()[0]
-    where = ".".join(str(part) for part in error.get("loc", ()))
-    return f"{where}: {error['msg']}" if where else str(error["msg"])
+    where = ""
+    for part in error.get("loc", ()):
+        where += f"[{part}]" if isinstance(part, int) else f".{part}" if where else str(part)
+    message = str(error["msg"])
+    if error.get("type") == "value_error":  # one of our rules: its words alone, not pydantic's prefix
+        message = message.removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
 
 
 def parse_model(raw: Mapping[str, Any]) -> AIModel:

@@ -85,6 +85,7 @@ class Supervisor:
         self._manifest_error: str | None = None
         self._stopping: set[asyncio.Task[None]] = set()
         self._written: dict[str, str] = {}
+        self._applied = False  # manifests were applied once: a bad edit then keeps them
         self._gpu = has_gpu()
 
     # ---- manifests ---------------------------------------------------------------------------
@@ -98,13 +99,15 @@ class Supervisor:
             manifests = load_manifests(self.options.inputs)
         except (ManifestError, OSError) as exc:
             if str(exc) != self._manifest_error:
-                log.error("manifests not applied, keeping the previous ones: %s", exc)
+                kept = "keeping the previous ones" if self._applied else "nothing started"
+                log.error("manifests not applied, %s: %s", kept, exc)
             self._manifest_error = str(exc)
             return
         self._manifest_error = None
         self._apply(manifests)
 
     def _apply(self, manifests: Manifests) -> None:
+        self._applied = True
         for name in [n for n in self.slots if n not in manifests.models]:
             log.info("model %s: removed from the manifests, stopping it", name)
             self._stop_in_background(self.slots.pop(name))

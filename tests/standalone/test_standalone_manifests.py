@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,3 +115,14 @@ def test_a_llamacpp_model_runs_on_every_local_cpu_unless_its_threads_are_set(tmp
     assert build_runtime_config(models["q"].model).llamacpp.threads == 2  # in a pod: the CPU limit
     assert local_runtime(models["q"].model, 1, tmp_path, gpu=False).config.llamacpp.threads is None
     assert local_runtime(models["p"].model, 1, tmp_path, gpu=False).config.llamacpp.threads == 3
+
+
+def test_serve_with_a_bad_manifest_says_so_and_exits_1_with_nothing_started(tmp_path: Path) -> None:
+    manifest = ai_model("chat", "/m", replica=2)  # a typo of replicas: kubectl apply refuses it too
+    write_manifests(tmp_path / "m.yaml", [manifest])
+    argv = [sys.executable, "-m", "servlane_cli", "serve", "-f", str(tmp_path), "--port", "0"]
+    argv += ["--state-dir", str(tmp_path / "state")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1, done.stderr
+    assert "manifests not applied, nothing started: " in done.stderr, done.stderr
+    assert "AIModel 'chat': spec.replica: unknown field" in done.stderr, done.stderr

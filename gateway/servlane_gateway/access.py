@@ -218,7 +218,7 @@ def route_for(key: ApiKey | None, table: RouteTable, requested: str) -> Route:
     return route
 
 
-def names_for(key: ApiKey | None, table: RouteTable) -> list[str]:
+def names_for(key: ApiKey | None, table: RouteTable) -> list[tuple[str, Route]]:
     """What /v1/models lists for `key`: each route it may call, named as it would resolve it."""
     if key is None:
         return visible_names(table)

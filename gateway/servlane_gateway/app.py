@@ -307,7 +307,7 @@ def install_probes(app: FastAPI, state: GatewayState, settings: GatewaySettings)
         if table is None:
             return {"object": "list", "data": []}
         # Each model the key may call, named as a request of this key resolves it (ambiguous ones qualified).
-        data = [_model_object(n, route_for(key, table, n).created) for n in names_for(key, table)]
+        data = [_model_object(name, route.created) for name, route in names_for(key, table)]
         return {"object": "list", "data": data}
 
     @get_and_head(app, "/v1/models/{model:path}")

@@ -66,17 +66,23 @@ def resolve_name(
     return candidates[0]
 
 
-def visible_names(table: RouteTable, namespaces: Sequence[str] = (), may_call: MayCall = _anyone) -> list[str]:
+def visible_names(
+    table: RouteTable, namespaces: Sequence[str] = (), may_call: MayCall = _anyone
+) -> list[tuple[str, Route]]:
     """What /v1/models lists for this caller: each route it may call once, by its plain name when
     resolve_name gives that route for the plain name, else as `namespace/name`; plain names first."""
-    plain: list[str] = []
-    qualified: list[str] = []
+    plain: list[tuple[str, Route]] = []
+    qualified: list[tuple[str, Route]] = []
     for full, route in table.routes.items():
         if not may_call(route):
             continue
         candidates = _candidates(table, route.name, namespaces, may_call)
         if len(candidates) == 1 and candidates[0] is route:
-            plain.append(route.name)
+            plain.append((route.name, route))
         else:
-            qualified.append(full)
-    return sorted(plain) + sorted(qualified)
+            qualified.append((full, route))
+    return sorted(plain, key=_by_name) + sorted(qualified, key=_by_name)
+
+
+def _by_name(named: tuple[str, Route]) -> str:
+    return named[0]

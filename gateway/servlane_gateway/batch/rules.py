@@ -277,12 +277,12 @@ def unvalidatable(reason: str) -> LineError:
 
 def error_line(error: LineError, request_id: str) -> dict[str, Any]:
     """An error-file line for a request line that was never sent."""
-    return {
-        "id": request_id,
-        "custom_id": error.custom_id,
-        "response": None,
-        "error": {"code": error.code, "message": f"Line {error.line}: {error.message}"},
-    }
+    return _unanswered_line(request_id, error.custom_id, error.code, f"Line {error.line}: {error.message}")
+
+
+def _unanswered_line(request_id: str, custom_id: str | None, code: str, message: str) -> dict[str, Any]:
+    """An error-file line for a request that got no answer (never sent, or its answer not kept)."""
+    return {"id": request_id, "custom_id": custom_id, "response": None, "error": {"code": code, "message": message}}
 
 
 def response_line(request_id: str, custom_id: str, status: int, request_ref: str, body: object) -> dict[str, Any]:
@@ -297,12 +297,7 @@ def response_line(request_id: str, custom_id: str, status: int, request_ref: str
 
 def expired_line(request_id: str, custom_id: str) -> dict[str, Any]:
     message = "This request could not be executed before the completion window expired."
-    return {
-        "id": request_id,
-        "custom_id": custom_id,
-        "response": None,
-        "error": {"code": "batch_expired", "message": message},
-    }
+    return _unanswered_line(request_id, custom_id, "batch_expired", message)
 
 
 QUOTA_EXCEEDED = "storage_quota_exceeded"
@@ -318,17 +313,12 @@ def quota_message(used: int, size: int, quota: int) -> str:
 
 def quota_line(request_id: str, custom_id: str, message: str) -> dict[str, Any]:
     """The error-file line of a request whose answer was not kept for its owner's quota."""
-    return {
-        "id": request_id,
-        "custom_id": custom_id,
-        "response": None,
-        "error": {"code": QUOTA_EXCEEDED, "message": message},
-    }
+    return _unanswered_line(request_id, custom_id, QUOTA_EXCEEDED, message)
 
 
 def quota_errors(message: str) -> dict[str, Any]:
-    """The batch object's `errors` when it was cancelled for its owner's quota."""
-    return {"object": "list", "data": [{"code": QUOTA_EXCEEDED, "message": message, "param": None, "line": None}]}
+    """The batch object's `errors` when it was cancelled for its owner's quota (no line of its own: line 0)."""
+    return batch_errors(LineError(0, QUOTA_EXCEEDED, message))
 
 
 def json_line(line: dict[str, Any]) -> str:

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from servlane_api._base import ApiModel, ApiObject
+from servlane_api.affinity import Affinity
 from servlane_api.autoscaling import AutoscalerStatus, Autoscaling
 from servlane_api.cel import CelRule, CelValidated, dns_label_name, max_name_length
 from servlane_api.cold_start import ColdStartStatus
 from servlane_api.conditions import Condition
+from servlane_api.kube_labels import DNS_SUBDOMAIN, LABEL_KEY, LABEL_KEY_PREFIX, LABEL_VALUE, label_keys_rule
 from servlane_api.pod_env import RESERVED_ENV_NAMES
 from servlane_api.sources import DNS_LABEL, Adapter, ModelSource, SourceKind
 
@@ -164,26 +166,17 @@ class Resources(ApiModel):
     gpus: int = Field(default=0, ge=0, le=64, description="GPUs per replica; for vLLM also the tensor-parallel size.")
     gpu_resource_name: str = Field(
         default="nvidia.com/gpu",
-        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$",  # a name of <= 63
+        # An extended resource's name has a domain (nvidia.com/gpu, amd.com/gpu, gpu.intel.com/i915): the pod API
+        # refuses one without (`gpu`: "must be a standard resource for containers"), and `cpu` or `memory` would
+        # overwrite the replica's own requests.
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$",  # a name of <= 63
         max_length=253,
-        description="Extended resource that counts GPUs on the nodes.",
+        description="Extended resource that counts GPUs on the nodes, with its domain, e.g. amd.com/gpu.",
     )
     cpu: Quantity | None = Field(default=None, description="CPU request and limit per replica, e.g. '4'.")
     memory: Quantity | None = Field(default=None, description="Memory request and limit per replica, e.g. 32Gi.")
 
 
-# What the pod API accepts, checked when the AIModel is written rather than when its Deployment is refused
-# (which the operator reports as ChildRejected): a label key (an optional DNS-subdomain prefix and '/', then a
-# name), a label value, a DNS subdomain.
-# The name part is at most 63 characters (in the pattern); the prefix at most 253 (LABEL_KEY_PREFIX, a second
-# pattern: one regular expression cannot bound both its length and its dots).
-LABEL_KEY = (
-    "^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"  # the prefix
-    "[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"  # the name
-)
-LABEL_KEY_PREFIX = "^([^/]{1,253}/)?[^/]*$"
-LABEL_VALUE = "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
-DNS_SUBDOMAIN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 MAX_NODE_SELECTOR_LABELS = 32
 
 
@@ -220,24 +213,14 @@ class Toleration(CelValidated):
 
 class Scheduling(CelValidated):
     cel_rules = (
-        CelRule(
-            f"self.nodeSelector.all(k, k.size() <= 317 && k.matches('{LABEL_KEY}') && k.matches('{LABEL_KEY_PREFIX}'))",
-            "nodeSelector keys must be label keys (an optional DNS prefix of at most 253 characters and '/', then "
-            "at most 63 letters, digits, '-', '_' or '.', beginning and ending with a letter or digit)",
-            lambda s: all(
-                len(k) <= 317 and re.fullmatch(LABEL_KEY, k) and re.fullmatch(LABEL_KEY_PREFIX, k)
-                for k in s.node_selector
-            ),
-        ),
+        label_keys_rule("self.nodeSelector", "nodeSelector keys must be label keys", lambda s: s.node_selector),
     )
 
     node_selector: dict[str, Annotated[str, Field(pattern=LABEL_VALUE, max_length=63)]] = Field(
         default_factory=dict, max_length=MAX_NODE_SELECTOR_LABELS
     )
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
-    affinity: dict[str, Any] | None = Field(
-        default=None, description="A core/v1 Affinity, passed to the pods unchanged."
-    )
+    affinity: Affinity | None = Field(default=None, description="A core/v1 Affinity, passed to the pods as written.")
     priority_class_name: str | None = Field(default=None, pattern=DNS_SUBDOMAIN, max_length=253)
 
 

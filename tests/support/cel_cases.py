@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from servlane_api.kube_labels import LABEL_KEY_SHAPE
+
 Manifest = dict[str, Any]
 
 API_VERSION = "servlane.dev/v1alpha1"
@@ -45,6 +47,29 @@ def steps(*percentages: int) -> Manifest:
 
 def adapter_from(source: str) -> Manifest:
     return ai_model(model_spec(adapters=[{"name": "sql", "source": source}]))
+
+
+def node_requirements(*requirements: Manifest) -> Manifest:
+    """An AIModel whose pods need a node where every requirement holds."""
+    term = {"matchExpressions": list(requirements)}
+    required = {"nodeSelectorTerms": [term]}
+    return ai_model(model_spec(scheduling={"affinity": {"nodeAffinity": {ON_SCHEDULING: required}}}))
+
+
+def pod_affinity_term(**term: Any) -> Manifest:
+    """An AIModel whose pods prefer nodes without the pods of `term` (topologyKey given unless in `term`)."""
+    weighted = {"weight": 10, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", **term}}
+    preferred = {"preferredDuringSchedulingIgnoredDuringExecution": [weighted]}
+    return ai_model(model_spec(scheduling={"affinity": {"podAntiAffinity": preferred}}))
+
+
+def label_requirements(*requirements: Manifest) -> Manifest:
+    return pod_affinity_term(labelSelector={"matchExpressions": list(requirements)})
+
+
+ON_SCHEDULING = "requiredDuringSchedulingIgnoredDuringExecution"
+LONGEST_LABEL_KEY = "p" * 253 + "/" + "k" * 63
+PREFIX_TOO_LONG = "p" * 254 + "/k"
 
 
 # DNS-1123 subdomains (labels of at most 63) of 253 and 254 characters.
@@ -268,6 +293,127 @@ CEL_CASES: tuple[RuleCases, ...] = (
             ai_model(model_spec(scheduling={"nodeSelector": {key: "x"}}))
             for key in ("bad key!", "Example.com/pool", "pool-", "/pool", "n" * 64, "p" * 254 + "/n")
         ),
+    ),
+    RuleCases(
+        "label-selector-values",
+        "a label selector's requirement with operator In or NotIn needs at least one value (operators: In, NotIn, "
+        "Exists, DoesNotExist)",
+        good=(
+            label_requirements({"key": "app", "operator": "In", "values": ["a"]}),
+            label_requirements({"key": "app", "operator": "NotIn", "values": ["a", "b"]}),
+            label_requirements({"key": "app", "operator": "Exists"}),
+        ),
+        bad=(
+            label_requirements({"key": "app", "operator": "In"}),
+            label_requirements({"key": "app", "operator": "NotIn", "values": []}),
+        ),
+    ),
+    RuleCases(
+        "label-selector-no-values",
+        "a label selector's requirement with operator Exists or DoesNotExist takes no values",
+        good=(
+            label_requirements({"key": "app", "operator": "Exists"}),
+            label_requirements({"key": "app", "operator": "DoesNotExist", "values": []}),
+        ),
+        bad=(
+            label_requirements({"key": "app", "operator": "Exists", "values": ["a"]}),
+            label_requirements({"key": "app", "operator": "DoesNotExist", "values": ["a"]}),
+        ),
+    ),
+    RuleCases(
+        "label-selector-key",
+        f"a label selector's key must be a label key {LABEL_KEY_SHAPE}",
+        good=(label_requirements({"key": LONGEST_LABEL_KEY, "operator": "Exists"}),),
+        bad=(label_requirements({"key": PREFIX_TOO_LONG, "operator": "Exists"}),),
+    ),
+    RuleCases(
+        "match-labels-keys",
+        f"matchLabels keys must be label keys {LABEL_KEY_SHAPE}",
+        good=(
+            pod_affinity_term(labelSelector={"matchLabels": {"app.kubernetes.io/name": "chat", LONGEST_LABEL_KEY: ""}}),
+            pod_affinity_term(labelSelector={}),
+        ),
+        bad=tuple(
+            pod_affinity_term(labelSelector={"matchLabels": {key: "x"}})
+            for key in ("bad key!", "/app", PREFIX_TOO_LONG)
+        ),
+    ),
+    RuleCases(
+        "node-selector-values",
+        "a node selector's requirement with operator In or NotIn needs at least one value (operators: In, NotIn, "
+        "Exists, DoesNotExist, Gt, Lt)",
+        good=(
+            node_requirements({"key": "pool", "operator": "In", "values": ["gpu"]}),
+            node_requirements({"key": "pool", "operator": "NotIn", "values": ["cpu", "spot"]}),
+            node_requirements({"key": "pool", "operator": "Exists"}),
+        ),
+        bad=(
+            node_requirements({"key": "pool", "operator": "In"}),
+            node_requirements({"key": "pool", "operator": "NotIn", "values": []}),
+        ),
+    ),
+    RuleCases(
+        "node-selector-no-values",
+        "a node selector's requirement with operator Exists or DoesNotExist takes no values",
+        good=(
+            node_requirements({"key": "pool", "operator": "DoesNotExist"}),
+            node_requirements({"key": "pool", "operator": "Exists", "values": []}),
+        ),
+        bad=(
+            node_requirements({"key": "pool", "operator": "Exists", "values": ["gpu"]}),
+            node_requirements({"key": "pool", "operator": "DoesNotExist", "values": ["gpu"]}),
+        ),
+    ),
+    RuleCases(
+        "node-selector-integer",
+        "a node selector's requirement with operator Gt or Lt takes exactly one value, an integer",
+        good=(
+            node_requirements({"key": "gpu-memory", "operator": "Gt", "values": ["40"]}),
+            node_requirements({"key": "gpu-memory", "operator": "Lt", "values": ["-" + "9" * 18]}),
+            node_requirements({"key": "gpu-memory", "operator": "In", "values": ["a", "b"]}),
+        ),
+        bad=(
+            node_requirements({"key": "gpu-memory", "operator": "Gt"}),
+            node_requirements({"key": "gpu-memory", "operator": "Gt", "values": ["40", "80"]}),
+            node_requirements({"key": "gpu-memory", "operator": "Lt", "values": ["40Gi"]}),
+            node_requirements({"key": "gpu-memory", "operator": "Lt", "values": ["9" * 19]}),
+        ),
+    ),
+    RuleCases(
+        "node-selector-key",
+        f"a node selector's key must be a label key {LABEL_KEY_SHAPE}",
+        good=(node_requirements({"key": LONGEST_LABEL_KEY, "operator": "Exists"}),),
+        bad=(node_requirements({"key": PREFIX_TOO_LONG, "operator": "Exists"}),),
+    ),
+    RuleCases(
+        "topology-key",
+        f"topologyKey must be a label key {LABEL_KEY_SHAPE}",
+        good=(pod_affinity_term(topologyKey=LONGEST_LABEL_KEY),),
+        bad=(pod_affinity_term(topologyKey=PREFIX_TOO_LONG),),
+    ),
+    RuleCases(
+        "match-label-keys",
+        f"matchLabelKeys must be label keys {LABEL_KEY_SHAPE}",
+        good=(pod_affinity_term(labelSelector={}, matchLabelKeys=["pod-template-hash", LONGEST_LABEL_KEY]),),
+        bad=(
+            pod_affinity_term(labelSelector={}, matchLabelKeys=["bad key!"]),
+            pod_affinity_term(labelSelector={}, matchLabelKeys=[PREFIX_TOO_LONG]),
+        ),
+    ),
+    RuleCases(
+        "mismatch-label-keys",
+        f"mismatchLabelKeys must be label keys {LABEL_KEY_SHAPE}",
+        good=(pod_affinity_term(labelSelector={}, mismatchLabelKeys=["tenant", LONGEST_LABEL_KEY]),),
+        bad=(pod_affinity_term(labelSelector={}, mismatchLabelKeys=["-tenant"]),),
+    ),
+    RuleCases(
+        "label-keys-need-a-selector",
+        "matchLabelKeys and mismatchLabelKeys need a labelSelector",
+        good=(
+            pod_affinity_term(labelSelector={"matchLabels": {"app": "chat"}}, matchLabelKeys=["pod-template-hash"]),
+            pod_affinity_term(matchLabelKeys=[], mismatchLabelKeys=[]),
+        ),
+        bad=(pod_affinity_term(matchLabelKeys=["pod-template-hash"]), pod_affinity_term(mismatchLabelKeys=["tenant"])),
     ),
     RuleCases(
         "model-name-dns-label",

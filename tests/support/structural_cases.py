@@ -60,6 +60,28 @@ STRUCTURAL_CASES = (
         ai_model(model_spec(env=[{"name": "A", "valueFrom": {"secretRef": {"name": "s", "key": "k"}}}])),
         "spec.env[0].valueFrom.secretRef",
     ),
+    StructuralCase(
+        "unknown-affinity-field",
+        ai_model(model_spec(scheduling={"affinity": {"nodeAfinity": {}}})),
+        "spec.scheduling.affinity.nodeAfinity",
+    ),
+    StructuralCase(
+        "affinity-weight-quoted",
+        ai_model(
+            model_spec(
+                scheduling={
+                    "affinity": {
+                        "podAntiAffinity": {
+                            "preferredDuringSchedulingIgnoredDuringExecution": [
+                                {"weight": "10", "podAffinityTerm": {"topologyKey": "zone"}}
+                            ]
+                        }
+                    }
+                }
+            )
+        ),
+        "spec.scheduling.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].weight",
+    ),
     StructuralCase("unknown-top-level-field", {**ai_model(model_spec()), "specs": {}}, "specs"),
     StructuralCase(
         "unknown-metadata-field", _with_metadata(ai_model(model_spec()), lables={"a": "b"}), "metadata.lables"
@@ -69,6 +91,57 @@ STRUCTURAL_CASES = (
     StructuralCase(
         "free-form-value-from",
         ai_model(model_spec(env=[{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}])),
+        None,
+    ),
+    StructuralCase(
+        "a-whole-affinity",
+        ai_model(
+            model_spec(
+                scheduling={
+                    "affinity": {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [
+                                    {
+                                        "matchExpressions": [{"key": "pool", "operator": "In", "values": ["gpu"]}],
+                                        "matchFields": [
+                                            {"key": "metadata.name", "operator": "NotIn", "values": ["node-1"]}
+                                        ],
+                                    }
+                                ]
+                            },
+                            "preferredDuringSchedulingIgnoredDuringExecution": [
+                                {"weight": 1, "preference": {"matchExpressions": [{"key": "z", "operator": "Exists"}]}}
+                            ],
+                        },
+                        "podAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": [
+                                {
+                                    "labelSelector": {"matchLabels": {"app": "cache"}},
+                                    "namespaces": ["shared"],
+                                    "topologyKey": "topology.kubernetes.io/zone",
+                                }
+                            ]
+                        },
+                        "podAntiAffinity": {
+                            "preferredDuringSchedulingIgnoredDuringExecution": [
+                                {
+                                    "weight": 100,
+                                    "podAffinityTerm": {
+                                        "labelSelector": {
+                                            "matchExpressions": [{"key": "app", "operator": "In", "values": ["chat"]}]
+                                        },
+                                        "namespaceSelector": {},
+                                        "matchLabelKeys": ["pod-template-hash"],
+                                        "topologyKey": "kubernetes.io/hostname",
+                                    },
+                                }
+                            ]
+                        },
+                    }
+                }
+            )
+        ),
         None,
     ),
     StructuralCase(

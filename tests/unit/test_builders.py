@@ -23,6 +23,7 @@ from servlane_operator.settings import (
     OperatorSettings,
 )
 from tests.support.aimodels import make_model
+from tests.support.structural_cases import STRUCTURAL_CASES
 from tests.unit.conftest import CPU_IMAGE, GPU_IMAGE
 
 GPU_SPEC: dict[str, Any] = {
@@ -134,6 +135,14 @@ def test_custom_gpu_resource_name(settings: OperatorSettings) -> None:
     spec = {**CPU_SPEC, "resources": {"gpus": 1, "gpuResourceName": "amd.com/gpu"}}
     c = container(build_deployment(make_model(spec), settings))
     assert c["resources"]["limits"] == {"amd.com/gpu": "1"}
+
+
+@pytest.mark.parametrize("name", ["gpu", "cpu", "memory", "/gpu", "nvidia.com/"])
+def test_a_gpu_resource_name_without_a_domain_is_refused(name: str) -> None:
+    """The pod API refuses an extended resource without a domain (`gpu`), and `cpu` or `memory` would overwrite
+    the replica's own requests: refused with the AIModel, not found when its Deployment is applied."""
+    with pytest.raises(ValidationError, match="gpuResourceName"):
+        make_model({**CPU_SPEC, "resources": {"gpus": 1, "gpuResourceName": name}})
 
 
 def test_probes_tolerate_slow_loads_and_pods_are_locked_down(settings: OperatorSettings) -> None:
@@ -279,6 +288,14 @@ def test_scheduling_passes_through(settings: OperatorSettings) -> None:
     assert pod["affinity"] == affinity
     assert pod["priorityClassName"] == "inference"
     assert pod["tolerations"][0] == {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+
+
+def test_a_whole_affinity_reaches_the_pods_as_written(settings: OperatorSettings) -> None:
+    """Typed for validation, it is written back exactly: every field kept, nothing added (no defaults)."""
+    whole = next(case.manifest for case in STRUCTURAL_CASES if case.id == "a-whole-affinity")
+    affinity = whole["spec"]["scheduling"]["affinity"]
+    pod = build_deployment(make_model({**CPU_SPEC, "scheduling": {"affinity": affinity}}), settings)
+    assert pod["spec"]["template"]["spec"]["affinity"] == affinity
 
 
 def test_image_override_and_user_env(settings: OperatorSettings) -> None:

@@ -249,7 +249,7 @@ def _pod_spec(model: AIModel, settings: OperatorSettings) -> dict[str, Any]:
     if tolerations:
         pod["tolerations"] = tolerations
     if scheduling.affinity:
-        pod["affinity"] = scheduling.affinity
+        pod["affinity"] = scheduling.affinity.to_api()
     if scheduling.priority_class_name:
         pod["priorityClassName"] = scheduling.priority_class_name
     return pod

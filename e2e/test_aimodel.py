@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections.abc import Iterator
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kubernetes import client, watch
@@ -349,30 +350,132 @@ def test_operator_reports_its_own_metrics(kube: Kube, operator: OperatorProcess,
     assert "servlane_operator_reconcile_duration_seconds_bucket" in text
 
 
+class DeploymentPolicy:
+    """A cluster's own policy (a ValidatingAdmissionPolicy, as Kyverno or Gatekeeper would be) that refuses
+    Deployments with an affinity, in one namespace only."""
+
+    MESSAGE = "pod affinity is not allowed in this namespace"
+
+    def __init__(self, kube: Kube, namespace: str) -> None:
+        self.kube, self.namespace = kube, namespace
+        self.name = f"no-affinity-{namespace}"
+        self.admission = client.AdmissionregistrationV1Api(kube.api)
+        self.installed = False
+
+    def install(self, reason: str | None) -> None:
+        """Refuses with `reason` (None: the API's default, Invalid, a 422; Forbidden: a 403), enforced on return."""
+        rule = {"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"]}
+        validation: dict[str, Any] = {"expression": "!has(object.spec.template.spec.affinity)", "message": self.MESSAGE}
+        if reason:
+            validation["reason"] = reason
+        policy = {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": self.name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{**rule, "resources": ["deployments"]}]},
+                "validations": [validation],
+            },
+        }
+        only_here = {"matchLabels": {"kubernetes.io/metadata.name": self.namespace}}
+        binding = {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": self.name},
+            "spec": {
+                "policyName": self.name,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": only_here},
+            },
+        }
+        self.installed = True
+        self.admission.create_validating_admission_policy(cast(Any, policy))  # the client sends dicts as they are
+        self.admission.create_validating_admission_policy_binding(cast(Any, binding))
+        wait_until("the policy enforced", self._refuses_a_deployment, timeout=60)
+
+    def _refuses_a_deployment(self) -> bool:
+        labels = {"app": "probe"}
+        pod = {"containers": [{"name": "c", "image": "busybox"}], "affinity": {"podAffinity": {}}}
+        probe = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "probe"},
+            "spec": {"selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels}, "spec": pod}},
+        }
+        try:
+            self.kube.apps.create_namespaced_deployment(self.namespace, cast(Any, probe), dry_run="All")
+        except ApiException as exc:
+            return self.MESSAGE in (exc.body or "")
+        return False
+
+    def remove(self) -> None:
+        if self.installed:
+            self.installed = False
+            try:
+                self.admission.delete_validating_admission_policy_binding(self.name)
+            finally:
+                self.admission.delete_validating_admission_policy(self.name)
+
+
+@pytest.fixture
+def deployment_policy(kube: Kube, namespace: str) -> Iterator[DeploymentPolicy]:
+    policy = DeploymentPolicy(kube, namespace)
+    yield policy
+    policy.remove()
+
+
+def rejection(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
+    cond = kube.condition(namespace, name, "Degraded")
+    return cond if cond and cond["reason"] == "ChildRejected" else None
+
+
+AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]}]
+        }
+    }
+}
+CPU_MODEL = {"source": {"uri": "hf://org/tiny"}, "engine": "transformers", "resources": {"gpus": 0, "cpu": "1"}}
+
+
 def test_a_spec_the_api_server_refuses_a_child_of_is_reported_in_status_until_fixed(
-    kube: Kube, operator: OperatorProcess, namespace: str
+    kube: Kube, operator: OperatorProcess, namespace: str, deployment_policy: DeploymentPolicy
 ) -> None:
-    """A value the CRD's schema passes and the Deployment's API refuses (an affinity, passed to the pods as it is,
-    with an operator no node selector has): it was a PermanentError in the operator's log, with no status at all
-    (kubectl, Argo CD: nothing)."""
-    cpu = {"source": {"uri": "hf://org/tiny"}, "engine": "transformers", "resources": {"gpus": 0, "cpu": "1"}}
-    term = {"matchExpressions": [{"key": "pool", "operator": "Bogus", "values": ["a"]}]}
-    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
-    kube.create_model(namespace, "refused", {**cpu, "scheduling": {"affinity": affinity}})
-
-    def rejected() -> dict[str, Any] | None:
-        cond = kube.condition(namespace, "refused", "Degraded")
-        return cond if cond and cond["reason"] == "ChildRejected" else None
-
-    cond = wait_until("the refusal in status", rejected, timeout=60)
+    """A spec the CRD accepts and the API server refuses a child of as invalid (here a cluster's policy on
+    Deployments): it was a PermanentError in the operator's log, with no status at all (kubectl, Argo CD:
+    nothing)."""
+    deployment_policy.install(reason=None)
+    kube.create_model(namespace, "refused", {**CPU_MODEL, "scheduling": {"affinity": AFFINITY}})
+    cond = wait_until("the refusal in status", lambda: rejection(kube, namespace, "refused"), timeout=60)
     assert cond["status"] == "True"
     assert "The API server refused an object made from this spec" in cond["message"]
-    assert "Bogus" in cond["message"], cond["message"]
+    assert DeploymentPolicy.MESSAGE in cond["message"], cond["message"]
     model = kube.get_model(namespace, "refused")
     assert model["status"]["phase"] == "Failed"  # nothing ran before: nothing serves
     assert model["status"]["observedGeneration"] == model["metadata"]["generation"]
     assert kube.condition(namespace, "refused", "Ready")["status"] == "False"  # type: ignore[index]
     # Fixed: applied, and the refusal leaves status.
     kube.patch_model(namespace, "refused", {"spec": {"scheduling": {"affinity": None}}})
-    wait_until("the refusal to clear", lambda: rejected() is None, timeout=60)
+    wait_until("the refusal to clear", lambda: rejection(kube, namespace, "refused") is None, timeout=60)
     wait_until("the Deployment", lambda: kube.apps.read_namespaced_deployment("model-refused", namespace), timeout=60)
+
+
+def test_a_forbidden_child_is_reported_and_applied_once_the_cluster_allows_it(
+    kube: Kube, operator: OperatorProcess, namespace: str, deployment_policy: DeploymentPolicy
+) -> None:
+    """A 403 (a policy or webhook that says Forbidden, a quota, our own RBAC) was retried every 5 s with nothing
+    in status; now status says it, and it is tried again, so lifting the policy is enough: no spec change."""
+    deployment_policy.install(reason="Forbidden")
+    kube.create_model(namespace, "forbidden", {**CPU_MODEL, "scheduling": {"affinity": AFFINITY}})
+    cond = wait_until("the refusal in status", lambda: rejection(kube, namespace, "forbidden"), timeout=60)
+    assert DeploymentPolicy.MESSAGE in cond["message"], cond["message"]
+    assert kube.get_model(namespace, "forbidden")["status"]["phase"] == "Failed"
+    generation = kube.get_model(namespace, "forbidden")["metadata"]["generation"]
+    deployment_policy.remove()
+    wait_until("the refusal to clear", lambda: rejection(kube, namespace, "forbidden") is None, timeout=90)
+    deployment = kube.apps.read_namespaced_deployment("model-forbidden", namespace)
+    pod = present(deployment.spec.template.spec, "the Deployment's pod spec")
+    assert pod.affinity is not None  # the spec as written, unchanged
+    assert kube.get_model(namespace, "forbidden")["metadata"]["generation"] == generation

@@ -14,8 +14,9 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 
 # Ready=False reason while an object named like one of the model's children belongs to someone else.
 CHILD_CONFLICT = "ChildConflict"
-# Degraded=True reason while the API server refuses a child made from the spec: a value the CRD's schema does
-# not check and the child's API does (an affinity, passed to the pods as it is). The message is its refusal.
+# Degraded=True reason while the API server refuses a child made from the spec: a cluster's own policy on
+# Deployments (a ValidatingAdmissionPolicy, a webhook) or a check of the child's API the CRD lacks. The message
+# is its refusal.
 CHILD_REJECTED = "ChildRejected"
 
 

@@ -128,8 +128,10 @@ async def reconcile(
             await kube.delete(api_version, kind, model.namespace, child_name(model.name), uid=uid)
     except ApiException as exc:
         operator_metrics.RECONCILES.labels("AIModel", trigger, "error").inc()
-        if exc.status == 422:
-            # Not retried until the spec changes; status says why, where `kubectl get` and Argo CD look.
+        if exc.status in REFUSALS:
+            # Status says why, where `kubectl get` and Argo CD look. An invalid object (422) is not retried until
+            # the spec changes; a forbidden one (403: a policy or webhook that says so, a quota, our own RBAC) or a
+            # webhook's 400 may pass once the cluster changes, so it is retried, slowly.
             refusal = refusal_message(exc)
             generation = int(model.metadata.get("generation", 0))
             status = _status_body(
@@ -142,7 +144,11 @@ async def reconcile(
                 rejected=f"The API server refused an object made from this spec: {refusal}",
             )
             await write_status(kube, body, model, status)
-            raise kopf.PermanentError(f"the API server rejected a child of {model.name}: {refusal}") from exc
+            if exc.status == 422:
+                raise kopf.PermanentError(f"the API server rejected a child of {model.name}: {refusal}") from exc
+            raise kopf.TemporaryError(
+                f"the API server refused a child of {model.name}: {refusal}", delay=REFUSED_RETRY_SECONDS
+            ) from exc
         raise kopf.TemporaryError(f"applying children failed ({exc.status} {exc.reason})", delay=5) from exc
     deployment = DeploymentView.parse(applied["Deployment"]) if "Deployment" in applied else None
     # Our apply changed the Deployment's spec (a new generation) although the AIModel did not change:
@@ -168,12 +174,16 @@ async def reconcile(
     operator_metrics.RECONCILE_SECONDS.labels("AIModel").observe(time.perf_counter() - started)
 
 
+# The API server's answers that refuse a child made from the spec, as status reports them (ChildRejected).
+REFUSALS = (400, 403, 422)
+REFUSED_RETRY_SECONDS = 30
+
 # A refusal in status is read by people: the API server's own sentence, not its whole Status object.
 MAX_REFUSAL_CHARS = 1000
 
 
 def refusal_message(exc: ApiException) -> str:
-    """The API server's message in a 422 (its Status object's `message`), else its reason."""
+    """The API server's message in a refusal (its Status object's `message`), else its reason."""
     try:
         message = json.loads(exc.body).get("message") if exc.body else None
     except (ValueError, AttributeError):

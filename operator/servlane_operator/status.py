@@ -100,7 +100,7 @@ def carried_conflicts(status: AIModelStatus) -> list[str]:
 
 def carried_rejection(status: AIModelStatus) -> str | None:
     """The API server's refusal of a child that the last reconcile reported: status refreshes between reconciles
-    keep it (the spec is refused until it changes, and a change brings a reconcile that applies it anew)."""
+    keep it (until a reconcile applies anew: on a change of the spec, or a retry of a forbidden one)."""
     degraded = next((c for c in status.conditions if c.type == "Degraded"), None)
     return degraded.message if degraded is not None and degraded.reason == CHILD_REJECTED else None
 

@@ -593,3 +593,49 @@ def test_a_malformed_upload_is_a_400_and_writes_nothing_to_the_log(
             assert answer.status_code == 400, answer.text
             assert answer.json()["error"]["code"] == "invalid_multipart", answer.text
     assert [r.getMessage() for r in caplog.records if r.name.startswith("python_multipart")] == []
+
+
+def announced_body_answer(gw: Gateway, path: str, authorization: str | None, length: int) -> bytes:
+    """The gateway's answer to a POST that announces a JSON body of `length` bytes and sends none of it."""
+    host, port = gw.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        auth = f"Authorization: {authorization}\r\n" if authorization else ""
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: gw\r\n{auth}Content-Type: application/json\r\n"
+            f"Content-Length: {length}\r\n\r\n".encode()
+        )
+        return read_response_head(sock)
+
+
+def test_a_batch_is_refused_before_its_body_is_read_without_a_key_and_capped_with_one(
+    upstreams: dict[str, Upstream], start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    """FastAPI read and parsed a batch's body before the handler checked the key, with no cap: any caller could
+    have the gateway read a body of any size, and a key's holder could send one. Now the key comes first, as on
+    every other endpoint, and the body is capped at maxBodyBytes."""
+    gw = gateway(start_gateway, upstreams, tmp_path, max_body_bytes=10_000)
+    for authorization in (None, "Bearer sk-wrong-000000000000000000000000"):
+        refused = announced_body_answer(gw, "/v1/batches", authorization, 64 << 20)  # answered, body unsent
+        as_files = announced_body_answer(gw, "/v1/files", authorization, 64 << 20)
+        assert refused.split(b"\r\n")[0] == as_files.split(b"\r\n")[0], (refused[:200], as_files[:200])
+        assert refused.startswith((b"HTTP/1.1 401", b"HTTP/1.1 403")), refused[:200]
+    key = "Bearer sk-alpha-00000000000000000000000"
+    assert announced_body_answer(gw, "/v1/batches", key, 10_001).startswith(b"HTTP/1.1 413")
+    padded = json.dumps({"input_file_id": "file-x", "endpoint": CHAT, "completion_window": "24h", "pad": "x" * 20_000})
+    chunked = httpx.post(
+        f"{gw.url}/v1/batches",
+        content=iter([padded.encode()]),  # a generator: sent chunked, no Content-Length to check up front
+        headers={"authorization": key, "content-type": "application/json"},
+        timeout=10,
+    )
+    assert chunked.status_code == 413, chunked.text
+    assert chunked.json()["error"]["type"] == "invalid_request_error"
+    # Within the cap, as before: parsed, each field checked in OpenAI's shape.
+    alpha = gw.client("sk-alpha-00000000000000000000000")
+    with pytest.raises(openai.BadRequestError) as bad:
+        alpha.batches.create(input_file_id="file-x", endpoint=CHAT, completion_window=24)  # type: ignore[arg-type]
+    assert bad.value.param == "completion_window"
+    broken = httpx.post(f"{gw.url}/v1/batches", content=b"{", headers={"authorization": key}, timeout=10)
+    assert broken.status_code == 400, broken.text
+    with pytest.raises(openai.NotFoundError):
+        alpha.batches.create(input_file_id="file-x", endpoint=CHAT, completion_window="24h")

@@ -17,8 +17,9 @@ from contextlib import contextmanager, suppress
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy.exc import DataError, DBAPIError
 from starlette.requests import ClientDisconnect
 
@@ -27,6 +28,7 @@ from servlane_gateway.batch import rules
 from servlane_gateway.batch.files import FILE_CHUNK, FileGone, QuotaExceeded
 from servlane_gateway.batch.store import BatchStore
 from servlane_gateway.batch.upload_form import UploadForm
+from servlane_gateway.http.request import read_capped
 from servlane_gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,21 @@ class BatchCreate(BaseModel):
     endpoint: str = Field(max_length=64)
     completion_window: str = Field(max_length=16)
     metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=16)
+
+
+# The body's schema in the OpenAPI document (the handler reads the body itself, so FastAPI does not list it).
+CREATE_SCHEMA: dict[str, Any] = {
+    "requestBody": {"required": True, "content": {"application/json": {"schema": BatchCreate.model_json_schema()}}}
+}
+
+
+def batch_create(raw: bytes) -> BatchCreate:
+    """The body of a batch's creation, or the 400 FastAPI's own parsing gave (servlane_web.errors): the same
+    errors, located in the body."""
+    try:
+        return BatchCreate.model_validate_json(raw)
+    except ValidationError as exc:
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
 
 
 def not_configured() -> OpenAIError:
@@ -180,7 +197,7 @@ def batch_router(
         return store, key.name if key is not None else ""
 
     _add_file_routes(router, owner_of, uploads, max_file_bytes)
-    _add_batch_routes(router, owner_of, wake)
+    _add_batch_routes(router, owner_of, wake, lambda: state.limits.max_body_bytes)
     return router
 
 
@@ -246,12 +263,17 @@ def _add_file_routes(router: APIRouter, owner_of: OwnerOf, uploads: UploadPlaces
         return {"id": file_id, "object": "file", "deleted": True}
 
 
-def _add_batch_routes(router: APIRouter, owner_of: OwnerOf, wake: Callable[[], None]) -> None:
+def _add_batch_routes(
+    router: APIRouter, owner_of: OwnerOf, wake: Callable[[], None], max_body_bytes: Callable[[], int]
+) -> None:
     """Batches: create (the worker is woken), list, retrieve, cancel."""
 
-    @router.post("/v1/batches")
-    async def create_batch(request: Request, body: BatchCreate) -> dict[str, Any]:
+    @router.post("/v1/batches", openapi_extra=CREATE_SCHEMA)
+    async def create_batch(request: Request) -> dict[str, Any]:
+        # The body is read here, not by FastAPI before the call: the key is checked first (a caller without one
+        # had the gateway read and parse a body of any size), and the body is capped as every other one is.
         db, owner = owner_of(request)
+        body = batch_create(await read_capped(request, max_body_bytes()))
         if body.endpoint not in rules.ENDPOINTS:
             message = f"The endpoint must be one of {', '.join(rules.ENDPOINTS)}."
             raise OpenAIError(400, message, param="endpoint", code="invalid_endpoint")

@@ -81,31 +81,42 @@ def tool_call_deltas(calls: list[ParsedToolCall]) -> list[p.DeltaToolCall]:
     return pieces
 
 
+# The floor of a logprob on the wire, as vLLM's: a token a grammar or logit_bias rules out has -inf, which JSON
+# cannot carry (the answer was a 500, a stream's `null`).
+LOGPROB_FLOOR = -9999.0
+
+
+def finite(logprob: float) -> float:
+    """The logprob, at least LOGPROB_FLOOR (NaN too)."""
+    return logprob if logprob >= LOGPROB_FLOOR else LOGPROB_FLOOR
+
+
 def chat_logprobs(items: list[TokenLogprob]) -> p.ChoiceLogprobs:
     return p.ChoiceLogprobs(
         content=[
             p.TokenLogprobEntry(
                 token=t.token,
-                logprob=t.logprob,
+                logprob=finite(t.logprob),
                 bytes=list(t.token.encode()),
-                top_logprobs=[p.TopLogprob(token=s, logprob=v, bytes=list(s.encode())) for s, v in t.top],
+                top_logprobs=[p.TopLogprob(token=s, logprob=finite(v), bytes=list(s.encode())) for s, v in t.top],
             )
             for t in items
         ]
     )
 
 
-def completion_logprobs(items: list[TokenLogprob]) -> p.CompletionLogprobs:
+def completion_logprobs(items: list[TokenLogprob], start: int = 0) -> p.CompletionLogprobs:
     """The legacy shape: `logprobs: k` gives the k likeliest and always the sampled token too, first, so up
-    to k + 1 entries (OpenAI's documented meaning, and what `vllm serve` returns)."""
-    offsets, at = [], 0
+    to k + 1 entries (OpenAI's documented meaning, and what `vllm serve` returns). `text_offset` counts from
+    `start`: in a stream, the length of the choice's text sent before these tokens."""
+    offsets, at = [], start
     for t in items:
         offsets.append(at)
         at += len(t.token)
     return p.CompletionLogprobs(
         tokens=[t.token for t in items],
-        token_logprobs=[t.logprob for t in items],
-        top_logprobs=[{t.token: t.logprob, **dict(t.top)} for t in items],
+        token_logprobs=[finite(t.logprob) for t in items],
+        top_logprobs=[{t.token: finite(t.logprob), **{s: finite(v) for s, v in t.top}} for t in items],
         text_offset=offsets,
     )
 

@@ -404,6 +404,7 @@ class OpenAIServing:
         completion = [0] * count
         prompt_by_choice = [0] * count
         cached_by_choice: list[int | None] = [None] * count
+        offsets = [0] * count  # per choice, the text its tokens' logprobs covered so far (their text_offset)
         try:
             async for index, delta in merged:
                 first_token()
@@ -411,7 +412,10 @@ class OpenAIServing:
                 prompt_by_choice[index] = delta.prompt_tokens
                 if delta.cached_tokens is not None:
                     cached_by_choice[index] = delta.cached_tokens
-                lp = completion_logprobs(delta.logprobs) if ask.logprobs else None
+                lp = None
+                if ask.logprobs:
+                    lp = completion_logprobs(delta.logprobs, offsets[index])
+                    offsets[index] += sum(len(t.token) for t in delta.logprobs)
                 text, pending[index] = pending[index] + delta.text, ""
                 choice = p.CompletionChoice(index=index, text=text, logprobs=lp, finish_reason=delta.finish_reason)
                 yield response([choice])

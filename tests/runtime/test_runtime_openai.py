@@ -4,6 +4,7 @@ runs on each (the llama.cpp one serves the same models converted to GGUF)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -370,3 +371,57 @@ def test_embeddings_take_their_own_dimensions_and_refuse_others(embed_server: In
         refused = httpx.post(url, json={"model": "minilm", "input": "hi", "dimensions": dimensions}, timeout=30)
         assert refused.status_code == 400, refused.text
         assert refused.json()["error"]["param"] == "dimensions"
+
+
+@pytest.mark.parametrize("path", ["chat/completions", "completions"])
+def test_a_logit_bias_key_that_is_no_ascii_number_is_a_400(chat_server: InProcessServer, path: str) -> None:
+    """'²'.isdigit() is true and int('²') fails: such a key was a 500."""
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 2, "logit_bias": {"\u00b2": 5}}
+    body.update({"messages": [{"role": "user", "content": "Hi"}]} if path.startswith("chat") else {"prompt": "Hi"})
+    answer = httpx.post(f"{chat_server.v1}/{path}", json=body, timeout=60)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == "logit_bias"
+
+
+NULL_TAKES_THE_DEFAULT = {
+    "chat/completions": ["n", "stream", "presence_penalty", "frequency_penalty", "logprobs", "parallel_tool_calls"],
+    "completions": ["n", "stream", "presence_penalty", "frequency_penalty", "echo", "ignore_eos"],
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "field"), [(path, field) for path, fields in NULL_TAKES_THE_DEFAULT.items() for field in fields]
+)
+def test_null_is_the_default_of_an_optional_field(chat_server: InProcessServer, path: str, field: str) -> None:
+    """OpenAI's reference takes null for each (as vLLM's Optional fields do); `"n": null` was a 400."""
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 2, "temperature": 0, field: None}
+    body.update({"messages": [{"role": "user", "content": "Hi"}]} if path.startswith("chat") else {"prompt": "Hi"})
+    answer = httpx.post(f"{chat_server.v1}/{path}", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()["choices"]) == 1  # n's default
+    schema = httpx.get(chat_server.base_url + "/openapi.json", timeout=10).json()
+    name = "ChatCompletionRequest" if path.startswith("chat") else "CompletionRequest"
+    assert {"type": "null"} in schema["components"]["schemas"][name]["properties"][field]["anyOf"]
+    missing = {k: v for k, v in body.items() if k != "model"}  # a required field takes no null
+    assert httpx.post(f"{chat_server.v1}/{path}", json={**missing, "model": None}, timeout=60).status_code == 400
+
+
+def test_a_streamed_completions_text_offsets_count_from_the_start_of_its_text(chat_server: InProcessServer) -> None:
+    """They started at 0 in every chunk; vLLM counts on from the text sent before."""
+    ask = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "logprobs": 1}
+    whole = httpx.post(f"{chat_server.v1}/completions", json={**ask, "ignore_eos": True}, timeout=60).json()
+    expected = whole["choices"][0]["logprobs"]
+    tokens, offsets = [], []
+    with httpx.stream(
+        "POST", f"{chat_server.v1}/completions", json={**ask, "ignore_eos": True, "stream": True}, timeout=60
+    ) as streamed:
+        events = [json.loads(line[6:]) for line in sse_lines(streamed) if line.startswith("data: {")]
+        for event in events:
+            for choice in event["choices"]:
+                if choice.get("logprobs"):
+                    tokens += choice["logprobs"]["tokens"]
+                    offsets += choice["logprobs"]["text_offset"]
+    assert tokens == expected["tokens"]
+    assert offsets == expected["text_offset"]
+    assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    assert len(set(offsets)) > 1

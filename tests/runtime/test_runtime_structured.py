@@ -107,3 +107,31 @@ def test_a_schema_that_dead_ends_after_its_first_token_is_a_400_or_an_error_even
     error = json.loads(events[-2])["error"]
     assert error["type"] == "invalid_request_error"
     assert (error["code"], error["param"]) == ("invalid_request", "response_format")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_of_tokens_the_grammar_rules_out_are_numbers(chat_server: InProcessServer, stream: bool) -> None:
+    """Masked tokens have -inf, which JSON cannot carry: the answer was a 500 (a stream's logprob a null). As
+    vLLM does, a logprob is at least -9999."""
+    body = {
+        "model": MODEL,
+        "messages": ASK,
+        "max_tokens": 6,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 20,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"enum": ["zq"]}}},
+        "stream": stream,
+    }
+    answer = httpx.post(f"{chat_server.v1}/chat/completions", json=body, timeout=120)
+    assert answer.status_code == 200, answer.text
+    if stream:
+        events = [json.loads(line[6:]) for line in answer.text.splitlines() if line.startswith("data: {")]
+        entries = [e for ev in events for c in ev["choices"] for e in ((c.get("logprobs") or {}).get("content") or [])]
+    else:
+        entries = answer.json()["choices"][0]["logprobs"]["content"]
+        openai.types.chat.ChatCompletion.model_validate(answer.json())
+    values = [e["logprob"] for e in entries] + [t["logprob"] for e in entries for t in e["top_logprobs"]]
+    assert values
+    assert all(isinstance(v, float | int) and -9999 <= v <= 0 for v in values), values
+    assert -9999 in values  # the grammar left fewer than 20 tokens possible at some step

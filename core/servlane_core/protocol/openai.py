@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from functools import cache
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -20,8 +21,40 @@ SEED_MIN = -(2**63)
 SEED_MAX = 2**63 - 1
 
 
+def _null_takes_default(schema: dict[str, Any], cls: type[BaseModel]) -> None:
+    """In the OpenAPI schema, each field with a default also takes null (see _Request)."""
+    properties = schema.get("properties", {})
+    for name in _defaulted(cls):
+        given = properties.get(name)
+        if given is None or ("anyOf" in given and {"type": "null"} in given["anyOf"]):
+            continue
+        described = {k: given[k] for k in ("title", "default", "description") if k in given}
+        shape = {k: v for k, v in given.items() if k not in described}
+        properties[name] = {"anyOf": [shape, {"type": "null"}], **described}
+
+
+@cache
+def _defaulted(cls: type[BaseModel]) -> frozenset[str]:
+    """The wire names of the fields of `cls` with a default other than None."""
+    return frozenset(
+        field.alias or name
+        for name, field in cls.model_fields.items()
+        if not field.is_required() and (field.default_factory is not None or field.default is not None)
+    )
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, json_schema_extra=_null_takes_default)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: Any) -> Any:
+        # OpenAI's reference takes null for every optional field (`"n": null` is n's default), as vLLM's
+        # Optional fields do: a client that sends its unset options as null (SDKs, LangChain) got a 400.
+        if isinstance(data, dict) and None in data.values():
+            defaulted = _defaulted(cls)
+            return {k: v for k, v in data.items() if v is not None or k not in defaulted}
+        return data
 
 
 class StreamOptions(_Request):
@@ -104,7 +137,7 @@ class SamplingFields(_Request):
     @classmethod
     def _token_ids_and_bounds(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
         for token, value in (bias or {}).items():
-            if not token.isdigit() or len(token) > 12:
+            if not (token.isascii() and token.isdigit()) or len(token) > 12:  # "²".isdigit(), and int() fails
                 raise ValueError(f"logit_bias keys are token ids: {token[:20]!r} is not one")
             if not -100 <= value <= 100:
                 raise ValueError(f"logit_bias values are between -100 and 100: {token} has {value}")

@@ -13,6 +13,9 @@ uses (the old stable after a promotion, a rolled-back or replaced canary) is pin
 spring back to its own count on top of the winner; it stays there until the feature uses it again, drops
 fixedGpuBudget, or the AIModel is deleted.
 
+Pins are per AIModel, whatever target names it: `x:sql` (an adapter of x) runs on x's pods, so a feature that
+serves it uses x, and a rollout between x and x:sql moves no pods (nothing to carve: x is not pinned).
+
 Overrides are per (feature, model): each feature writes its own in its status and never sees another's.
 `combine_overrides` merges them per model so that no feature can starve a model another one serves: a
 model any feature uses without pinning it runs at its own count, otherwise the largest pin wins.
@@ -25,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from servlane_api.aifeature import AIFeatureSpec, AIFeatureStatus
+from servlane_api.targets import parse_target
 
 
 @dataclass(frozen=True)
@@ -54,9 +58,10 @@ def budget_replicas(
     """
     if not spec.rollout.fixed_gpu_budget or spec.split is not None or status.stable_model is None:
         return {}
-    stable, canary = status.stable_model, status.canary_model
+    stable = model_of(status.stable_model)
+    canary = model_of(status.canary_model) if status.canary_model is not None else None
     pins: dict[str, int] = {}
-    if canary is not None:
+    if canary is not None and canary != stable:
         # An unknown stable leaves no budget to carve from: the canary gets its one replica and no more.
         split = split_budget(own_replicas.get(stable, 0), status.canary_weight or 0, spec.rollout.min_stable_replicas)
         pins = {stable: split.stable, canary: split.canary}
@@ -68,10 +73,16 @@ def budget_replicas(
     return {model: replicas for model, replicas in sorted(pins.items()) if model in own_replicas}
 
 
+def model_of(target: str) -> str:
+    """The AIModel whose pods serve a target (`x` and its adapters `x:sql`)."""
+    return parse_target(target).model
+
+
 def models_in_use(status: AIFeatureStatus) -> set[str]:
-    """The models a feature needs serving: its stable, its canary and everything it sends traffic to."""
-    used = {w.model for w in status.weights if w.weight > 0}
-    used.update(m for m in (status.stable_model, status.canary_model) if m is not None)
+    """The AIModels a feature needs serving: its stable's, its canary's and those of everything it sends
+    traffic to."""
+    used = {model_of(w.model) for w in status.weights if w.weight > 0}
+    used.update(model_of(m) for m in (status.stable_model, status.canary_model) if m is not None)
     return used
 
 

@@ -196,3 +196,43 @@ def test_min_stable_replicas_is_bounded_as_an_aimodels_replicas() -> None:
     meta = {"name": "a", "namespace": "t", "uid": "u-1"}
     model = AIModel.model_validate({"metadata": meta, "spec": {"source": {"uri": "/m"}}})
     assert build_deployment(model, OperatorSettings(), 50_000)["spec"]["replicas"] == 1000
+
+
+def test_a_model_served_through_its_adapter_is_in_use_and_not_scaled_down_by_another_features_pin() -> None:
+    """Pins were keyed by target: a feature serving `x:sql` (x's pods) did not protect x, so another feature's
+    leftover pin of x (after its aborted rollout to x) held x at 0 under it."""
+    f1 = Feature(
+        feature_spec("a", steps=[25, 100], fixedGpuBudget=True), replicas={"a": 4, "x": 4}, ready={"a": True, "x": True}
+    )
+    f1.reconcile(T0 - MINUTE)
+    f1.change_model("x")
+    f1.reconcile(T0)
+    f1.reconcile(T0, annotations={ROLLOUT_ANNOTATION: "abort"})
+    assert f1.overrides() == {"x": 0}
+    f2 = Feature(feature_spec("x:sql"), replicas={"a": 4, "x": 4}, ready={"x:sql": True})
+    f2.reconcile(T0)
+    assert {w.model: w.weight for w in f2.status.weights} == {"x:sql": 100}
+    assert combine_overrides([f1.status, f2.status])["x"] is None
+    assert combine_overrides([f1.status])["x"] == 0  # alone, the pin holds
+
+
+def test_a_rollout_from_a_model_to_its_own_adapter_moves_no_pods() -> None:
+    """x -> x:sql runs on the same pods: nothing to carve, and the winner was pinned to 0 on promotion (all
+    traffic on a model with no pods)."""
+    f = Feature(
+        feature_spec("x", steps=[50, 100], fixedGpuBudget=True),
+        replicas={"x": 4, "y": 4},
+        ready={"x": True, "y": True, "x:sql": True},
+    )
+    f.reconcile(T0 - MINUTE)
+    f.change_model("y")
+    f.reconcile(T0)
+    assert f.overrides() == {"x": 2, "y": 2}
+    f.reconcile(T0, annotations={ROLLOUT_ANNOTATION: "abort"})
+    f.change_model("x:sql")
+    f.reconcile(T0 + MINUTE)
+    assert f.status.canary_model == "x:sql"
+    assert "x" not in f.overrides()  # the canary's pods are the stable's
+    f.reconcile(T0 + MINUTE, annotations={ROLLOUT_ANNOTATION: "promote"})
+    assert f.status.stable_model == "x:sql"
+    assert combine_overrides([f.status]).get("x") is None

@@ -7,6 +7,7 @@ its local runtime processes from it, so a manifest means the same engine, task a
 from __future__ import annotations
 
 import math
+from decimal import Decimal
 
 from servlane_api.aimodel import AIModel, AIModelSpec, SourceKind
 from servlane_api.runtime_config import (
@@ -27,11 +28,28 @@ def serves_adapters(model: AIModel) -> bool:
     return model.spec.adapters_enabled and model.spec.task.value == "generate"
 
 
+# A Kubernetes quantity's suffixes (servlane_api.aimodel.QUANTITY), as multipliers.
+QUANTITY_SUFFIXES: dict[str, Decimal] = {
+    "m": Decimal("0.001"),
+    **{s: Decimal(1000) ** (i + 1) for i, s in enumerate("kMGTPE")},
+    **{s + "i": Decimal(1024) ** (i + 1) for i, s in enumerate("KMGTPE")},
+}
+MAX_THREADS = 512  # the runtime's own bound on llama.cpp's threads (servlane_api.runtime_config)
+
+
+def quantity_value(quantity: str) -> Decimal:
+    """A quantity as servlane_api.aimodel.QUANTITY admits it ("500m", "2.5", "1k", "2Gi") as a number."""
+    for suffix in ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "m", "k", "M", "G", "T", "P", "E"):
+        if quantity.endswith(suffix):
+            return Decimal(quantity[: -len(suffix)]) * QUANTITY_SUFFIXES[suffix]
+    return Decimal(quantity)
+
+
 def whole_cpus(quantity: str) -> int:
-    """A CPU quantity ("500m", "2", "2.5") as whole CPUs, rounded down and at least 1: threads beyond the limit
-    would only be throttled."""
-    cpus = float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
-    return max(1, math.floor(cpus))
+    """A CPU quantity ("500m", "2", "2.5", "1k") as whole CPUs, rounded down, at least 1 and at most the runtime's
+    bound on threads: threads beyond the limit would only be throttled. (It read "1k" with float(): a crash of
+    the operator's builder, retried for good with nothing in status.)"""
+    return max(1, min(MAX_THREADS, math.floor(quantity_value(quantity))))
 
 
 def llamacpp_settings(spec: AIModelSpec) -> LlamaCppSettings:

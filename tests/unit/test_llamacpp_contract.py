@@ -22,6 +22,18 @@ def test_whole_cpus_rounds_down_and_keeps_one(quantity: str, cpus: int) -> None:
     assert whole_cpus(quantity) == cpus
 
 
+@pytest.mark.parametrize(
+    ("quantity", "cpus"), [("2k", 512), ("1Ki", 512), ("0.5k", 500), ("64", 64), ("999999999E", 512), (".5", 1)]
+)
+def test_every_quantity_the_schema_admits_is_read_and_bounded(quantity: str, cpus: int) -> None:
+    """`1k` crashed the Deployment builder (float('1k')): the operator retried it for good, nothing in status."""
+    model = llamacpp_model(resources={"cpu": quantity})  # admitted by the AIModel's own pattern
+    assert whole_cpus(quantity) == cpus
+    config = build_runtime_config(model)
+    assert config.llamacpp is not None
+    assert config.llamacpp.threads == cpus
+
+
 def test_the_options_reach_the_runtime_and_threads_follow_the_cpu_limit() -> None:
     options = {
         "ggufFile": "qwen-Q4_K_M.gguf",

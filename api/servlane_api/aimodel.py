@@ -169,7 +169,8 @@ class Resources(ApiModel):
         # An extended resource's name has a domain (nvidia.com/gpu, amd.com/gpu, gpu.intel.com/i915): the pod API
         # refuses one without (`gpu`: "must be a standard resource for containers"), and `cpu` or `memory` would
         # overwrite the replica's own requests.
-        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$",  # a name of <= 63
+        # The domain a DNS subdomain (no `..`, `.-`, `-.`), the name at most 63 characters.
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$",
         max_length=253,
         description="Extended resource that counts GPUs on the nodes, with its domain, e.g. amd.com/gpu.",
     )
@@ -232,19 +233,55 @@ class KeyRef(ApiModel):
     optional: bool | None = None
 
 
+# The pod fields an env var may read (the pod API's list for the downward API in env), a label's or an
+# annotation's value by its key.
+ENV_FIELD_PATH = (
+    r"^(metadata\.(name|namespace|uid)|spec\.(nodeName|serviceAccountName)|status\.(hostIPs?|podIPs?)"
+    r"|metadata\.(labels|annotations)\['" + LABEL_KEY[1:-1] + r"'\])$"
+)
+# The container resources an env var may read, and the divisors the pod API takes for each.
+ENV_RESOURCE = r"^(limits|requests)\.(cpu|memory|ephemeral-storage|hugepages-[0-9]+(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?)$"
+CPU_DIVISORS = ("1m", "1")
+BYTE_DIVISORS = ("1", "1k", "1M", "1G", "1T", "1P", "1E", "1Ki", "1Mi", "1Gi", "1Ti", "1Pi", "1Ei")
+
+
 class ObjectFieldRef(ApiModel):
     """A field of the pod (core/v1 ObjectFieldSelector), e.g. metadata.name or status.podIP."""
 
-    api_version: str | None = Field(default=None, max_length=63)
-    field_path: str = Field(min_length=1, max_length=1024)
+    api_version: Literal["v1"] | None = None
+    field_path: str = Field(
+        pattern=ENV_FIELD_PATH,
+        max_length=400,
+        description="metadata.name, .namespace, .uid, .labels['KEY'] or .annotations['KEY'], spec.nodeName, "
+        "spec.serviceAccountName, status.hostIP(s) or status.podIP(s).",
+    )
 
 
-class ResourceFieldRef(ApiModel):
+def _divisor_fits(ref: ResourceFieldRef) -> bool:
+    allowed = CPU_DIVISORS if ref.resource.endswith(".cpu") else BYTE_DIVISORS
+    return ref.divisor is None or ref.divisor in allowed
+
+
+class ResourceFieldRef(CelValidated):
     """A resource of the container (core/v1 ResourceFieldSelector), e.g. limits.memory."""
 
+    cel_rules = (
+        CelRule(
+            f"!has(self.divisor) || (self.resource.endsWith('.cpu') ? self.divisor in {list(CPU_DIVISORS)} : "
+            f"self.divisor in {list(BYTE_DIVISORS)})",
+            f"resourceFieldRef.divisor must be one of {', '.join(CPU_DIVISORS)} for cpu, else one of "
+            f"{', '.join(BYTE_DIVISORS)}",
+            _divisor_fits,
+        ),
+    )
+
     container_name: str | None = Field(default=None, max_length=63)
-    resource: str = Field(min_length=1, max_length=253)
-    divisor: str | None = Field(default=None, pattern=QUANTITY, description="A quantity, e.g. 1Mi (quoted).")
+    resource: str = Field(
+        pattern=ENV_RESOURCE,
+        max_length=64,
+        description="limits. or requests. and cpu, memory, ephemeral-storage or hugepages-SIZE.",
+    )
+    divisor: str | None = Field(default=None, max_length=8, description="1m or 1 for cpu; 1, 1k, 1Mi... for bytes.")
 
 
 class EnvVarSource(CelValidated):

@@ -18,17 +18,57 @@ from servlane_api.cel import CelRule, CelValidated
 # The AIFeature's duration grammar (Go's time.ParseDuration accepts all of it, so CEL's duration() does).
 DURATION = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_UNIT_NANOSECONDS = {"ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
 MIN_SCALE_TO_ZERO_AFTER = "1s"
 MAX_SCALE_TO_ZERO_AFTER = "2562047h"  # Go's longest duration (~292 years): what the API server could ever admit
+_MAX_NANOSECONDS = (1 << 63) - 1
 
 
-def duration_seconds(text: str) -> float:
-    """Seconds in a duration of the DURATION grammar ("15m", "1m30s", "1.5h", "500ms")."""
+def duration_nanoseconds(text: str) -> int:
+    """Nanoseconds in a duration of the DURATION grammar ("15m", "1m30s", "1.5h", "500ms"), as Go's
+    time.ParseDuration counts them (CEL's duration() on the API server): whole nanoseconds, a fraction's digits
+    as far as 63 bits hold them, scaled in float64 and truncated. ValueError past Go's longest duration. (Float
+    seconds summed in Python admitted 2562047h0.0000001s, which the API server refuses.)"""
     parts = _DURATION_PART.findall(text)
     if not parts or "".join(n + u for n, u in parts) != text:
         raise ValueError(f"not a duration: {text!r}")
-    return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+    total = 0
+    for number, unit_name in parts:
+        unit = _UNIT_NANOSECONDS[unit_name]
+        whole, _, digits = number.partition(".")
+        value = int(whole) * unit
+        fraction, scale, overflow = 0, 1.0, False
+        for digit in digits:  # Go's leadingFraction: digits past what 63 bits hold are dropped
+            if overflow or fraction > _MAX_NANOSECONDS // 10:
+                overflow = True
+                continue
+            fraction, scale = fraction * 10 + int(digit), scale * 10
+        value += int(float(fraction) * (float(unit) / scale))
+        total += value
+        if value > 1 << 63 or total > 1 << 63:
+            raise ValueError(f"duration out of range: {text!r}")
+    if total > _MAX_NANOSECONDS:
+        raise ValueError(f"duration out of range: {text!r}")
+    return total
+
+
+def duration_seconds(text: str) -> float:
+    """Seconds in a duration of the DURATION grammar ("15m", "1m30s", "1.5h", "500ms"), any length (the
+    stabilization windows have no upper bound)."""
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"not a duration: {text!r}")
+    return sum(float(number) * _UNIT_NANOSECONDS[unit] / 1e9 for number, unit in parts)
+
+
+def _compare(text: str, bound: str, at_least: bool) -> bool:
+    """Whether the duration is at least (or at most) `bound`, as CEL compares them; one past Go's range is above
+    every bound (CEL's duration() fails on it, which the API server refuses)."""
+    try:
+        value = duration_nanoseconds(text)
+    except ValueError:
+        return at_least
+    return value >= duration_nanoseconds(bound) if at_least else value <= duration_nanoseconds(bound)
 
 
 class Autoscaling(CelValidated):
@@ -41,18 +81,14 @@ class Autoscaling(CelValidated):
         CelRule(
             f"duration(self.scaleToZeroAfter) >= duration('{MIN_SCALE_TO_ZERO_AFTER}')",
             f"autoscaling.scaleToZeroAfter must be at least {MIN_SCALE_TO_ZERO_AFTER}",
-            lambda autoscaling: (
-                duration_seconds(autoscaling.scale_to_zero_after) >= duration_seconds(MIN_SCALE_TO_ZERO_AFTER)
-            ),
+            lambda autoscaling: _compare(autoscaling.scale_to_zero_after, MIN_SCALE_TO_ZERO_AFTER, at_least=True),
         ),
         # Beyond, CEL's duration() overflows: the API server refused with a conversion error, where pydantic
         # (standalone mode) accepted. The same bound on both sides, in words.
         CelRule(
             f"duration(self.scaleToZeroAfter) <= duration('{MAX_SCALE_TO_ZERO_AFTER}')",
             f"autoscaling.scaleToZeroAfter must be at most {MAX_SCALE_TO_ZERO_AFTER}",
-            lambda autoscaling: (
-                duration_seconds(autoscaling.scale_to_zero_after) <= duration_seconds(MAX_SCALE_TO_ZERO_AFTER)
-            ),
+            lambda autoscaling: _compare(autoscaling.scale_to_zero_after, MAX_SCALE_TO_ZERO_AFTER, at_least=False),
         ),
     )
 

@@ -272,6 +272,30 @@ CEL_CASES: tuple[RuleCases, ...] = (
         ),
     ),
     RuleCases(
+        "env-resource-divisor",
+        "resourceFieldRef.divisor must be one of 1m, 1 for cpu, else one of 1, 1k, 1M, 1G, 1T, 1P, 1E, 1Ki, 1Mi, "
+        "1Gi, 1Ti, 1Pi, 1Ei",
+        good=tuple(
+            ai_model(model_spec(env=[{"name": "A", "valueFrom": {"resourceFieldRef": ref}}]))
+            for ref in (
+                {"resource": "limits.cpu", "divisor": "1m"},
+                {"resource": "requests.cpu", "divisor": "1"},
+                {"resource": "limits.memory", "divisor": "1Mi"},
+                {"resource": "requests.hugepages-2Mi", "divisor": "1Ei"},
+                {"resource": "limits.ephemeral-storage"},
+            )
+        ),
+        bad=tuple(
+            ai_model(model_spec(env=[{"name": "A", "valueFrom": {"resourceFieldRef": ref}}]))
+            for ref in (
+                {"resource": "limits.cpu", "divisor": "3"},
+                {"resource": "limits.cpu", "divisor": "1Mi"},
+                {"resource": "limits.memory", "divisor": "1m"},
+                {"resource": "requests.ephemeral-storage", "divisor": "2Gi"},
+            )
+        ),
+    ),
+    RuleCases(
         "toleration-key-prefix",
         "a toleration key's prefix (before '/') must be at most 253 characters",
         good=(
@@ -547,7 +571,11 @@ CEL_CASES: tuple[RuleCases, ...] = (
         "scale-to-zero-after-max",
         "autoscaling.scaleToZeroAfter must be at most 2562047h",
         good=(autoscaled(minReplicas=0, scaleToZeroAfter="2562047h"), autoscaled(scaleToZeroAfter="2562046h59m")),
-        bad=(autoscaled(minReplicas=0, scaleToZeroAfter="2562047h1s"),),
+        # Go counts whole nanoseconds (CEL's duration()): 100 ns past the bound is past it; float seconds lost them.
+        bad=(
+            autoscaled(minReplicas=0, scaleToZeroAfter="2562047h1s"),
+            autoscaled(minReplicas=0, scaleToZeroAfter="2562047h0.0000001s"),
+        ),
     ),
     RuleCases(
         "kv-cache-target-vllm-only",

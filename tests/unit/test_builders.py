@@ -131,13 +131,16 @@ def test_the_operator_exits_cleanly_with_the_settings_error(
     assert "Traceback" not in err
 
 
-def test_custom_gpu_resource_name(settings: OperatorSettings) -> None:
-    spec = {**CPU_SPEC, "resources": {"gpus": 1, "gpuResourceName": "amd.com/gpu"}}
+@pytest.mark.parametrize("name", ["amd.com/gpu", "gpu.intel.com/i915", "nvidia.com/mig-1g.10gb", "a-b.c1.io/x_y"])
+def test_custom_gpu_resource_name(settings: OperatorSettings, name: str) -> None:
+    spec = {**CPU_SPEC, "resources": {"gpus": 1, "gpuResourceName": name}}
     c = container(build_deployment(make_model(spec), settings))
-    assert c["resources"]["limits"] == {"amd.com/gpu": "1"}
+    assert c["resources"]["limits"] == {name: "1"}
 
 
-@pytest.mark.parametrize("name", ["gpu", "cpu", "memory", "/gpu", "nvidia.com/"])
+@pytest.mark.parametrize(
+    "name", ["gpu", "cpu", "memory", "/gpu", "nvidia.com/", "a..b/gpu", "a.-b.com/gpu", "amd-.com/gpu", "-amd.com/gpu"]
+)
 def test_a_gpu_resource_name_without_a_domain_is_refused(name: str) -> None:
     """The pod API refuses an extended resource without a domain (`gpu`), and `cpu` or `memory` would overwrite
     the replica's own requests: refused with the AIModel, not found when its Deployment is applied."""
@@ -288,6 +291,45 @@ def test_scheduling_passes_through(settings: OperatorSettings) -> None:
     assert pod["affinity"] == affinity
     assert pod["priorityClassName"] == "inference"
     assert pod["tolerations"][0] == {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+
+
+@pytest.mark.parametrize(
+    "value_from",
+    [
+        {"fieldRef": {"fieldPath": "spec.containers[0].image"}},
+        {"fieldRef": {"fieldPath": "metadata.labels"}},
+        {"fieldRef": {"fieldPath": "metadata.labels['bad key']"}},
+        {"fieldRef": {"fieldPath": "metadata.name", "apiVersion": "v2"}},
+        {"resourceFieldRef": {"resource": "limits.gpu-count"}},
+        {"resourceFieldRef": {"resource": "limits.nvidia.com/gpu"}},
+    ],
+)
+def test_an_env_var_reads_only_what_the_pod_api_lets_it(value_from: dict[str, Any]) -> None:
+    """A field or resource the pod API does not offer an env var was passed on and refused with the Deployment."""
+    with pytest.raises(ValidationError, match="valueFrom"):
+        make_model({**CPU_SPEC, "env": [{"name": "A", "valueFrom": value_from}]})
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "metadata.name",
+        "metadata.namespace",
+        "metadata.uid",
+        "metadata.labels['app.kubernetes.io/name']",
+        "metadata.annotations['note']",
+        "spec.nodeName",
+        "spec.serviceAccountName",
+        "status.hostIP",
+        "status.hostIPs",
+        "status.podIP",
+        "status.podIPs",
+    ],
+)
+def test_every_field_the_pod_api_offers_an_env_var_is_taken(path: str, settings: OperatorSettings) -> None:
+    env = [{"name": "A", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}]
+    c = container(build_deployment(make_model({**CPU_SPEC, "env": env}), settings))
+    assert {"name": "A", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}} in c["env"]
 
 
 def test_a_whole_affinity_reaches_the_pods_as_written(settings: OperatorSettings) -> None:

@@ -222,7 +222,13 @@ async def _to_backend(
 ) -> Response:
     request, endpoint, call, route, body, priority = asked
     spans = spans_of(request.scope)
-    headers = {"content-type": "application/json", "accept": header(request, b"accept") or "*/*"}
+    # identity: the relay passes the body on as it comes and says no Content-Encoding, so the backend must not
+    # compress (a missing Accept-Encoding allows any coding, RFC 9110).
+    headers = {
+        "content-type": "application/json",
+        "accept": header(request, b"accept") or "*/*",
+        "accept-encoding": "identity",
+    }
     if request_id := header(request, b"x-request-id"):
         headers["x-request-id"] = request_id
     if priority is not None:

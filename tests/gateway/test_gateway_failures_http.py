@@ -93,6 +93,25 @@ def test_stream_cut_short_by_the_upstream(gateway: Gateway) -> None:
     wait_until("aborted stream counted", lambda: gateway.sample(m.ERRORS, **labels) == 1)
 
 
+@pytest.mark.parametrize("partial", ["mid", "line"])
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_a_stream_cut_inside_an_event_ends_with_an_error_the_client_can_read(
+    gateway: Gateway, partial: str, include_usage: bool
+) -> None:
+    """The backend died halfway through an event (or after its data line, before its blank line): the error event
+    was glued to the half line, and the openai client failed on broken JSON instead of raising APIError."""
+    stream = gateway.client().chat.completions.create(
+        model="chat",
+        messages=say(f"chunks=5 cut=2 partial={partial}"),
+        stream=True,
+        stream_options={"include_usage": True} if include_usage else openai.omit,
+    )
+    received: list[object] = []
+    with pytest.raises(openai.APIError, match="cut the stream short"):
+        drain(stream, received)
+    assert len(received) == 2 + (partial == "line")  # the whole data line is an event of its own, once ended
+
+
 def test_error_event_inside_a_200_stream_is_a_failure_and_not_a_fast_first_token(gateway: Gateway) -> None:
     stream = gateway.client().chat.completions.create(model="chat", messages=say("chunks=3 fail=0"), stream=True)
     with pytest.raises(openai.APIError, match="engine failed"):

@@ -48,6 +48,13 @@ def test_no_priority_header_forwards_none(gateway: Gateway, upstreams: dict[str,
     assert "x-priority" not in last_headers(upstreams["v1"])  # the runtime's default (normal) applies
 
 
+def test_the_backend_is_asked_not_to_compress(gateway: Gateway, upstreams: dict[str, Upstream]) -> None:
+    """The answer is relayed as it comes, without its Content-Encoding: a compressed one reached the client as
+    bytes its JSON parser could not read (no Accept-Encoding allows any coding)."""
+    assert post(gateway, "hi").status_code == 200
+    assert last_headers(upstreams["v1"])["accept-encoding"] == "identity"
+
+
 def test_a_bad_priority_is_400_at_the_gateway_and_never_reaches_a_backend(
     gateway: Gateway, upstreams: dict[str, Upstream]
 ) -> None:

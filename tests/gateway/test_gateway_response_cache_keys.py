@@ -96,6 +96,10 @@ def test_the_key_is_the_canonical_request_without_what_does_not_change_the_answe
     assert key({**body, "stream": True}) != key(body)  # a stream and a JSON answer are kept apart
     assert key({**body, "max_tokens": 6}) != key(body)
     assert key({**body, "messages": [{"role": "user", "content": "hi!"}]}) != key(body)
+    # Other stream options change the answer: vLLM's continuous_usage_stats puts usage in every chunk.
+    every_chunk = {"include_usage": True, "continuous_usage_stats": True}
+    assert key({**body, "stream": True, "stream_options": every_chunk}) != key({**body, "stream": True})
+    assert key({**body, "stream_options": {"continuous_usage_stats": False}}) != key(body)
 
 
 def test_the_key_names_the_answering_model_and_its_version_and_the_namespace() -> None:

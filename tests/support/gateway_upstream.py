@@ -6,6 +6,7 @@ body it received. Words in the last message (or the prompt) steer it:
   chunks=3     stream that many content chunks     gap=0.01   wait between chunks
   cut=2        abort the connection after 2 chunks hold      after the first chunk (a stream) or before
                                                                 answering (otherwise), wait for `released`
+  partial=mid  with cut=: send half of the next event first (partial=line: its data line, not its blank one)
   retry_after=7  with status=: send that Retry-After header (the runtime's 429/503 overload answers)
   linger=1      stream: end the body that long after `data: [DONE]`
 It records each request's headers too (lower-case names), e.g. to see what the gateway forwards.
@@ -71,6 +72,11 @@ def create_upstream(name: str) -> tuple[FastAPI, UpstreamState]:
         try:
             for i in range(chunks):
                 if cut is not None and i == cut:
+                    line = b'data: {"id": "x", "object": "chat.completion.chunk", "choices": []}\n'
+                    if steer.get("partial") == "mid":
+                        yield line[: len(line) // 2]
+                    elif steer.get("partial") == "line":
+                        yield line
                     raise CutStream(f"cut after {cut} chunks")
                 if steer.get("fail") == str(i):  # an error event inside the 200 stream, as vLLM sends one
                     error = {"error": {"message": "engine failed", "type": "server_error", "code": 500}}

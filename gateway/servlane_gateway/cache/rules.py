@@ -104,6 +104,13 @@ def refusal(body: dict[str, Any], endpoint: str) -> str | None:
 def cache_key(body: dict[str, Any], endpoint: str, route: Route, backend: Backend) -> CacheKey:
     request = {k: v for k, v in body.items() if k not in IGNORED_FIELDS}
     request["stream"] = body.get("stream") is True
+    # include_usage is the gateway's to add and cut (the relay strips the usage chunk for whoever did not ask);
+    # any other stream option may change the answer (vLLM's continuous_usage_stats puts usage in every chunk).
+    options = body.get("stream_options")
+    if options is not None:
+        rest = {k: v for k, v in options.items() if k != "include_usage"} if isinstance(options, dict) else options
+        if rest:
+            request["stream_options"] = rest
     identity = {
         "endpoint": endpoint,
         "namespace": route.namespace,

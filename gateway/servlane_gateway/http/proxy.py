@@ -91,9 +91,10 @@ class UsageScanner:
     The gateway asks every backend for the usage chunk (`stream_options.include_usage`) so that streams are
     charged; with `strip_usage` (the client did not ask for it), that chunk (`choices: []` with a `usage`
     object, OpenAI's shape) is cut out of what is relayed, so the client gets what it asked for. Only
-    complete lines are relayed then: an incomplete line waits for its end (it could be the usage chunk),
-    which holds back nothing a client could read, since an SSE event is read only whole. Without
-    `strip_usage` every chunk is relayed as it came. Either way only the current incomplete line is kept."""
+    complete lines are relayed: an incomplete line waits for its end (it could be the usage chunk), which
+    holds back nothing a client could read, since an SSE event is read only whole; and a stream the backend
+    cuts mid-line ends with the gateway's error event, not with half a line the error would be glued to (the
+    client's JSON parser failed on it). Only the current incomplete line is kept."""
 
     MAX_LINE = 1 << 20
 
@@ -105,11 +106,14 @@ class UsageScanner:
         self.usage: dict[str, Any] | None = None
         self.saw_error = False
         self.saw_done = False  # the stream's `data: [DONE]`
+        self.event_open = False  # what was relayed ends inside an event (no blank line after its last line)
 
     def feed(self, chunk: bytes) -> bytes:
         """Scan `chunk`; returns what to relay now."""
         if not self._tail and not self._in_long_line and not self._drop_blank and _nothing_to_see(chunk):
-            return chunk  # whole lines, none of them the usage, an error or the end: each token's chunk, mostly
+            # Whole lines, none of them the usage, an error or the end: each token's chunk, mostly.
+            self.event_open = not chunk.endswith(EVENT_ENDS)
+            return chunk
         data = self._tail + chunk
         cut = data.rfind(b"\n") + 1
         complete, self._tail = data[:cut], data[cut:]
@@ -126,14 +130,21 @@ class UsageScanner:
             self._in_long_line = True
             out.append(self._tail)
             self._tail = b""
-        if not self.strip_usage:
-            return chunk
-        return b"".join(out)
+        relayed = b"".join(out)
+        if relayed:
+            self.event_open = self._in_long_line or not relayed.endswith(EVENT_ENDS)
+        return relayed
 
     def finish(self) -> bytes:
         """The stream ended: an unfinished last line is relayed as it is (it cannot be parsed anyway)."""
         rest, self._tail = self._tail, b""
-        return rest if self.strip_usage else b""
+        return rest
+
+    def cut_short(self) -> bytes:
+        """The backend cut the stream (or stalled): what ends the event it left open, so that the gateway's
+        error event after it parses. An unfinished line is dropped: half a JSON object cannot be read."""
+        self._tail = b""
+        return b"\n\n" if self._in_long_line else b"\n" if self.event_open else b""
 
     def _keep(self, line: bytes) -> bool:
         if self._drop_blank:
@@ -161,6 +172,10 @@ class UsageScanner:
                 self._drop_blank = True
                 return False
         return True
+
+
+# How an SSE event ends: a blank line after its last line (LF or CRLF, as the backend writes them).
+EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
 
 
 def _nothing_to_see(chunk: bytes) -> bool:
@@ -296,8 +311,8 @@ class RelayResponse(Response):
                     self._sending = False
                 result.done_relayed = scanner.saw_done
         self.upstream.relay_to(None)  # the end follows through ASGI: nothing may be written after it
-        # A held incomplete line goes first, where it would have been without the stripping.
-        if rest := scanner.finish() + ending:
+        # A held incomplete line goes first at a normal end; a cut one is dropped and the open event ended.
+        if rest := (scanner.cut_short() + ending if ending else scanner.finish()):
             await send(_body(rest))
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 

@@ -109,14 +109,14 @@ async def reconcile(
     try:
         # The periodic resync asks the API server again about children known absent (someone may have
         # created one since).
-        plan = plan_children(model, settings, replicas_override)
+        plan = _plan(model, settings, replicas_override)
         live = await _read_children(kube, model, plan, recheck=trigger == "resync")
         live_deployment = live.get("Deployment")
         ours = live_deployment if ownership(live_deployment, uid) is Ownership.OWNED else None
         spec_changed = model.metadata.get("generation") != model.status.observed_generation
         replace_all = replaces_all_pods(DeploymentView.parse(ours) if ours else None, spec_changed)
         if replace_all:
-            plan = plan_children(model, settings, replicas_override, replace_all=True)
+            plan = _plan(model, settings, replicas_override, replace_all=True)
         actions = child_actions(plan.apply, plan.delete, live, uid)
         if ours is not None:
             await _keep_replicas_for_the_hpa(kube, actions.apply, DeploymentView.parse(ours))
@@ -126,6 +126,12 @@ async def reconcile(
         applied = {obj["kind"]: result for obj, result in zip(actions.apply, results, strict=True)}
         for api_version, kind, uid in actions.delete:
             await kube.delete(api_version, kind, model.namespace, child_name(model.name), uid=uid)
+    except Unbuildable as exc:
+        # A pure function of the spec failed (a bug): the same spec fails again, so status says it once.
+        operator_metrics.RECONCILES.labels("AIModel", trigger, "error").inc()
+        why = f"The operator could not build the objects of this spec ({exc}); please report it with the spec"
+        await _report_refusal(kube, body, model, ours, pods, settings, why)
+        raise kopf.PermanentError(why) from exc
     except ApiException as exc:
         operator_metrics.RECONCILES.labels("AIModel", trigger, "error").inc()
         if exc.status in REFUSALS:
@@ -133,17 +139,8 @@ async def reconcile(
             # the spec changes; a forbidden one (403: a policy or webhook that says so, a quota, our own RBAC) or a
             # webhook's 400 may pass once the cluster changes, so it is retried, slowly.
             refusal = refusal_message(exc)
-            generation = int(model.metadata.get("generation", 0))
-            status = _status_body(
-                model,
-                DeploymentView.parse(ours) if ours is not None else None,
-                pods,
-                observed_generation=generation,
-                settings=settings,
-                conflicts=(),
-                rejected=f"The API server refused an object made from this spec: {refusal}",
-            )
-            await write_status(kube, body, model, status)
+            why = f"The API server refused an object made from this spec: {refusal}"
+            await _report_refusal(kube, body, model, ours, pods, settings, why)
             if exc.status == 422:
                 raise kopf.PermanentError(f"the API server rejected a child of {model.name}: {refusal}") from exc
             raise kopf.TemporaryError(
@@ -172,6 +169,41 @@ async def reconcile(
     await write_status(kube, body, model, status)
     operator_metrics.RECONCILES.labels("AIModel", trigger, "ok").inc()
     operator_metrics.RECONCILE_SECONDS.labels("AIModel").observe(time.perf_counter() - started)
+
+
+class Unbuildable(Exception):
+    """The builders failed on this spec (they are pure: it would fail again)."""
+
+
+def _plan(
+    model: AIModel, settings: OperatorSettings, replicas_override: int | None, *, replace_all: bool = False
+) -> ChildPlan:
+    try:
+        return plan_children(model, settings, replicas_override, replace_all=replace_all)
+    except Exception as exc:
+        raise Unbuildable(f"{type(exc).__name__}: {exc}") from exc
+
+
+async def _report_refusal(
+    kube: Kube,
+    body: Mapping[str, Any],
+    model: AIModel,
+    ours: dict[str, Any] | None,
+    pods: Iterable[PodView],
+    settings: OperatorSettings,
+    why: str,
+) -> None:
+    """Status for a spec whose children cannot be applied: Degraded, ChildRejected, `why`; the spec observed."""
+    status = _status_body(
+        model,
+        DeploymentView.parse(ours) if ours is not None else None,
+        pods,
+        observed_generation=int(model.metadata.get("generation", 0)),
+        settings=settings,
+        conflicts=(),
+        rejected=why,
+    )
+    await write_status(kube, body, model, status)
 
 
 # The API server's answers that refuse a child made from the spec, as status reports them (ChildRejected).

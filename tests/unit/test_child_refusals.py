@@ -1,7 +1,8 @@
-"""A child the API server refuses is reported in status (Degraded, ChildRejected, its own message): an invalid
-one (422) is not retried until the spec changes; a forbidden one (403: a policy or webhook that says so, a quota,
-the operator's RBAC) or a webhook's 400 is tried again, slowly, since the cluster may come to allow it. Other
-failures (a conflict, the API server unavailable) are retried soon, with nothing in status."""
+"""A child the API server refuses (or the builders fail on) is reported in status (Degraded, ChildRejected, its
+own message): an invalid one (422) is not retried until the spec changes; a forbidden one (403: a policy or
+webhook that says so, a quota, the operator's RBAC) or a webhook's 400 is tried again, slowly, since the cluster
+may come to allow it. Other failures (a conflict, the API server unavailable) are retried soon, with nothing in
+status."""
 
 from __future__ import annotations
 
@@ -85,3 +86,21 @@ def test_other_failures_are_retried_soon_with_nothing_in_status(status: int) -> 
         reconcile(kube)
     assert caught.value.delay == 5
     assert kube.statuses == []
+
+
+def test_a_spec_the_builders_fail_on_is_reported_once_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A builder's exception (llamacpp's float('1k') was one) went to kopf's retry loop for good, with nothing in
+    status: the builders are pure, so the same spec fails again. Now status says it and it is not retried."""
+
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise ValueError("could not convert string to float: '1k'")
+
+    monkeypatch.setattr(aimodel_reconciler, "plan_children", broken)
+    kube = FakeKube()
+    with pytest.raises(kopf.PermanentError, match="could not build"):
+        reconcile(kube)
+    (written,) = kube.statuses
+    assert degraded(written)["reason"] == CHILD_REJECTED
+    assert "ValueError: could not convert string to float: '1k'" in degraded(written)["message"]
+    assert written["phase"] == "Failed"
+    assert [(method, path.endswith("/status")) for method, path in kube.calls] == [("PATCH", True)]  # nothing else

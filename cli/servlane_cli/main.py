@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from servlane_cli.state import default_state_dir, read_state
+from servlane_web.logs import quiet_http_clients
 
 _REPO_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "local"
 
@@ -71,7 +72,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     level = logging.DEBUG if args.verbose else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per probe otherwise
+    quiet_http_clients()  # a line per probe otherwise, and a download's presigned URL
     options = ServeOptions(
         inputs=_inputs(args), state_dir=_state_dir(args), host=args.host, port=args.port, stop_timeout=args.stop_timeout
     )

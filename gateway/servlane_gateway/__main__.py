@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 
 from pydantic import ValidationError
 
 from servlane_gateway.flags import parse_settings
 from servlane_gateway.workers import serve
+from servlane_web.logs import setup_logging
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
         sys.exit(f"servlane_gateway: {problems}")
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(settings.log_level)
     serve(settings)
 
 

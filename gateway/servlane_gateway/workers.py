@@ -45,6 +45,7 @@ from servlane_gateway.app import create_app
 from servlane_gateway.http.metrics_listener import APP_FACTORY, bind_listeners
 from servlane_gateway.settings import GatewaySettings
 from servlane_web.http_server import ServlaneHttpProtocol
+from servlane_web.logs import setup_logging
 from servlane_web.open_files import raise_open_files_limit
 
 STARTUP_FAILURE = 3  # uvicorn's own exit status for an app that failed to start
@@ -199,7 +200,7 @@ def worker_app() -> FastAPI:
     """One worker's app (uvicorn's factory, in a spawned process): the supervisor's settings."""
     die_with_the_supervisor()
     settings = GatewaySettings.model_validate(json.loads(os.environ[SETTINGS_ENV]))
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(settings.log_level)
     worker_metrics.FILES.start(os.environ[METRICS_DIR_ENV])  # before the app makes its metrics
     app = create_app(settings)
     tune_garbage_collection()

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from servlane_core.redaction import redact
 from servlane_operator.labels import TEMPLATE_HASH_ANNOTATION
 
 # Container waiting reasons that will not fix themselves without a change.
@@ -112,7 +113,9 @@ class ContainerExit:
         return cls(
             container=str(container_status.get("name", "")),
             exit_code=code,
-            message=str(terminated.get("message") or terminated.get("reason") or f"exit code {code}").strip(),
+            # Redacted again: the log tail (FallbackToLogsOnError) has not been through the runtime's redaction,
+            # and what is written here reaches the AIModel's conditions and events.
+            message=redact(str(terminated.get("message") or terminated.get("reason") or f"exit code {code}").strip()),
             restarts=int(container_status.get("restartCount") or 0),
             backing_off=waiting.get("reason") == "CrashLoopBackOff",
         )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import socket
 import sys
@@ -22,6 +21,7 @@ from pydantic import ValidationError
 
 from servlane_api.runtime_config import ENV_VAR, RuntimeConfig
 from servlane_api.runtime_exit import TERMINATION_LOG_ENV, TERMINATION_LOG_PATH
+from servlane_web.logs import setup_logging
 
 if TYPE_CHECKING:
     import uvicorn
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help=f"RuntimeConfig JSON file (default: ${ENV_VAR})")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args.log_level)
     try:
         config = load_config(args.config)
     except (KeyError, OSError, ValidationError) as exc:

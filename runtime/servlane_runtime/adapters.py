@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from servlane_core.protocol.errors import OpenAIError, model_not_found, overloaded
+from servlane_core.redaction import redact
 
 from .engines.base import InferenceEngine
 from .model_source import resolve_model_source
@@ -143,7 +144,7 @@ class AdapterHost:
                 path = await asyncio.to_thread(resolve_model_source, source, self._cache_dir)
                 await engine.load_adapter(name, path)
             except Exception as exc:  # a bad adapter fails alone; the base model and the others keep serving
-                adapter.state, adapter.reason = "failed", f"{type(exc).__name__}: {exc}"
+                adapter.state, adapter.reason = "failed", redact(f"{type(exc).__name__}: {exc}")  # shown to callers
                 log.error("adapter %s from %s failed to load: %s", name, source, adapter.reason)
                 continue
             if self._adapters.get(name) is adapter:
@@ -158,4 +159,4 @@ async def _logged(what: str, work: Awaitable[None]) -> None:
     try:
         await work
     except Exception as exc:
-        log.error("%s failed: %s: %s", what, type(exc).__name__, exc)
+        log.error("%s failed: %s", what, redact(f"{type(exc).__name__}: {exc}"))

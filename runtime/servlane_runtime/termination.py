@@ -7,34 +7,24 @@ Kubernetes copies into the pod's status for anyone who can read pods: secrets mu
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 from servlane_api.runtime_exit import MAX_TERMINATION_MESSAGE_CHARS
+from servlane_core.redaction import REDACTED, redact
 
-REDACTED = "***"
+__all__ = ["REDACTED", "one_line", "redact", "secret_values", "write_termination_message"]
+
 # Environment variables whose values are credentials (HF_TOKEN, AWS_SECRET_ACCESS_KEY, a source's secret).
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE_KEY", re.IGNORECASE)
 # Values too short to be a credential would redact ordinary words.
 _MIN_SECRET_CHARS = 8
-_URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]+@")
-_HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{16,}")
-_BEARER = re.compile(r"(?i)\b(bearer)\s+\S+")
 
 
 def secret_values(environ: Mapping[str, str]) -> list[str]:
     """The values of the credential-looking variables in `environ`, longest first."""
     values = {v for k, v in environ.items() if _SECRET_NAME.search(k) and len(v) >= _MIN_SECRET_CHARS}
     return sorted(values, key=len, reverse=True)
-
-
-def redact(text: str, secrets: Iterable[str]) -> str:
-    """`text` without the given secret values, URL passwords, Hugging Face tokens or bearer tokens."""
-    for secret in secrets:
-        text = text.replace(secret, REDACTED)
-    text = _URL_USERINFO.sub(rf"\g<scheme>{REDACTED}@", text)
-    text = _HF_TOKEN.sub(f"hf_{REDACTED}", text)
-    return _BEARER.sub(rf"\1 {REDACTED}", text)
 
 
 def one_line(text: str, limit: int = MAX_TERMINATION_MESSAGE_CHARS) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from servlane_api.runtime_exit import MAX_TERMINATION_MESSAGE_CHARS
+from servlane_operator.observed import ContainerExit
 from servlane_runtime.termination import one_line, redact, secret_values, write_termination_message
 
 
@@ -42,3 +43,25 @@ def test_the_termination_message_is_written_when_the_path_is_writable(tmp_path: 
     assert write_termination_message("the engine died:\nEngineCore gone", str(path))
     assert path.read_text() == "the engine died: EngineCore gone\n"
     assert not write_termination_message("x", str(tmp_path / "no-such-dir" / "termination-log"))
+
+
+def test_redact_cuts_a_presigned_urls_query_string_and_keeps_where_it_pointed() -> None:
+    text = (
+        "403 Forbidden. Cannot access content at: https://cdn.example/repos/ab/config.json?X-Amz-Algorithm=AWS4"
+        "&X-Amz-Credential=AKIAFAKE0123%2Fus-east-1&X-Amz-Signature=deadbeef0123 (signed)"
+    )
+    out = redact(text, [])
+    assert "AKIAFAKE0123" not in out
+    assert "deadbeef0123" not in out
+    assert "https://cdn.example/repos/ab/config.json (signed)" in out
+
+
+def test_the_operator_redacts_a_termination_message_it_copies_into_status() -> None:
+    """A log tail (FallbackToLogsOnError) has not been through the runtime's redaction."""
+    tail = "Traceback ... GET https://u:pw@cdn.example/f?X-Amz-Signature=deadbeef0123 Authorization: Bearer abcdef"
+    status = {"name": "runtime", "ready": False, "state": {"terminated": {"exitCode": 1, "message": tail}}}
+    exit_ = ContainerExit.parse(status)
+    assert exit_ is not None
+    for secret in ("deadbeef0123", "pw@", "abcdef"):
+        assert secret not in exit_.message
+    assert "https://***@cdn.example/f" in exit_.message

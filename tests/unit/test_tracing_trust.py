@@ -85,3 +85,18 @@ def test_the_gateway_trusts_no_traceparent_unless_told(tmp_path: Path) -> None:
     assert parse_settings(routes, {}).trust_traceparent is False
     assert parse_settings([*routes, "--trust-traceparent", "true"], {}).trust_traceparent is True
     assert parse_settings(routes, {"SERVLANE_GATEWAY_TRUST_TRACEPARENT": "true"}).trust_traceparent is True
+
+
+def test_the_collectors_password_never_reaches_the_log() -> None:
+    """start_tracing logged the OTLP endpoint as given, userinfo and all (a child process: the tracer provider
+    is global and set once)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import logging; logging.basicConfig(level=logging.INFO); from servlane_web.tracing import start_tracing; "
+    code += "start_tracing('servlane-gateway')"
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": "https://tenant:OTLPSECRETpass1@collector.invalid:4318"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert "tracing on: OTLP/HTTP to https://***@collector.invalid:4318" in done.stderr, done.stderr
+    assert "OTLPSECRETpass1" not in done.stderr + done.stdout

@@ -19,6 +19,7 @@ import os
 from collections.abc import MutableMapping
 from typing import Any
 
+from servlane_core.redaction import redact
 from servlane_core.tracing import TRACE_ID_HEADER, tracing_endpoint
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,8 @@ def start_tracing(service_name: str) -> Any | None:
     provider = TracerProvider(resource=resource)  # the sampler comes from OTEL_TRACES_SAMPLER
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
-    log.info("tracing on: OTLP/HTTP to %s as %s", tracing_endpoint(), resource.attributes["service.name"])
+    endpoint = redact(str(tracing_endpoint()))  # a collector's URL may carry a password
+    log.info("tracing on: OTLP/HTTP to %s as %s", endpoint, resource.attributes["service.name"])
     return trace.get_tracer(service_name)
 
 

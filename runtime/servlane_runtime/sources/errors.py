@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import re
+# A URL's query string (a presigned URL's X-Amz-Signature and credential) never reaches a message: the shared
+# redaction's rule, re-exported for the sources.
+from servlane_core.redaction import without_query_strings
+
+__all__ = ["ModelSourceError", "without_query_strings"]
 
 
 class ModelSourceError(Exception):
     """The model files cannot be had; the message is shown in /ready, the logs and the termination message."""
-
-
-# A URL's query string (a presigned URL's X-Amz-Signature and credential) never reaches a message.
-_QUERY = re.compile(r"(https?://[^\s?]*|/[^\s?]*)\?[^\s]*")
-
-
-def without_query_strings(text: str) -> str:
-    """`text` with every URL's or path's query string cut off."""
-    return _QUERY.sub(r"\1", text)

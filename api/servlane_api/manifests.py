@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from servlane_api import API_VERSION
 from servlane_api.aifeature import AIFeature
 from servlane_api.aimodel import AIModel
 from servlane_api.structural import structural_problems
@@ -59,19 +60,28 @@ def parse_resource(raw: Mapping[str, Any]) -> AIModel | AIFeature | None:
     return None
 
 
-def parse_manifest_file_object(raw: Mapping[str, Any]) -> AIModel | AIFeature | None:
-    """parse_resource for an object read from a file rather than from the API server: first refused where the
-    API server would refuse it (an unknown field, a value of the wrong JSON type; see structural.py), which
-    pydantic alone lets through. Raises InvalidManifest naming every such problem (the first few)."""
-    kind = raw.get("kind")
-    if kind not in ("AIModel", "AIFeature"):
-        return None
-    problems = structural_problems(raw, _schema_of_kind(str(kind)))
+def check_manifest_file_object(raw: Mapping[str, Any]) -> None:
+    """For an AIModel or AIFeature read from a file rather than from the API server: InvalidManifest naming every
+    problem (the first few) the API server would refuse it for before any rule of ours runs (its apiVersion, an
+    unknown field, a value of the wrong JSON type, a name no object may have; see structural.py), which pydantic
+    alone lets through."""
+    kind = str(raw.get("kind"))
+    problems = []
+    if raw.get("apiVersion") != API_VERSION:
+        problems.append(f"apiVersion: must be {API_VERSION}, not {str(raw.get('apiVersion'))[:80]!r}")
+    problems += structural_problems(raw, _schema_of_kind(kind))
     if problems:
         name = (raw.get("metadata") or {}).get("name") if isinstance(raw.get("metadata"), dict) else None
         shown = "; ".join(problems[:_PROBLEMS_SHOWN])
         more = f" (and {len(problems) - _PROBLEMS_SHOWN} more)" if len(problems) > _PROBLEMS_SHOWN else ""
-        raise InvalidManifest(str(kind), str(name) if name else None, shown + more)
+        raise InvalidManifest(kind, str(name) if name else None, shown + more)
+
+
+def parse_manifest_file_object(raw: Mapping[str, Any]) -> AIModel | AIFeature | None:
+    """parse_resource for an object read from a file: first check_manifest_file_object."""
+    if raw.get("kind") not in ("AIModel", "AIFeature"):
+        return None
+    check_manifest_file_object(raw)
     return parse_resource(raw)
 
 

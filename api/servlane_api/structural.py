@@ -10,6 +10,7 @@ Pure: a manifest and a schema in, the problems out, in the API server's terms.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -61,6 +62,17 @@ def structural_problems(obj: Mapping[str, Any], schema: Mapping[str, Any]) -> li
         else:
             problems.append(_unknown(key))
     return problems
+
+
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def _names_an_object(text: str, key: str) -> bool:
+    """The API server's rule for every object's name (a DNS-1123 subdomain) and namespace (a DNS-1123 label)."""
+    if key == "namespace":
+        return len(text) <= 63 and _DNS_LABEL.fullmatch(text) is not None
+    return len(text) <= 253 and _DNS_SUBDOMAIN.fullmatch(text) is not None
 
 
 def _check(value: Any, schema: Mapping[str, Any], path: str, problems: list[str]) -> None:
@@ -148,3 +160,10 @@ def _check_metadata(value: Any, problems: list[str]) -> None:
                     problems.append(f"metadata.{key}.{name}: must be a string (quote it), not {_describe(text)}")
         elif key in ("name", "namespace", "generateName") and item is not None and not isinstance(item, str):
             problems.append(f"metadata.{key}: must be a string, not {_describe(item)}")
+        elif key in ("name", "namespace") and isinstance(item, str) and not _names_an_object(item, key):
+            # Every object's rule, whatever its kind (a Service's name would be stricter still).
+            what = "a DNS label" if key == "namespace" else "a DNS subdomain"
+            problems.append(
+                f"metadata.{key}: {item[:80]!r} is not {what} (lowercase letters, digits, '-' and '.', beginning and "
+                "ending with a letter or digit)"
+            )

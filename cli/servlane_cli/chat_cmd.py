@@ -23,6 +23,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
 from servlane_api.metric_names import WEIGHT
+from servlane_api.targets import parse_target
 from servlane_cli.state import SupervisorState, pid_alive
 
 EXIT_COMMANDS = ("/exit", "/quit")
@@ -87,8 +88,8 @@ def _backends(state: SupervisorState, name: str) -> list[str] | None:
     """The AIModels that answer `name` (a feature, or a served model name); None if nothing does."""
     feature = state.feature(name)
     if feature is not None:
-        weighted = [w.model for w in feature.status.weights]
-        return weighted or [m for m in [feature.target] if m]
+        targets = [w.model for w in feature.status.weights] or [m for m in [feature.target] if m]
+        return [parse_target(t).model for t in targets]  # an adapter (x:sql) is served by its AIModel's pods
     direct = [m.name for m in state.models if m.served_model_name == name]
     return direct or None
 
@@ -129,6 +130,9 @@ def wait_until_served(
         state = read()
         elapsed = time.monotonic() - start
         if state is None and elapsed < STARTUP_GRACE_SECONDS:
+            if last_shown is None:  # a `serve` just started writes its state in a moment; none may be coming
+                last_shown = elapsed
+                print(f"waiting up to {STARTUP_GRACE_SECONDS:.0f}s for `servlane serve` to start", file=out)
             time.sleep(0.5)  # `serve` was just started and has not written its state yet
             continue
         if state is None or not state.running or not pid_alive(state.supervisor_pid):
@@ -137,6 +141,8 @@ def wait_until_served(
         if backends is None:
             return f"no feature or model named {name!r}"
         models = [m for m in state.models if m.name in backends]
+        if backends and not models:
+            return f"{name} routes to {', '.join(sorted(set(backends)))}, which no AIModel of these manifests defines"
         loaded = any(m.phase == "Ready" for m in models)
         if loaded and _routable(state, name, backends, read_weights, read_models):
             return None

@@ -13,6 +13,7 @@ import logging
 import sys
 from pathlib import Path
 
+from servlane_cli.ports import port_number
 from servlane_cli.state import default_state_dir, read_state
 from servlane_web.logs import quiet_http_clients
 
@@ -49,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve manifests on this machine until Ctrl-C")
     _add_location(serve)
     serve.add_argument("--host", default="127.0.0.1", help="the gateway's listen address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8080, help="the gateway's port (0: any free port; default 8080)")
+    serve.add_argument(
+        "--port", type=port_number, default=8080, help="the gateway's port (0: any free port; default 8080)"
+    )
     serve.add_argument("--stop-timeout", type=float, default=10.0, help="seconds a process gets to stop")
     serve.add_argument("--model-cache", help="where hf:// models are downloaded (default ~/.cache/servlane/models)")
     serve.add_argument("-v", "--verbose", action="store_true")

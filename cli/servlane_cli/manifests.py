@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
-from servlane_api import AIFeature, AIModel
-from servlane_api.manifests import InvalidManifest, parse_manifest_file_object
+from servlane_api import GROUP, AIFeature, AIModel
+from servlane_api.manifests import InvalidManifest, check_manifest_file_object, parse_manifest_file_object
 from servlane_gateway.routing.sources import flatten_documents
 
 log = logging.getLogger(__name__)
@@ -78,9 +78,11 @@ def inputs_key(paths: list[Path]) -> str:
 def load_manifests(paths: list[Path]) -> Manifests:
     out = Manifests()
     for file in manifest_files(paths):
-        text = file.read_text()
         try:
+            text = file.read_text(encoding="utf-8")
             documents: list[Any] = [json.loads(text)] if file.suffix == ".json" else list(yaml.safe_load_all(text))
+        except UnicodeDecodeError as exc:
+            raise ManifestError(f"{file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
         except (ValueError, yaml.YAMLError) as exc:
             raise ManifestError(f"{file}: not valid YAML/JSON: {exc}") from exc
         for raw in flatten_documents(documents):
@@ -93,12 +95,20 @@ def _add(out: Manifests, raw: dict[str, Any], file: Path) -> None:
     metadata = raw.get("metadata")
     name = metadata.get("name") if isinstance(metadata, dict) else None
     if kind not in ("AIModel", "AIFeature"):
+        api_version = str(raw.get("apiVersion", ""))
+        if not kind or api_version.startswith(f"{GROUP}/"):  # a typo of ours would do nothing: refused
+            raise ManifestError(
+                f"{file}: kind {kind!r} ({api_version or 'no apiVersion'}) is none of this API's: AIModel, AIFeature"
+            )
         log.warning("%s: ignoring %s %r (standalone mode serves AIModel and AIFeature)", file, kind, name)
         return
     if not name:
         raise ManifestError(f"{file}: a {kind} without metadata.name")
     raw = {**raw, "status": {}}  # status is computed here, never read from a manifest
     try:
+        # As the API server would, before anything reads the object: its shape (a source that is no object, a
+        # uri that is no string were read as they came: `uri: 5` became a path, `source: hf://x` a crash).
+        check_manifest_file_object(raw)
         if kind == "AIModel":
             raw, create = _resolve_source(raw, file.parent)
             model = parse_manifest_file_object(raw)

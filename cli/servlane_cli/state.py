@@ -63,6 +63,7 @@ class SupervisorState(BaseModel):
     inputs: list[str]
     updated_at: str
     manifest_error: str | None = None  # the last edit that did not load (the previous manifests stay)
+    manifests_applied: bool = False  # some manifests loaded since the start (else the error left nothing running)
     gateway: GatewayProcessState
     models: list[ModelState] = Field(default_factory=list)
     features: list[FeatureState] = Field(default_factory=list)

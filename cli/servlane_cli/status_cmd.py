@@ -54,7 +54,8 @@ def render_status(state: SupervisorState) -> str:
     )
     parts = [header]
     if state.manifest_error:
-        parts.append(f"manifest error (previous manifests still applied): {state.manifest_error}")
+        kept = "previous manifests still applied" if state.manifests_applied else "nothing applied"
+        parts.append(f"manifest error ({kept}): {state.manifest_error}")
     models = [
         [
             m.name,

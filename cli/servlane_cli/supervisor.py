@@ -26,7 +26,7 @@ import httpx
 from servlane_cli.canary import FeatureController
 from servlane_cli.local_config import has_gpu, local_adapters, local_runtime
 from servlane_cli.manifests import ManifestError, Manifests, files_signature, load_manifests
-from servlane_cli.ports import free_port, port_free
+from servlane_cli.ports import free_port, local_url, port_free
 from servlane_cli.processes import ManagedProcess
 from servlane_cli.state import (
     LOCK_FILE,
@@ -65,9 +65,9 @@ class Supervisor:
         self.slots: dict[str, SupervisedRuntime] = {}
         self.features: dict[str, FeatureController] = {}
         self.gateway_port = options.port or free_port()
-        self.gateway_url = f"http://127.0.0.1:{self.gateway_port}"
-        metrics_port = free_port()  # /metrics on a port of its own (the API port has none)
-        self.gateway_metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        self.gateway_url = local_url(options.host, self.gateway_port)
+        metrics_port = free_port()  # /metrics on a port of its own (the API port has none), on the same address
+        self.gateway_metrics_url = f"{local_url(options.host, metrics_port)}/metrics"
         gateway_argv = [
             sys.executable, "-m", "servlane_gateway", "--routes-file", str(self.state_dir / ROUTES_FILE),
             "--host", options.host, "--port", str(self.gateway_port), "--log-level", "warning",
@@ -97,7 +97,9 @@ class Supervisor:
                 return
             self._signature = signature
             manifests = load_manifests(self.options.inputs)
-        except (ManifestError, OSError) as exc:
+        except Exception as exc:  # a manifest error, an unreadable file, or a bug: never a reason to stop serving
+            if not isinstance(exc, ManifestError | OSError):
+                log.exception("reading the manifests failed")
             if str(exc) != self._manifest_error:
                 kept = "keeping the previous ones" if self._applied else "nothing started"
                 log.error("manifests not applied, %s: %s", kept, exc)
@@ -211,6 +213,7 @@ class Supervisor:
             inputs=[str(p) for p in self.options.inputs],
             updated_at="",
             manifest_error=self._manifest_error,
+            manifests_applied=self._applied,
             gateway=GatewayProcessState(
                 url=self.gateway_url,
                 metrics_url=self.gateway_metrics_url,

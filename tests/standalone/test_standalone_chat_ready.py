@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from servlane_api.aifeature import AIFeatureStatus
+from servlane_cli import chat_cmd
 from servlane_cli.chat_cmd import (
     NO_CONSOLE,
     GatewayModels,
@@ -27,6 +28,7 @@ from servlane_cli.chat_cmd import (
     wait_until_served,
 )
 from servlane_cli.state import FeatureState, GatewayProcessState, ModelState, SupervisorState
+from servlane_cli.status_cmd import render_status
 from tests.standalone.standalone_harness import Serve, ai_feature, ai_model, write_manifests
 
 # Longer than the state file's lag behind a load (a tick) by far, shorter than the harness's routing wait.
@@ -176,3 +178,37 @@ def test_chat_started_while_loading_gets_an_answer_not_503(slow_reloading: Serve
         assert "No backend" not in stderr, f"{name}: {stderr}\n{slow_reloading.log()[-3000:]}"
         assert early_chat.returncode == 0, f"{name}: {stderr}\n{slow_reloading.log()[-3000:]}"
         assert f"waiting for {name}" in stderr, stderr
+
+
+def test_a_feature_whose_model_no_manifest_defines_is_said_at_once() -> None:
+    """It waited the whole timeout (600 s by default) saying "waiting for its models"."""
+    state = _state("Starting")
+    state.features[0].target = "no-such-model"
+    said = wait_until_served(lambda: state, "chat", timeout=60, out=io.StringIO(), read_weights=lambda _: None)
+    assert said == "chat routes to no-such-model, which no AIModel of these manifests defines"
+
+
+def test_a_feature_served_by_an_adapter_waits_for_its_models_pods() -> None:
+    """An adapter target (tiny-chat:sql) is served by its AIModel: it was looked up as a model of its own."""
+    state = _state("Ready")
+    state.features[0].target = "tiny-chat:sql"
+    weights = {("default", "chat"): 100.0}
+    assert (
+        wait_until_served(lambda: state, "chat", timeout=5, out=io.StringIO(), read_weights=lambda _: weights) is None
+    )
+
+
+def test_waiting_for_a_serve_that_has_not_written_its_state_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It said nothing for the whole grace (30 s) and then that nothing runs."""
+    monkeypatch.setattr(chat_cmd, "STARTUP_GRACE_SECONDS", 1.0)
+    shown = io.StringIO()
+    said = wait_until_served(lambda: None, "chat", timeout=60, out=shown)
+    assert said == "`servlane serve` is not running for these manifests"
+    assert shown.getvalue() == "waiting up to 1s for `servlane serve` to start\n"
+
+
+@pytest.mark.parametrize(("applied", "said"), [(False, "nothing applied"), (True, "previous manifests still applied")])
+def test_status_says_whether_a_manifest_error_left_anything_running(applied: bool, said: str) -> None:
+    """After a first load that failed it said the previous manifests were still applied: there were none."""
+    state = _state("Ready").model_copy(update={"manifest_error": "m.yaml: bad", "manifests_applied": applied})
+    assert f"manifest error ({said}): m.yaml: bad" in render_status(state)

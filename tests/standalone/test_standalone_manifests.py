@@ -12,6 +12,7 @@ from servlane_api.runtime_contract import build_runtime_config
 from servlane_cli.local_config import local_runtime
 from servlane_cli.main import default_inputs
 from servlane_cli.manifests import ManifestError, files_signature, load_manifests
+from servlane_cli.ports import local_url, port_free
 from tests.standalone.standalone_harness import ai_feature, ai_model, write_manifests
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -43,6 +44,17 @@ def test_relative_sources_are_relative_to_the_manifest(tmp_path: Path) -> None:
         ([ai_model("a", "pkg://no_such_package_here/x")], "not installed"),
         ([ai_feature("f", "a", split=[{"model": "a", "weight": 60}])], "exactly one of model"),
         ([ai_model("a", "/m", replicas=1, autoscaling={"maxReplicas": 2})], "either replicas or autoscaling"),
+        # Refused as the API server refuses them (they were read as they came: a path `5`, a crash, a served name
+        # no cluster admits, an object of an API version that does not exist).
+        ([ai_model("a", 5)], "spec.source.uri: must be a string"),  # type: ignore[arg-type]
+        ([{**ai_model("a", "/m"), "spec": {"source": "hf://org/name"}}], "spec.source: must be an object"),
+        ([{**ai_model("a", "/m"), "spec": "hello"}], "spec: must be an object"),
+        ([{**ai_model("a", "/m"), "metadata": {"name": "a", "annotations": ["x"]}}], "metadata.annotations"),
+        ([ai_feature("Chat", "a")], "metadata.name: 'Chat' is not a DNS subdomain"),
+        ([ai_feature("default/chat", "a")], "metadata.name: 'default/chat' is not a DNS subdomain"),
+        ([{**ai_model("a", "/m"), "apiVersion": "servlane.dev/v9"}], "apiVersion: must be servlane.dev/v1alpha1"),
+        ([{**ai_model("a", "/m"), "kind": "AIModle"}], "kind 'AIModle'"),
+        ([{k: v for k, v in ai_model("a", "/m").items() if k != "kind"}], "kind None"),
     ],
 )
 def test_bad_manifests_are_refused_with_the_reason(
@@ -51,6 +63,18 @@ def test_bad_manifests_are_refused_with_the_reason(
     write_manifests(tmp_path / "m.yaml", documents)
     with pytest.raises(ManifestError, match=message):
         load_manifests([tmp_path])
+
+
+def test_a_file_that_is_not_utf8_is_refused_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "notes.yaml").write_bytes("comment: caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(ManifestError, match=r"notes.yaml: not UTF-8 text"):
+        load_manifests([tmp_path])
+
+
+def test_other_apis_objects_are_still_ignored(tmp_path: Path) -> None:
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf"}, "stringData": {"token": "x"}}
+    write_manifests(tmp_path / "m.yaml", [secret, ai_model("a", "/m")])
+    assert list(load_manifests([tmp_path]).models) == ["a"]
 
 
 def test_an_edit_changes_the_signature(tmp_path: Path) -> None:
@@ -126,3 +150,33 @@ def test_serve_with_a_bad_manifest_says_so_and_exits_1_with_nothing_started(tmp_
     assert done.returncode == 1, done.stderr
     assert "manifests not applied, nothing started: " in done.stderr, done.stderr
     assert "AIModel 'chat': spec.replica: unknown field" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("host", "url"),
+    [
+        ("127.0.0.1", "http://127.0.0.1:8080"),
+        ("0.0.0.0", "http://127.0.0.1:8080"),
+        ("192.0.2.2", "http://192.0.2.2:8080"),
+        ("::", "http://[::1]:8080"),
+        ("::1", "http://[::1]:8080"),
+    ],
+)
+def test_serve_reaches_its_gateway_where_it_listens(host: str, url: str) -> None:
+    """`--host 192.0.2.2` bound the gateway there and looked for it on 127.0.0.1 (status, chat, metrics)."""
+    assert local_url(host, 8080) == url
+
+
+def test_a_port_outside_the_range_is_a_usage_error_and_ipv6_hosts_are_checked_as_such() -> None:
+    for port in ("99999", "-5", "http"):
+        done = subprocess.run(
+            [sys.executable, "-m", "servlane_cli", "serve", "--port", port],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 2, done.stderr  # argparse's usage error, not a traceback
+        assert "is not a port number" in done.stderr
+        assert "Traceback" not in done.stderr
+    assert port_free("::1", 0)  # an IPv4 socket said any ::1 port was taken

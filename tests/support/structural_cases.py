@@ -86,6 +86,9 @@ STRUCTURAL_CASES = (
     StructuralCase(
         "unknown-metadata-field", _with_metadata(ai_model(model_spec()), lables={"a": "b"}), "metadata.lables"
     ),
+    # Every object's name is a DNS subdomain, whatever its kind (standalone mode served `default/chat`).
+    StructuralCase("name-not-a-subdomain", ai_feature(feature_spec(), name="Chat"), "metadata.name"),
+    StructuralCase("name-with-a-slash", ai_feature(feature_spec(), name="default/chat"), "metadata.name"),
     # Accepted by both.
     StructuralCase("integer-for-a-number", ai_feature(feature_spec(defaults={"temperature": 1})), None),
     StructuralCase(

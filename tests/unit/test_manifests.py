@@ -50,8 +50,8 @@ def test_the_operator_the_gateway_and_the_cli_say_the_same_words(
     assert problem in caplog.text
     file = tmp_path / "models.yaml"
     file.write_text(
-        "kind: AIModel\nmetadata: {name: m}\nspec: {source: {uri: /models/x}, autoscaling: "
-        "{minReplicas: 3, maxReplicas: 2}}\n"
+        "apiVersion: servlane.dev/v1alpha1\nkind: AIModel\nmetadata: {name: m}\n"
+        "spec: {source: {uri: /models/x}, autoscaling: {minReplicas: 3, maxReplicas: 2}}\n"
     )
     with pytest.raises(ManifestError, match=re.escape(problem)):
         load_manifests([file])

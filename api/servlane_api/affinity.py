@@ -131,13 +131,13 @@ class PodAffinityTerm(CelValidated):
         label_keys_rule("[self.topologyKey]", "topologyKey must be a label key", lambda t: [t.topology_key]),
         label_keys_rule(
             "self.matchLabelKeys",
-            "matchLabelKeys must be label keys",
+            "each of matchLabelKeys must be a label key",
             lambda t: t.match_label_keys or [],
             unless_unset="matchLabelKeys",
         ),
         label_keys_rule(
             "self.mismatchLabelKeys",
-            "mismatchLabelKeys must be label keys",
+            "each of mismatchLabelKeys must be a label key",
             lambda t: t.mismatch_label_keys or [],
             unless_unset="mismatchLabelKeys",
         ),

@@ -417,7 +417,7 @@ CEL_CASES: tuple[RuleCases, ...] = (
     ),
     RuleCases(
         "match-label-keys",
-        f"matchLabelKeys must be label keys {LABEL_KEY_SHAPE}",
+        f"each of matchLabelKeys must be a label key {LABEL_KEY_SHAPE}",
         good=(pod_affinity_term(labelSelector={}, matchLabelKeys=["pod-template-hash", LONGEST_LABEL_KEY]),),
         bad=(
             pod_affinity_term(labelSelector={}, matchLabelKeys=["bad key!"]),
@@ -426,7 +426,7 @@ CEL_CASES: tuple[RuleCases, ...] = (
     ),
     RuleCases(
         "mismatch-label-keys",
-        f"mismatchLabelKeys must be label keys {LABEL_KEY_SHAPE}",
+        f"each of mismatchLabelKeys must be a label key {LABEL_KEY_SHAPE}",
         good=(pod_affinity_term(labelSelector={}, mismatchLabelKeys=["tenant", LONGEST_LABEL_KEY]),),
         bad=(pod_affinity_term(labelSelector={}, mismatchLabelKeys=["-tenant"]),),
     ),

@@ -5,23 +5,20 @@ reason (its 503 to callers), and huggingface_hub's HTTP client logged it at INFO
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import cast
+from typing import Any
 
 import pytest
 
-from servlane_api.runtime_config import RuntimeConfig
-from servlane_core.protocol.errors import OpenAIError
-from servlane_runtime.adapters import AdapterHost
-from servlane_runtime.engines.base import InferenceEngine
-from servlane_runtime.model_host import ModelHost
-from servlane_web.logs import HTTP_CLIENT_LOGGERS, quiet_http_clients, setup_logging
+from servlane_web.logs import HTTP_CLIENT_LOGGERS, setup_logging
 
 SIGNATURE = "FAKESIGNATURE0123456789abcdef"
 CREDENTIAL = "AKIAFAKEACCESSKEY01"
@@ -58,7 +55,7 @@ class SigningHub(BaseHTTPRequestHandler):
             info = {"id": "org/model", "sha": COMMIT, "siblings": [{"rfilename": "config.json"}]}
             return self._send(200, json.dumps(info).encode(), (("Content-Type", "application/json"),))
         if "/resolve/" in self.path:
-            port = self.server.server_port  # type: ignore[attr-defined]
+            port = self.headers.get("Host", "").rpartition(":")[2]  # the Hub's own port
             signed = (
                 f"http://127.0.0.1:{port}/cdn/config.json?X-Amz-Algorithm=AWS4-HMAC-SHA256"
                 f"&X-Amz-Credential={CREDENTIAL}%2F20250101%2Fus-east-1%2Fs3%2Faws4_request&X-Amz-Signature={SIGNATURE}"
@@ -72,65 +69,87 @@ class SigningHub(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def signing_hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def signing_hub() -> Iterator[dict[str, str]]:
+    """The environment of a runtime that downloads from the signing Hub (in a child process: huggingface_hub
+    reads its endpoint and offline mode once, when imported, and the tests' own process is offline)."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), SigningHub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")  # the classic download, which follows the CDN's redirect
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    yield
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    env["HF_ENDPOINT"] = f"http://127.0.0.1:{server.server_port}"
+    env["HF_HUB_DISABLE_XET"] = "1"  # the classic download, which follows the CDN's redirect
+    yield env
     server.shutdown()
     server.server_close()
+
+
+# What a runtime shows of a model (or an adapter) whose download fails: its reason, /ready, and its log as the
+# runtime's main sets logging up.
+MODEL = """
+import asyncio, json, sys
+from servlane_api.runtime_config import RuntimeConfig
+from servlane_runtime.model_host import ModelHost
+from servlane_web.logs import setup_logging
+
+setup_logging("info")
+config = RuntimeConfig.model_validate(
+    {"model_source": "hf://org/model", "served_model_name": "m", "engine": "transformers", "cache_dir": sys.argv[1]}
+)
+host = ModelHost(config, lambda *_: None)
+asyncio.run(host.load())
+print(json.dumps({"state": host.state, "reason": host.reason, "ready": host.readiness()}))
+"""
+ADAPTER = """
+import asyncio, json, pathlib, sys
+from servlane_core.protocol.errors import OpenAIError
+from servlane_runtime.adapters import AdapterHost
+from servlane_web.logs import setup_logging
+
+setup_logging("info")
+listing = pathlib.Path(sys.argv[1]) / "adapters.json"
+listing.write_text(json.dumps([{"name": "tenant-lora", "source": "hf://org/model"}]))
+
+class Engine:
+    async def load_adapter(self, name, path): pass
+    async def unload_adapter(self, name): pass
+
+host = AdapterHost(str(listing), sys.argv[1])
+asyncio.run(host.sync_once(Engine()))
+try:
+    host.check("tenant-lora")
+except OpenAIError as refused:
+    print(json.dumps({"answer": refused.body(), "states": host.states()}))
+"""
+
+
+def run(script: str, env: dict[str, str], where: Path) -> tuple[dict[str, Any], str]:
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(where)], env=env, capture_output=True, text=True, timeout=120, check=True
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
 
 def no_signature(text: str) -> bool:
     return SIGNATURE not in text and CREDENTIAL not in text
 
 
-def test_a_failed_download_says_why_without_its_signed_url(
-    signing_hub: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    config = RuntimeConfig.model_validate(
-        {
-            "model_source": "hf://org/model",
-            "served_model_name": "m",
-            "engine": "transformers",
-            "cache_dir": str(tmp_path),
-        }
-    )
-    host = ModelHost(config, lambda *_: cast(InferenceEngine, None))  # the download fails first
-    quiet_http_clients()  # as the runtime's main does (setup_logging)
-    with caplog.at_level(logging.INFO):
-        asyncio.run(host.load())
-    assert host.state == "failed"
-    assert "403" in host.reason  # still says what went wrong
-    assert "/cdn/config.json" in host.reason  # and where, without the query string
-    assert no_signature(host.reason), host.reason
-    assert no_signature(json.dumps(host.readiness()))
-    assert no_signature(caplog.text), caplog.text
+def test_a_failed_download_says_why_without_its_signed_url(signing_hub: dict[str, str], tmp_path: Path) -> None:
+    shown, log = run(MODEL, signing_hub, tmp_path)
+    assert shown["state"] == "failed"
+    assert "403" in shown["reason"]  # still says what went wrong
+    assert "/cdn/config.json" in shown["reason"]  # and where, without the query string
+    assert no_signature(json.dumps(shown)), shown
+    assert "model m failed" in log
+    assert no_signature(log), log
 
 
 def test_an_adapter_that_fails_to_download_tells_callers_why_without_its_signed_url(
-    signing_hub: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    signing_hub: dict[str, str], tmp_path: Path
 ) -> None:
-    listing = tmp_path / "adapters.json"
-    listing.write_text(json.dumps([{"name": "tenant-lora", "source": "hf://org/model"}]))
-
-    class Engine:
-        async def load_adapter(self, name: str, path: str) -> None:
-            pass
-
-        async def unload_adapter(self, name: str) -> None:
-            pass
-
-    host = AdapterHost(str(listing), str(tmp_path))
-    asyncio.run(host.sync_once(Engine()))  # type: ignore[arg-type]
-    with pytest.raises(OpenAIError) as refused:
-        host.check("tenant-lora")
-    assert "failed to load" in str(refused.value.body())
-    assert no_signature(json.dumps(refused.value.body()))
-    assert no_signature(json.dumps(host.states()))
-    assert no_signature(caplog.text), caplog.text
+    shown, log = run(ADAPTER, signing_hub, tmp_path)
+    assert "failed to load" in shown["answer"]["error"]["message"]
+    assert no_signature(json.dumps(shown)), shown
+    assert "adapter tenant-lora" in log
+    assert no_signature(log), log
 
 
 def test_the_servers_keep_the_http_clients_per_request_lines_out_of_their_logs() -> None:

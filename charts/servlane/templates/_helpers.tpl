@@ -16,12 +16,25 @@
 {{- end }}
 {{- end }}
 
+{{/* <fullname><suffix> in 63 characters, the suffix always whole: cutting the joined name cut the suffix (a long
+release made the operator's and the gateway's objects one name) or left it past 63 (the metrics Service).
+Call with (dict "root" $ "suffix" "-gateway"). */}}
+{{- define "servlane.suffixed" -}}
+{{- $base := include "servlane.fullname" .root | trunc (int (sub 63 (len .suffix))) | trimSuffix "-" }}
+{{- printf "%s%s" $base .suffix }}
+{{- end }}
+
 {{- define "servlane.operator.fullname" -}}
-{{- printf "%s-operator" (include "servlane.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- include "servlane.suffixed" (dict "root" . "suffix" "-operator") }}
 {{- end }}
 
 {{- define "servlane.gateway.fullname" -}}
-{{- printf "%s-gateway" (include "servlane.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- include "servlane.suffixed" (dict "root" . "suffix" "-gateway") }}
+{{- end }}
+
+{{/* The gateway's metrics Service, which is also the Prometheus job the canaries read by default. */}}
+{{- define "servlane.gateway.metricsName" -}}
+{{- include "servlane.suffixed" (dict "root" . "suffix" "-gateway-metrics") }}
 {{- end }}
 
 {{/* Labels on every object; version-dependent ones never go into selectors. */}}

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import column, func, insert, inspect, select, text
 from sqlalchemy import table as sa_table
+from sqlalchemy.exc import DBAPIError
 
 from servlane_core.protocol.errors import OpenAIError
 from servlane_gateway.batch import rules
@@ -518,3 +519,11 @@ def test_a_value_the_database_refuses_is_a_400_not_a_503_to_retry(store: BatchSt
         assert refused.value.status == 400
     else:
         assert asyncio.run(lookup()) is None  # SQLite takes the NUL: simply no such file
+
+
+def test_a_database_error_quotes_no_parameter(store: BatchStore) -> None:
+    """A statement's parameters are prompts and answers (tenants' data); an error's text, which the worker logs,
+    quoted them."""
+    with pytest.raises(DBAPIError) as failed, store.engine.begin() as conn:
+        conn.execute(text("SELECT :prompt FROM no_such_table"), {"prompt": "a tenant's SECRET prompt"})
+    assert "SECRET" not in str(failed.value)

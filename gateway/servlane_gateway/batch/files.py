@@ -78,7 +78,9 @@ class QuotaExceeded(Exception):
 
 
 def _sqlite_engine(url: str) -> Engine:
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+    # hide_parameters: a database error's text quotes its statement's parameters (prompts, answers: tenants'
+    # data), and the worker logs the errors it cannot handle.
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, hide_parameters=True)
 
     @event.listens_for(engine, "connect")
     def _connect(dbapi_connection: Any, _record: Any) -> None:
@@ -108,7 +110,12 @@ class FileStore:
             self.engine = _sqlite_engine(self.url)
         else:
             self.engine = create_engine(
-                self.url, pool_pre_ping=True, pool_size=10, max_overflow=10, connect_args={"connect_timeout": 5}
+                self.url,
+                pool_pre_ping=True,
+                pool_size=10,
+                max_overflow=10,
+                connect_args={"connect_timeout": 5},
+                hide_parameters=True,  # see _sqlite_engine
             )
 
     def close(self) -> None:

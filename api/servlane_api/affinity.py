@@ -15,14 +15,13 @@ from pydantic import Field
 
 from servlane_api._base import ApiModel
 from servlane_api.cel import CelRule, CelValidated
-from servlane_api.kube_labels import LABEL_KEY, LABEL_KEY_MAX, LABEL_VALUE, label_keys_rule
+from servlane_api.kube_labels import DNS_LABEL_1123, LABEL_KEY, LABEL_KEY_MAX, LABEL_VALUE, label_keys_rule
 
 MAX_TERMS = 16  # terms, expressions, weighted terms, keys per list
 MAX_VALUES = 64
 
 LabelKey = Annotated[str, Field(pattern=LABEL_KEY, max_length=LABEL_KEY_MAX)]
 LabelValue = Annotated[str, Field(pattern=LABEL_VALUE, max_length=63)]
-NAMESPACE = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a DNS-1123 label
 Weight = Annotated[int, Field(ge=1, le=100, description="1 to 100, added to a node's score where the term holds.")]
 
 
@@ -150,7 +149,7 @@ class PodAffinityTerm(CelValidated):
     )
 
     label_selector: LabelSelector | None = None
-    namespaces: list[Annotated[str, Field(pattern=NAMESPACE, max_length=63)]] | None = Field(
+    namespaces: list[Annotated[str, Field(pattern=DNS_LABEL_1123, max_length=63)]] | None = Field(
         default=None, max_length=32
     )
     namespace_selector: LabelSelector | None = None

@@ -170,7 +170,7 @@ class Resources(ApiModel):
         # refuses one without (`gpu`: "must be a standard resource for containers"), and `cpu` or `memory` would
         # overwrite the replica's own requests.
         # The domain a DNS subdomain (no `..`, `.-`, `-.`), the name at most 63 characters.
-        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$",
+        pattern=DNS_SUBDOMAIN[:-1] + r"/[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$",
         max_length=253,
         description="Extended resource that counts GPUs on the nodes, with its domain, e.g. amd.com/gpu.",
     )

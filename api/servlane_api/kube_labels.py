@@ -1,4 +1,4 @@
-"""What the pod API accepts as a label key, a label value and a DNS subdomain, as patterns for the schemas.
+"""What the pod API accepts as a label key, a label value, a DNS subdomain and label, as patterns for the schemas.
 
 Checked when the AIModel is written rather than when its Deployment is refused (which the operator reports as
 ChildRejected). A label key is an optional DNS-subdomain prefix and '/', then a name. The name part is at most 63
@@ -24,6 +24,7 @@ LABEL_KEY_MAX = 317  # a prefix of 253, '/', a name of 63
 LABEL_KEY_PREFIX = "^([^/]{1,253}/)?[^/]*$"
 LABEL_VALUE = "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 DNS_SUBDOMAIN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DNS_LABEL_1123 = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a namespace's name (a digit may come first)
 
 # How a label key is written, for messages.
 LABEL_KEY_SHAPE = (

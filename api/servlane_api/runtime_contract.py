@@ -39,7 +39,7 @@ MAX_THREADS = 512  # the runtime's own bound on llama.cpp's threads (servlane_ap
 
 def quantity_value(quantity: str) -> Decimal:
     """A quantity as servlane_api.aimodel.QUANTITY admits it ("500m", "2.5", "1k", "2Gi") as a number."""
-    for suffix in ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "m", "k", "M", "G", "T", "P", "E"):
+    for suffix in sorted(QUANTITY_SUFFIXES, key=len, reverse=True):  # two letters first: Mi before M
         if quantity.endswith(suffix):
             return Decimal(quantity[: -len(suffix)]) * QUANTITY_SUFFIXES[suffix]
     return Decimal(quantity)

@@ -14,6 +14,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from servlane_api.kube_labels import DNS_LABEL_1123, DNS_SUBDOMAIN
+
 # ObjectMeta's fields (k8s.io/apimachinery/pkg/apis/meta/v1): the CRD's schema says only `type: object` for
 # metadata, and the API server checks it against these.
 _METADATA_FIELDS = frozenset(
@@ -64,8 +66,8 @@ def structural_problems(obj: Mapping[str, Any], schema: Mapping[str, Any]) -> li
     return problems
 
 
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(DNS_SUBDOMAIN)
+_DNS_LABEL = re.compile(DNS_LABEL_1123)
 
 
 def _names_an_object(text: str, key: str) -> bool:

@@ -7,6 +7,7 @@ Good manifests sit close to the rule's edge, so that a twin stricter than its CE
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,41 @@ def pod_affinity_term(**term: Any) -> Manifest:
 
 def label_requirements(*requirements: Manifest) -> Manifest:
     return pod_affinity_term(labelSelector={"matchExpressions": list(requirements)})
+
+
+def values_cases(
+    name: str, whose: str, requirements: Callable[..., Manifest], operators: str
+) -> tuple[RuleCases, RuleCases]:
+    """The cases of the two rules every requirement's values follow (servlane_api.affinity._values_rules): In
+    and NotIn need some, Exists and DoesNotExist take none."""
+    given = {"key": "pool", "values": ["a", "b"]}
+    return (
+        RuleCases(
+            f"{name}-values",
+            f"{whose} requirement with operator In or NotIn needs at least one value (operators: {operators})",
+            good=(
+                requirements({**given, "operator": "In", "values": ["a"]}),
+                requirements({**given, "operator": "NotIn"}),
+                requirements({"key": "pool", "operator": "Exists"}),
+            ),
+            bad=(
+                requirements({"key": "pool", "operator": "In"}),
+                requirements({**given, "operator": "NotIn", "values": []}),
+            ),
+        ),
+        RuleCases(
+            f"{name}-no-values",
+            f"{whose} requirement with operator Exists or DoesNotExist takes no values",
+            good=(
+                requirements({"key": "pool", "operator": "DoesNotExist"}),
+                requirements({**given, "operator": "Exists", "values": []}),
+            ),
+            bad=(
+                requirements({**given, "operator": "Exists", "values": ["a"]}),
+                requirements({**given, "operator": "DoesNotExist", "values": ["a"]}),
+            ),
+        ),
+    )
 
 
 ON_SCHEDULING = "requiredDuringSchedulingIgnoredDuringExecution"
@@ -318,32 +354,7 @@ CEL_CASES: tuple[RuleCases, ...] = (
             for key in ("bad key!", "Example.com/pool", "pool-", "/pool", "n" * 64, "p" * 254 + "/n")
         ),
     ),
-    RuleCases(
-        "label-selector-values",
-        "a label selector's requirement with operator In or NotIn needs at least one value (operators: In, NotIn, "
-        "Exists, DoesNotExist)",
-        good=(
-            label_requirements({"key": "app", "operator": "In", "values": ["a"]}),
-            label_requirements({"key": "app", "operator": "NotIn", "values": ["a", "b"]}),
-            label_requirements({"key": "app", "operator": "Exists"}),
-        ),
-        bad=(
-            label_requirements({"key": "app", "operator": "In"}),
-            label_requirements({"key": "app", "operator": "NotIn", "values": []}),
-        ),
-    ),
-    RuleCases(
-        "label-selector-no-values",
-        "a label selector's requirement with operator Exists or DoesNotExist takes no values",
-        good=(
-            label_requirements({"key": "app", "operator": "Exists"}),
-            label_requirements({"key": "app", "operator": "DoesNotExist", "values": []}),
-        ),
-        bad=(
-            label_requirements({"key": "app", "operator": "Exists", "values": ["a"]}),
-            label_requirements({"key": "app", "operator": "DoesNotExist", "values": ["a"]}),
-        ),
-    ),
+    *values_cases("label-selector", "a label selector's", label_requirements, "In, NotIn, Exists, DoesNotExist"),
     RuleCases(
         "label-selector-key",
         f"a label selector's key must be a label key {LABEL_KEY_SHAPE}",
@@ -362,32 +373,7 @@ CEL_CASES: tuple[RuleCases, ...] = (
             for key in ("bad key!", "/app", PREFIX_TOO_LONG)
         ),
     ),
-    RuleCases(
-        "node-selector-values",
-        "a node selector's requirement with operator In or NotIn needs at least one value (operators: In, NotIn, "
-        "Exists, DoesNotExist, Gt, Lt)",
-        good=(
-            node_requirements({"key": "pool", "operator": "In", "values": ["gpu"]}),
-            node_requirements({"key": "pool", "operator": "NotIn", "values": ["cpu", "spot"]}),
-            node_requirements({"key": "pool", "operator": "Exists"}),
-        ),
-        bad=(
-            node_requirements({"key": "pool", "operator": "In"}),
-            node_requirements({"key": "pool", "operator": "NotIn", "values": []}),
-        ),
-    ),
-    RuleCases(
-        "node-selector-no-values",
-        "a node selector's requirement with operator Exists or DoesNotExist takes no values",
-        good=(
-            node_requirements({"key": "pool", "operator": "DoesNotExist"}),
-            node_requirements({"key": "pool", "operator": "Exists", "values": []}),
-        ),
-        bad=(
-            node_requirements({"key": "pool", "operator": "Exists", "values": ["gpu"]}),
-            node_requirements({"key": "pool", "operator": "DoesNotExist", "values": ["gpu"]}),
-        ),
-    ),
+    *values_cases("node-selector", "a node selector's", node_requirements, "In, NotIn, Exists, DoesNotExist, Gt, Lt"),
     RuleCases(
         "node-selector-integer",
         "a node selector's requirement with operator Gt or Lt takes exactly one value, an integer",

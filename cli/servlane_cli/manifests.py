@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from servlane_api import GROUP, AIFeature, AIModel
-from servlane_api.manifests import InvalidManifest, check_manifest_file_object, parse_manifest_file_object
+from servlane_api.manifests import InvalidManifest, check_manifest_file_object, parse_resource
 from servlane_gateway.routing.sources import flatten_documents
 
 log = logging.getLogger(__name__)
@@ -110,14 +110,14 @@ def _add(out: Manifests, raw: dict[str, Any], file: Path) -> None:
         # uri that is no string were read as they came: `uri: 5` became a path, `source: hf://x` a crash).
         check_manifest_file_object(raw)
         if kind == "AIModel":
-            raw, create = _resolve_source(raw, file.parent)
-            model = parse_manifest_file_object(raw)
+            raw, create = _resolve_source(raw, file.parent)  # a string for a string: checked already
+            model = parse_resource(raw)
             assert isinstance(model, AIModel)
             if name in out.models:
                 raise ManifestError(f"{file}: AIModel {name!r} is defined twice")
             out.models[name] = ModelEntry(model, create)
         else:
-            feature = parse_manifest_file_object(raw)
+            feature = parse_resource(raw)
             assert isinstance(feature, AIFeature)
             if name in out.features:
                 raise ManifestError(f"{file}: AIFeature {name!r} is defined twice")
